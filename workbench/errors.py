@@ -1,0 +1,71 @@
+"""Error types: what went wrong, on which rank, and what to do next.
+
+User mistakes are ``ValueError`` (the magics turn them into ``UsageError``); the
+classes here are for failures of the pool or of a cell on the ranks.
+"""
+
+from __future__ import annotations
+
+
+class WorkbenchError(RuntimeError):
+    """Base class for failures of the pool or the process group."""
+
+
+class PoolStartError(WorkbenchError):
+    """The engines or the process group did not come up.
+
+    The message says which step failed, what the engines printed, and that every
+    process started for the pool has been stopped again.
+    """
+
+
+class NoPoolError(WorkbenchError, ValueError):
+    """An operation needs a running pool and there is none."""
+
+    def __init__(self, what: str = "this"):
+        super().__init__(
+            f"{what} needs a running pool: start one first with `%dist start -n 2` "
+            "(or `workbench.Session(n=2).start()`)."
+        )
+
+
+class CellTimeout(WorkbenchError):
+    """A cell ran past its timeout on some ranks."""
+
+
+class RankError(WorkbenchError):
+    """A cell raised on one or more ranks.
+
+    ``failures`` holds ``(rank_info, remote_error)`` pairs, the first failure first;
+    ``result`` is the whole :class:`~workbench.session.CellResult`, so the output of
+    the ranks that did not fail is kept.
+    """
+
+    def __init__(self, failures, result):
+        self.failures = list(failures)
+        self.result = result
+        info, err = self.failures[0]
+        others = ", ".join(str(i.rank) for i, _ in self.failures[1:])
+        more = f" (also failed: rank {others})" if others else ""
+        super().__init__(
+            f"rank {info.rank} ({info.host}, {info.device}) raised "
+            f"{err.ename}: {err.evalue}{more}"
+        )
+
+    @property
+    def rank(self) -> int:
+        """The rank that failed first: the root cause."""
+        return self.failures[0][0].rank
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of the kernel-side frames: the failing rank's own
+        # traceback first, then one line per other failure, then the ranks that were fine.
+        lines = [f"\x1b[1;31m{self}\x1b[0m"]
+        info, err = self.failures[0]
+        lines += err.render_traceback()
+        for info, err in self.failures[1:]:
+            lines.append(f"rank {info.rank} ({info.host}, {info.device}): {err.ename}: {err.evalue}")
+        ok = [r.rank for r in self.result.ranks if r.error is None]
+        if ok:
+            lines.append(f"ranks without error: {', '.join(map(str, ok))}")
+        return lines

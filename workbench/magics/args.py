@@ -1,0 +1,109 @@
+"""Argument parsing for the magics: pure functions, every mistake a ``UsageError`` naming the choices."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from IPython.core.error import UsageError
+
+from workbench.config import BACKENDS, LAUNCHERS
+
+SUBCOMMANDS = ("start", "status", "stop", "push", "pull", "auto")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError instead of printing and exiting."""
+
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message}\n{self.format_usage().strip()}")
+
+    def exit(self, status=0, message=None):
+        raise UsageError(message or self.format_help())
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value}): the pool needs one engine per rank")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds (got {value:g})")
+    return value
+
+
+def _dist_parser() -> _Parser:
+    p = _Parser(prog="%dist", add_help=False,
+                description="Start, inspect and stop the pool of ranks.")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    start = sub.add_parser("start", prog="%dist start", add_help=False)
+    start.add_argument("-n", type=_positive_int, default=None, help="number of ranks (default: GPUs, else 2)")
+    start.add_argument("--launcher", choices=LAUNCHERS, default="local")
+    start.add_argument("--backend", choices=BACKENDS, default="auto")
+    start.add_argument("--timeout", type=_seconds, default=60.0)
+    sub.add_parser("status", prog="%dist status", add_help=False)
+    sub.add_parser("stop", prog="%dist stop", add_help=False)
+    push = sub.add_parser("push", prog="%dist push", add_help=False)
+    push.add_argument("names", nargs="+")
+    push.add_argument("--ranks", default=None)
+    pull = sub.add_parser("pull", prog="%dist pull", add_help=False)
+    pull.add_argument("name")
+    pull.add_argument("--rank", type=int, default=None)
+    auto = sub.add_parser("auto", prog="%dist auto", add_help=False)
+    auto.add_argument("mode", choices=("on", "off"))
+    return p
+
+
+def _cell_parser() -> _Parser:
+    p = _Parser(prog="%%distributed", add_help=False)
+    p.add_argument("--ranks", default=None, help="ranks to run on, e.g. 0,2-3 (default: all)")
+    p.add_argument("--timeout", type=_seconds, default=None)
+    p.add_argument("--quiet", action="store_true", help="show errors only, not the ranks' output")
+    return p
+
+
+DIST_PARSER = _dist_parser()
+CELL_PARSER = _cell_parser()
+
+
+def parse_dist(line: str) -> argparse.Namespace:
+    """Parse a ``%dist`` line.
+
+    >>> parse_dist("start -n 4 --backend gloo").n
+    4
+    >>> parse_dist("launch")
+    Traceback (most recent call last):
+    ...
+    IPython.core.error.UsageError: %dist: argument {start,status,stop,push,pull,auto}: invalid choice: 'launch' (choose from start, status, stop, push, pull, auto)
+    %dist {start,status,stop,push,pull,auto} ...
+    """
+    args = DIST_PARSER.parse_args(_split(line))
+    if args.command is None:
+        raise UsageError(f"%dist needs a command: one of {', '.join(SUBCOMMANDS)}.")
+    return args
+
+
+def parse_cell(line: str) -> argparse.Namespace:
+    """Parse the options of a ``%%distributed`` cell.
+
+    >>> parse_cell("--ranks 0,2-3 --quiet").ranks
+    '0,2-3'
+    """
+    return CELL_PARSER.parse_args(_split(line))
+
+
+def _split(line: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"cannot read the options {line!r}: {exc}") from None

@@ -1,0 +1,184 @@
+"""``%dist``, ``%%distributed`` and ``%%local``.
+
+Each magic parses its line, calls the Session, and displays what came back; user
+mistakes become ``UsageError`` before any process is touched.
+"""
+
+from __future__ import annotations
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.display import display, publish_display_data
+
+from workbench import session as session_mod
+from workbench.config import PoolConfig
+from workbench.errors import RankError
+from workbench.magics.args import parse_cell, parse_dist
+from workbench.magics.output import LineMerger, format_table, print_stream
+from workbench.pool.rankmap import format_ranks
+from workbench.session import Session
+
+STATUS_COLUMNS = ["rank", "host", "pid", "device", "state"]
+
+
+@magics_class
+class DistributedMagics(Magics):
+    """``%dist start|status|stop|push|pull|auto``, ``%%distributed`` and ``%%local``."""
+
+    def __init__(self, shell):
+        super().__init__(shell)
+        self._auto_on = False
+        self._running_local = False
+
+    # -- %dist -------------------------------------------------------------------------
+    @line_magic
+    def dist(self, line: str):
+        """Control the pool: ``%dist start [-n N] [--launcher local] [--backend auto|gloo|nccl] [--timeout S]``,
+        ``%dist status``, ``%dist stop``, ``%dist push NAME...``, ``%dist pull NAME [--rank R]``,
+        ``%dist auto on|off``."""
+        args = parse_dist(line)
+        return getattr(self, f"_dist_{args.command}")(args)
+
+    def _session(self, what: str) -> Session:
+        s = session_mod._current
+        if s is None or not s.running:
+            raise UsageError(f"{what} needs a running pool: start one first with `%dist start -n 2`.")
+        return s
+
+    def _dist_start(self, args):
+        s = session_mod._current
+        if s is not None and s.running:
+            raise UsageError(f"a pool of {s.world_size} ranks is already running: `%dist stop` it first.")
+        try:
+            config = PoolConfig(n=args.n, launcher=args.launcher, backend=args.backend, timeout=args.timeout)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        handle = display({"text/plain": "starting pool"}, raw=True, display_id=True)
+
+        def progress(message: str) -> None:
+            if handle is not None:
+                handle.update({"text/plain": message}, raw=True)
+            else:
+                print(message)
+
+        s = Session(config).start(progress=progress)
+        print(format_table(s.status(), STATUS_COLUMNS))
+
+    def _dist_status(self, args):
+        s = session_mod._current
+        if s is None or not s.running:
+            print("no pool is running: start one with `%dist start -n 2`.")
+            return
+        print(f"{s.world_size} ranks, backend {s.backend}, launcher {s.config.launcher}")
+        print(format_table(s.status(), STATUS_COLUMNS))
+
+    def _dist_stop(self, args):
+        s = session_mod._current
+        if s is None or not s.running:
+            print("no pool is running.")
+            return
+        n = s.world_size
+        s.stop()
+        print(f"stopped {n} ranks; no process of the pool is left.")
+
+    def _dist_push(self, args):
+        s = self._session("%dist push")
+        missing = [n for n in args.names if n not in self.shell.user_ns]
+        if missing:
+            raise UsageError(f"not defined in the notebook: {', '.join(missing)}. Define them, then push.")
+        ranks = self._targets(s, args.ranks)
+        s.push({n: self.shell.user_ns[n] for n in args.names}, ranks=ranks)
+
+    def _dist_pull(self, args):
+        s = self._session("%dist pull")
+        if args.rank is not None:
+            self._targets(s, [args.rank])
+        value = s.pull(args.name, rank=args.rank)
+        self.shell.user_ns[args.name] = value
+        return value
+
+    def _dist_auto(self, args):
+        if args.mode == "on":
+            self._session("%dist auto on")
+        self.auto(args.mode == "on")
+        print(f"auto mode {args.mode}: " + (
+            "every cell runs on all ranks; start a cell with %%local to run it here."
+            if args.mode == "on" else "cells run in the notebook again."))
+
+    def auto(self, on: bool) -> None:
+        transformers = self.shell.input_transformers_cleanup
+        if on and not self._auto_on:
+            transformers.append(self._auto_transform)
+        elif not on and self._auto_on:
+            transformers.remove(self._auto_transform)
+        self._auto_on = on
+
+    def _auto_transform(self, lines: list[str]) -> list[str]:
+        first = next((ln.strip() for ln in lines if ln.strip()), "")
+        if self._running_local or not first or first.startswith(("%%", "%dist")):
+            return lines
+        return ["%%distributed\n", *lines]
+
+    def _targets(self, s: Session, ranks):
+        try:
+            return [r.rank for r in s.targets(ranks)]
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+    # -- %%distributed -------------------------------------------------------------------
+    @cell_magic
+    def distributed(self, line: str, cell: str):
+        """Run the cell on every rank at once: ``%%distributed [--ranks 0,2-3] [--timeout S] [--quiet]``.
+
+        Names ready on every rank: ``rank``, ``local_rank``, ``world_size``, ``device``, ``dist``.
+        """
+        args = parse_cell(line)
+        s = self._session("%%distributed")
+        ranks = self._targets(s, args.ranks)
+        merger = None if args.quiet else LineMerger(ranks, print_stream)
+
+        def on_output(rank, kind, payload):
+            if kind == "display":
+                print(f"[rank {rank}]")
+                publish_display_data(payload.get("data", {}), payload.get("metadata", {}))
+            elif merger is not None:
+                merger.feed(rank, kind, payload)
+
+        try:
+            result = s.run(cell, ranks=ranks, timeout=args.timeout, on_output=on_output)
+        except RankError as exc:
+            if merger:
+                merger.close()
+            _show_results(exc.result)
+            raise
+        finally:
+            if merger:
+                merger.close()
+        _show_results(result)
+
+    @cell_magic
+    def local(self, line: str, cell: str):
+        """Run this cell in the notebook's own kernel (useful while ``%dist auto on``)."""
+        self._running_local = True
+        try:
+            self.shell.run_cell(cell, store_history=False)
+        finally:
+            self._running_local = False
+
+
+def _show_results(result) -> None:
+    """Each rank's last-expression value; identical plain-text values shown once."""
+    values = [(r.rank.rank, r.result) for r in result.ranks if r.result]
+    if not values:
+        return
+    texts = {v.get("text/plain") for _, v in values}
+    if len(values) > 1 and len(values) == len(result.ranks) and len(texts) == 1 and all(len(v) == 1 for _, v in values):
+        label = f"[ranks {format_ranks([r for r, _ in values])}]"
+        publish_display_data({"text/plain": f"{label} {texts.pop()}"})
+        return
+    for rank, bundle in values:
+        if set(bundle) == {"text/plain"}:
+            publish_display_data({"text/plain": f"[rank {rank}] {bundle['text/plain']}"})
+        else:
+            print(f"[rank {rank}]")
+            publish_display_data(bundle)

@@ -1,0 +1,38 @@
+"""The lease: a small process that ends a pool whose owner died.
+
+``atexit`` does not run when a kernel is SIGKILLed, and orphaned ipyparallel
+engines only notice after minutes of missed heartbeats. This process watches the
+owner named in the pool's state file; when the owner is gone it stops every
+process recorded there and removes the file. When the file goes away (the pool was
+stopped normally) it exits.
+
+Run as ``python -m workbench.pool.lease STATE_FILE``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from workbench.pool.state import process_alive, read_state, terminate
+
+POLL_SECONDS = 0.5
+
+
+def watch(path: Path) -> None:
+    while True:
+        state = read_state(path)
+        if state is None:  # stopped normally
+            return
+        if not process_alive(state["owner"]):
+            terminate(state.get("processes", []))
+            for extra in state.get("files", []):
+                Path(extra).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
+            return
+        time.sleep(POLL_SECONDS)
+
+
+if __name__ == "__main__":
+    watch(Path(sys.argv[1]))
