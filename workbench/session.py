@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import threading
@@ -112,9 +113,36 @@ class Session:
             self._pool = None
             raise
         self.start_seconds = time.perf_counter() - t0
+        atexit.register(self.stop)  # kernel shutdown and restart end the pool too
         progress(f"ready: {n} ranks, backend {self.backend}, {self.start_seconds:.1f} s")
         _current = self
         return self
+
+    @classmethod
+    def attach(cls, pool_id: str) -> Session:
+        """Drive a pool that another notebook or the JupyterLab panel started.
+
+        The ranks keep their process group and their state.
+
+        >>> s = Session.attach("1a2b3c4d")      # doctest: +SKIP
+        """
+        global _current
+        pool = EnginePool.attach(pool_id)
+        state = pool.state
+        self = cls(PoolConfig(n=state["n"], launcher=state["launcher"],
+                              backend=state.get("backend_requested", "auto")))
+        self._pool = pool
+        self.ranks = [RankInfo(**r) for r in state.get("ranks", [])]
+        if len(self.ranks) != state["n"]:
+            pool.client.close()
+            raise PoolStartError(f"pool {pool_id} has not finished starting: try again in a moment.")
+        self.backend = state.get("backend")
+        _current = self
+        return self
+
+    @property
+    def pool_id(self) -> str | None:
+        return self._pool.pool_id if self._pool else None
 
     def _form_group(self, client) -> None:
         from workbench.dist import engine
@@ -140,7 +168,8 @@ class Session:
         except Exception as exc:
             raise PoolStartError(f"the process group did not form: {exc}") from exc
         self.backend = joined[0]["backend"]
-        self._pool.update_state(ranks=[r.__dict__ for r in self.ranks], backend=self.backend)
+        self._pool.update_state(ranks=[r.__dict__ for r in self.ranks], backend=self.backend,
+                                backend_requested=self.config.backend)
 
     def stop(self) -> None:
         """Stop every engine and the controller; nothing of the pool is left running."""

@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 
 from workbench.config import BACKENDS, LAUNCHERS
 
-SUBCOMMANDS = ("start", "status", "stop", "push", "pull", "auto")
+SUBCOMMANDS = ("start", "status", "stop", "push", "pull", "auto", "attach")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,6 +61,8 @@ def _dist_parser() -> _Parser:
     pull.add_argument("--rank", type=int, default=None)
     auto = sub.add_parser("auto", prog="%dist auto", add_help=False)
     auto.add_argument("mode", choices=("on", "off"))
+    attach = sub.add_parser("attach", prog="%dist attach", add_help=False)
+    attach.add_argument("pool_id", nargs="?", default=None)
     return p
 
 
@@ -81,11 +83,10 @@ def parse_dist(line: str) -> argparse.Namespace:
 
     >>> parse_dist("start -n 4 --backend gloo").n
     4
-    >>> parse_dist("launch")
+    >>> parse_dist("launch")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    IPython.core.error.UsageError: %dist: argument {start,status,stop,push,pull,auto}: invalid choice: 'launch' (choose from start, status, stop, push, pull, auto)
-    %dist {start,status,stop,push,pull,auto} ...
+    IPython.core.error.UsageError: %dist: argument ...: invalid choice: 'launch' ...
     """
     args = DIST_PARSER.parse_args(_split(line))
     if args.command is None:

@@ -15,6 +15,7 @@ from workbench.config import PoolConfig
 from workbench.errors import RankError
 from workbench.magics.args import parse_cell, parse_dist
 from workbench.magics.output import LineMerger, format_table, print_stream
+from workbench.pool import state as pool_state
 from workbench.pool.rankmap import format_ranks
 from workbench.session import Session
 
@@ -35,7 +36,7 @@ class DistributedMagics(Magics):
     def dist(self, line: str):
         """Control the pool: ``%dist start [-n N] [--launcher local] [--backend auto|gloo|nccl] [--timeout S]``,
         ``%dist status``, ``%dist stop``, ``%dist push NAME...``, ``%dist pull NAME [--rank R]``,
-        ``%dist auto on|off``."""
+        ``%dist auto on|off``, ``%dist attach [POOL_ID]``."""
         args = parse_dist(line)
         return getattr(self, f"_dist_{args.command}")(args)
 
@@ -64,12 +65,29 @@ class DistributedMagics(Magics):
         s = Session(config).start(progress=progress)
         print(format_table(s.status(), STATUS_COLUMNS))
 
+    def _dist_attach(self, args):
+        s = session_mod._current
+        if s is not None and s.running:
+            raise UsageError(f"this notebook already drives pool {s.pool_id}: `%dist stop` it first.")
+        pool_id = args.pool_id
+        if pool_id is None:
+            running = [st["id"] for st in pool_state.list_states()]
+            if len(running) != 1:
+                raise UsageError(f"name the pool to attach to; running pools: {', '.join(running) or 'none'}.")
+            pool_id = running[0]
+        try:
+            s = Session.attach(pool_id)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"attached to pool {pool_id}: {s.world_size} ranks, backend {s.backend}")
+        print(format_table(s.status(), STATUS_COLUMNS))
+
     def _dist_status(self, args):
         s = session_mod._current
         if s is None or not s.running:
             print("no pool is running: start one with `%dist start -n 2`.")
             return
-        print(f"{s.world_size} ranks, backend {s.backend}, launcher {s.config.launcher}")
+        print(f"pool {s.pool_id}: {s.world_size} ranks, backend {s.backend}, launcher {s.config.launcher}")
         print(format_table(s.status(), STATUS_COLUMNS))
 
     def _dist_stop(self, args):

@@ -49,6 +49,8 @@ class EnginePool:
         self.client: ipp.Client | None = None
         self.state_file = None
         self._lease: subprocess.Popen | None = None
+        self.attached = False  # True when another process started this pool
+        self.state: dict = {}
 
     # -- start -----------------------------------------------------------------------
     def start(self, progress: Progress = lambda msg: None) -> ipp.Client:
@@ -112,9 +114,30 @@ class EnginePool:
                 out.append(f"--- engine {el.identifier} ---\n{tail}")
         return out
 
+    # -- attach --------------------------------------------------------------------------
+    @classmethod
+    def attach(cls, pool_id: str, timeout: float = 10.0) -> EnginePool:
+        """Connect to a pool another process started (a kernel, or the Jupyter server)."""
+        state = pool_state.read_state(pool_state.state_path(pool_id))
+        if state is None or not pool_state.process_alive(state.get("owner", {})):
+            running = ", ".join(s["id"] for s in pool_state.list_states()) or "none"
+            raise ValueError(f"no running pool {pool_id!r}; running pools: {running}.")
+        self = cls(n=state["n"], launcher=state["launcher"], timeout=timeout)
+        self.pool_id = pool_id
+        self.state = state
+        self.cluster = ipp.Cluster.from_file(state["cluster_file"], log_level=logging.WARNING,
+                                             shutdown_atexit=False)
+        self.client = self.cluster.connect_client_sync()
+        self.client.wait_for_engines(self.n, timeout=timeout)
+        self.state_file = pool_state.state_path(pool_id)
+        self.attached = True
+        return self
+
     # -- bookkeeping -----------------------------------------------------------------
     def pids(self) -> list[int]:
         """Every process this pool started: controller, engines, lease."""
+        if self.attached:
+            return [rec["pid"] for rec in self.state.get("processes", []) if pool_state.process_alive(rec)]
         pids = []
         if self.cluster and self.cluster.controller is not None and self.cluster.controller.pid > 0:
             pids.append(self.cluster.controller.pid)
@@ -150,18 +173,21 @@ class EnginePool:
             )
 
     def update_state(self, **extra) -> None:
-        if self.state_file is not None:
+        if self.state_file is not None and not self.attached:
             self._record(**extra)
 
     # -- stop ------------------------------------------------------------------------
     def stop(self) -> None:
         """Stop engines and controller, then make sure every recorded process is gone."""
-        records = []
-        for pid in self.pids():
-            try:
-                records.append(pool_state.process_record(pid))
-            except Exception:
-                pass
+        if self.attached:
+            records = [rec for rec in self.state.get("processes", []) if pool_state.process_alive(rec)]
+        else:
+            records = []
+            for pid in self.pids():
+                try:
+                    records.append(pool_state.process_record(pid))
+                except Exception:
+                    pass
         if self.client is not None:
             try:
                 # shutting engines down first keeps ipyparallel from printing their tracebacks
@@ -182,3 +208,11 @@ class EnginePool:
             self._lease.wait(timeout=5)
             self._lease = None
         self.cluster = None
+
+
+def stop_pool(pool_id: str) -> None:
+    """Stop a pool by its id, whichever process started it.
+
+    >>> stop_pool("1a2b3c4d")       # doctest: +SKIP
+    """
+    EnginePool.attach(pool_id).stop()
