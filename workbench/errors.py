@@ -65,7 +65,7 @@ class RankError(WorkbenchError):
         lines += err.render_traceback()
         for info, err in self.failures[1:]:
             lines.append(f"rank {info.rank} ({info.host}, {info.device}): {err.ename}: {err.evalue}")
-        ok = [r.rank for r in self.result.ranks if r.error is None]
+        ok = [r.rank.rank for r in self.result.ranks if r.error is None]
         if ok:
             lines.append(f"ranks without error: {', '.join(map(str, ok))}")
         return lines

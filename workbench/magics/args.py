@@ -43,31 +43,31 @@ def _seconds(text: str) -> float:
 
 
 def _dist_parser() -> _Parser:
-    p = _Parser(prog="%dist", add_help=False,
+    p = _Parser(prog="%dist", add_help=False, allow_abbrev=False,
                 description="Start, inspect and stop the pool of ranks.")
     sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="{" + ",".join(SUBCOMMANDS) + "}")
-    start = sub.add_parser("start", prog="%dist start", add_help=False)
+    start = sub.add_parser("start", prog="%dist start", add_help=False, allow_abbrev=False)
     start.add_argument("-n", type=_positive_int, default=None, help="number of ranks (default: GPUs, else 2)")
     start.add_argument("--launcher", choices=LAUNCHERS, default="local")
     start.add_argument("--backend", choices=BACKENDS, default="auto")
     start.add_argument("--timeout", type=_seconds, default=60.0)
-    sub.add_parser("status", prog="%dist status", add_help=False)
-    sub.add_parser("stop", prog="%dist stop", add_help=False)
-    push = sub.add_parser("push", prog="%dist push", add_help=False)
+    sub.add_parser("status", prog="%dist status", add_help=False, allow_abbrev=False)
+    sub.add_parser("stop", prog="%dist stop", add_help=False, allow_abbrev=False)
+    push = sub.add_parser("push", prog="%dist push", add_help=False, allow_abbrev=False)
     push.add_argument("names", nargs="+")
     push.add_argument("--ranks", default=None)
-    pull = sub.add_parser("pull", prog="%dist pull", add_help=False)
+    pull = sub.add_parser("pull", prog="%dist pull", add_help=False, allow_abbrev=False)
     pull.add_argument("name")
     pull.add_argument("--rank", type=int, default=None)
-    auto = sub.add_parser("auto", prog="%dist auto", add_help=False)
+    auto = sub.add_parser("auto", prog="%dist auto", add_help=False, allow_abbrev=False)
     auto.add_argument("mode", choices=("on", "off"))
-    attach = sub.add_parser("attach", prog="%dist attach", add_help=False)
+    attach = sub.add_parser("attach", prog="%dist attach", add_help=False, allow_abbrev=False)
     attach.add_argument("pool_id", nargs="?", default=None)
     return p
 
 
 def _cell_parser() -> _Parser:
-    p = _Parser(prog="%%distributed", add_help=False)
+    p = _Parser(prog="%%distributed", add_help=False, allow_abbrev=False)
     p.add_argument("--ranks", default=None, help="ranks to run on, e.g. 0,2-3 (default: all)")
     p.add_argument("--timeout", type=_seconds, default=None)
     p.add_argument("--quiet", action="store_true", help="show errors only, not the ranks' output")

@@ -1,0 +1,147 @@
+"""The walking skeleton on a real 2-engine pool, driven through the magics in IPython."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+from tests.conftest import alive
+from workbench import RankError, session
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def run(ip, cell):
+    """Run a cell; return (result, captured stdout+stderr+displays as text)."""
+    with capture_output() as cap:
+        result = ip.run_cell(cell)
+    shown = cap.stdout + cap.stderr + "".join(o.data.get("text/plain", "") + "\n" for o in cap.outputs)
+    return result, shown
+
+
+@pytest.fixture(scope="module")
+def pool(ipshell):
+    result, shown = run(ipshell, "%dist start -n 2 --timeout 60")
+    assert result.success, shown
+    s = session.current()
+    pids = s.pids()
+    yield s
+    result, shown = run(ipshell, "%dist stop")
+    assert result.success, shown
+    assert alive(pids) == [], "processes of the pool survived %dist stop"
+
+
+def test_start_forms_the_pool(pool):
+    rows = pool.status()
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert {r["device"] for r in rows} == {"cpu"} and {r["state"] for r in rows} == {"idle"}
+
+
+def test_status_table(ipshell, pool):
+    result, shown = run(ipshell, "%dist status")
+    assert result.success
+    lines = shown.splitlines()
+    assert lines[1].split() == ["rank", "host", "pid", "device", "state"]
+    assert [ln.split()[0] for ln in lines[2:4]] == ["0", "1"]
+    assert str(pool.ranks[1].pid) in lines[3]
+
+
+def test_all_reduce_sum_on_every_rank(ipshell, pool):
+    cell = ("%%distributed\nimport torch\nt = torch.ones(3) * (rank + 1)\ndist.all_reduce(t)\n"
+            "print(rank, t.tolist())")
+    result, shown = run(ipshell, cell)
+    assert result.success, shown
+    assert "[rank 0] 0 [3.0, 3.0, 3.0]" in shown
+    assert "[rank 1] 1 [3.0, 3.0, 3.0]" in shown
+    assert pool.pull("t")[0].tolist() == [3.0, 3.0, 3.0]
+
+
+def test_identical_output_shown_once_and_last_value_per_rank(ipshell, pool):
+    result, shown = run(ipshell, "%%distributed\nprint('same everywhere')\nrank * 10")
+    assert result.success, shown
+    assert shown.count("same everywhere") == 1 and "[ranks 0-1] same everywhere" in shown
+    assert "[rank 0] 0" in shown and "[rank 1] 10" in shown
+
+
+def test_names_ready_in_every_cell(ipshell, pool):
+    result, shown = run(ipshell, "%%distributed\nprint(rank, local_rank, world_size, str(device), dist.is_initialized())")
+    assert result.success, shown
+    assert "[rank 1] 1 1 2 cpu True" in shown
+
+
+def test_ranks_option_targets_only_named_ranks(ipshell, pool):
+    run(ipshell, "%%distributed\nmarker = 'unset'")
+    result, shown = run(ipshell, "%%distributed --ranks 1\nmarker = f'set on {rank}'\nprint(marker)")
+    assert result.success, shown
+    assert "[rank 1] set on 1" in shown and "[rank 0]" not in shown
+    assert pool.pull("marker") == ["unset", "set on 1"]
+
+
+def test_state_persists_between_cells(ipshell, pool):
+    run(ipshell, "%%distributed\ncounter = rank")
+    run(ipshell, "%%distributed\ncounter += 100")
+    assert pool.pull("counter") == [100, 101]
+
+
+def test_exception_on_rank_1_names_rank_1(ipshell, pool):
+    result, shown = run(ipshell, "%%distributed\nprint('before', rank)\nif rank == 1:\n    raise ValueError('boom on one')")
+    err = result.error_in_exec
+    assert isinstance(err, RankError) and err.rank == 1
+    assert str(err).startswith(f"rank 1 ({pool.ranks[1].host}, cpu) raised ValueError: boom on one")
+    assert "[rank 0] before 0" in shown  # the other rank's output is kept
+    text = "\n".join(err._render_traceback_())
+    assert text.index("rank 1") < text.index("ValueError") and "ranks without error: 0" in text
+    assert run(ipshell, "%%distributed\nrank")[0].success  # the pool goes on
+
+
+def test_push_pull_round_trip(ipshell, pool):
+    ipshell.user_ns["payload"] = {"a": [1, 2, 3]}
+    assert run(ipshell, "%dist push payload")[0].success
+    run(ipshell, "%%distributed\npayload['a'].append(rank)")
+    result, _ = run(ipshell, "%dist pull payload --rank 1")
+    assert result.success and result.result == {"a": [1, 2, 3, 1]}
+    assert ipshell.user_ns["payload"] == {"a": [1, 2, 3, 1]}
+    result, _ = run(ipshell, "%dist pull payload")
+    assert result.result == [{"a": [1, 2, 3, 0]}, {"a": [1, 2, 3, 1]}]
+
+
+def test_auto_mode_and_local(ipshell, pool):
+    ipshell.user_ns["where"] = "notebook"
+    assert run(ipshell, "%dist auto on")[0].success
+    try:
+        result, shown = run(ipshell, "where = f'rank {rank}'\nprint(where)")
+        assert result.success and "[rank 1] rank 1" in shown
+        result, shown = run(ipshell, "%%local\nprint('here:', where)")
+        assert "here: notebook" in shown
+    finally:
+        assert run(ipshell, "%dist auto off")[0].success
+    assert pool.pull("where") == ["rank 0", "rank 1"]
+    assert ipshell.user_ns["where"] == "notebook"
+
+
+@pytest.mark.parametrize("cell, message", [
+    ("%%distributed --ranks 0,7\nx = 1", "out of range"),
+    ("%%distributed --ranks x\nx = 1", "bad rank list"),
+    ("%dist start -n 2", "already running"),
+    ("%dist pull nothing_here --rank 9", "out of range"),
+    ("%dist push not_defined_anywhere", "not defined in the notebook"),
+])
+def test_usage_errors_touch_nothing(ipshell, pool, cell, message):
+    pids = pool.pids()
+    result, _ = run(ipshell, cell)
+    assert isinstance(result.error_in_exec, UsageError) and message in str(result.error_in_exec)
+    assert pool.pids() == pids and alive(pids) == pids
+
+
+def test_every_listening_socket_is_on_loopback(pool):
+    listening = []
+    for pid in pool.pids():
+        for conn in psutil.Process(pid).net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN:
+                listening.append((pid, conn.laddr.ip, conn.laddr.port))
+    assert listening, "the controller at least must listen"
+    assert {ip for _, ip, _ in listening} == {"127.0.0.1"}, listening
+    # the store is rank 0's and listens too
+    assert pool.ranks[0].pid in {pid for pid, _, _ in listening}

@@ -1,0 +1,72 @@
+"""``python -m workbench.demo``: run a walkthrough notebook headless on a local CPU pool.
+
+Prints each cell as it runs, writes the executed notebook under ``build/`` and ends
+with the notebook's ``summary`` (ranks, steps, final loss). ``make demo`` runs this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from jupyter_core.utils import run_sync
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = ROOT / "notebooks" / "01_quickstart.ipynb"
+
+
+def run_notebook(path: Path, out_dir: Path, timeout: int = 600, log=print) -> dict | None:
+    """Execute ``path`` cell by cell, save it to ``out_dir``; return its ``summary`` variable if any."""
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    summary = None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / path.name
+    try:
+        with client.setup_kernel():
+            for n, index in enumerate(code_cells, 1):
+                cell = nb.cells[index]
+                lines = cell.source.strip().splitlines() or [""]
+                first = lines[0] if len(lines) == 1 else f"{lines[0]}  {lines[1]}"
+                t0 = time.perf_counter()
+                client.execute_cell(cell, index)
+                log(f"[{n}/{len(code_cells)}] {time.perf_counter() - t0:5.1f} s  {first[:70]}")
+            reply = []
+            run_sync(client.kc.execute_interactive)(
+                "import json as _j; print(_j.dumps(globals().get('summary')))",
+                output_hook=lambda m: reply.append(m["content"].get("text", "")), timeout=30)
+            text = "".join(reply).strip()
+            summary = json.loads(text) if text else None
+    finally:
+        nbformat.write(nb, out)
+    return summary
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebook", nargs="?", type=Path, default=DEFAULT)
+    parser.add_argument("--out", type=Path, default=ROOT / "build")
+    args = parser.parse_args(argv)
+    print(f"running {args.notebook.name} on a local 2-engine CPU pool")
+    t0 = time.perf_counter()
+    try:
+        summary = run_notebook(args.notebook, args.out)
+    except CellExecutionError as exc:
+        print(f"\nthe notebook failed:\n{exc}", file=sys.stderr)
+        return 1
+    print(f"\nexecuted notebook: {args.out / args.notebook.name}  ({time.perf_counter() - t0:.1f} s)")
+    if summary:
+        print("summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
