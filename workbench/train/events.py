@@ -1,0 +1,48 @@
+"""Training events: what metrics, widgets and checkpoints attach to.
+
+>>> class PrintLoss(Callback):
+...     def on_step_end(self, trainer, stats):
+...         print(stats.step, round(stats.loss, 3))
+>>> default_callbacks.append(PrintLoss())        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class StepStats:
+    """One optimizer step, the same on every rank except the timings (seconds).
+
+    ``loss``: mean over the data-parallel ranks; ``samples``/``tokens``: over all of them.
+    ``comm_time``: measured collectives (gradient all-reduces through the DDP hook, the
+    step's flag all-reduce, the grad-norm all-reduce); under DDP it overlaps compute.
+    """
+
+    step: int
+    loss: float
+    lr: float
+    samples: int
+    tokens: int
+    step_time: float
+    compute_time: float
+    comm_time: float
+    data_time: float
+
+
+class Callback:
+    """Override any of these; each is called on every rank."""
+
+    def on_run_start(self, trainer) -> None:
+        pass
+
+    def on_step_end(self, trainer, stats: StepStats) -> None:
+        pass
+
+    def on_run_end(self, trainer) -> None:
+        pass
+
+
+# Every new Trainer appends these to its own callbacks (the dashboard registers here).
+default_callbacks: list[Callback] = []

@@ -1,0 +1,323 @@
+"""A small synchronized training loop, the same on every rank, cell after cell.
+
+>>> trainer = Trainer(model, loader, lr=1e-3, clip=1.0)     # doctest: +SKIP
+>>> trainer.run(steps=50)                                   # doctest: +SKIP
+RunResult(steps 1-50, loss 1.2034 -> 0.4121, 812 samples/s)
+
+Each step: forward/backward over ``grad_accum`` batches (DDP/FSDP sync only on the last),
+then one all-reduce over the world that agrees on the mean loss, on a NaN/Inf loss and
+on whether any rank ran out of data, so every rank takes (or skips) the same steps and
+stops on the same step count.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from workbench.strategies.layout import device_of, layout_of
+from workbench.strategies.pipeline import Pipelined
+from workbench.train.events import Callback, StepStats, default_callbacks
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """``precision``: "fp32", "bf16" or "auto" (bf16 autocast where CUDA supports it).
+    ``on_nonfinite``: "raise" (every rank raises at the same step) or "skip" the update."""
+
+    lr: float = 1e-3
+    optim: str = "adamw"
+    weight_decay: float = 0.0
+    grad_accum: int = 1
+    clip: float | None = 1.0
+    precision: str = "auto"
+    seed: int = 0
+    on_nonfinite: str = "raise"
+    log_every: int = 0
+
+    def __post_init__(self):
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive (got {self.lr}).")
+        if self.optim not in ("adamw", "sgd"):
+            raise ValueError(f"unknown optim {self.optim!r}: choose adamw or sgd "
+                             "(or pass optimizer=).")
+        if self.grad_accum < 1:
+            raise ValueError(f"grad_accum must be at least 1 (got {self.grad_accum}).")
+        if self.clip is not None and not self.clip > 0:
+            raise ValueError(f"clip must be positive or None (got {self.clip}).")
+        if self.precision not in ("fp32", "bf16", "auto"):
+            raise ValueError(f"unknown precision {self.precision!r}: choose fp32, bf16 or auto.")
+        if self.on_nonfinite not in ("raise", "skip"):
+            raise ValueError(f"unknown on_nonfinite {self.on_nonfinite!r}: choose raise or skip.")
+
+
+@dataclass
+class RunResult:
+    """What one ``run`` did; ``history`` holds every step's :class:`StepStats`."""
+
+    history: list[StepStats] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        h = self.history
+        if not h:
+            return "RunResult(no steps: out of data)"
+        rate = sum(s.samples for s in h) / max(1e-9, sum(s.step_time for s in h))
+        return (f"RunResult(steps {h[0].step}-{h[-1].step}, loss {h[0].loss:.4f} -> {h[-1].loss:.4f}, "
+                f"{rate:.0f} samples/s)")
+
+
+class Trainer:
+    """Synchronized steps over a sharded (or plain) model; ``self.step`` counts across runs.
+
+    ``data``: a DataLoader (re-iterated every epoch, with ``sampler.set_epoch``) or any
+    iterable of ``(x, y)`` batches for this rank (used once). Extra keywords build a
+    :class:`TrainConfig`.
+    """
+
+    def __init__(self, model: nn.Module, data, *, config: TrainConfig | None = None, loss_fn=None,
+                 optimizer: torch.optim.Optimizer | None = None, lr_scheduler=None,
+                 callbacks: list[Callback] | tuple = (), **options):
+        self.config = config or TrainConfig(**options)
+        if config is not None and options:
+            raise ValueError("pass either config= or keyword options, not both.")
+        self.model, self.layout = model, layout_of(model)
+        self.module = self.layout.base or model  # holds the parameters
+        self.loss_fn = loss_fn or self.layout.loss_fn
+        if self.loss_fn is None:
+            raise ValueError("no loss function: pass loss_fn=, or use a model that has one (MLP, TinyGPT).")
+        self.device = device_of(self.module)
+        torch.manual_seed(self.config.seed)
+        self.optimizer = optimizer or _make_optimizer(model, self.config)
+        self.lr_scheduler = lr_scheduler
+        self.callbacks = [*callbacks, *default_callbacks]
+        self.step = 0
+        self.skipped = 0
+        self.epoch = 0
+        self.history: list[StepStats] = []
+        self._data, self._iter, self._pending, self._exhausted = data, None, None, False
+        self._consumed = 0  # batches used in this epoch (for resuming a DataLoader)
+        self._autocast = _autocast(self.config.precision, self.device)
+
+    # -- data -----------------------------------------------------------------------------
+    @property
+    def _cyclic(self) -> bool:
+        return hasattr(getattr(self._data, "sampler", None), "set_epoch")
+
+    def _next_batch(self):
+        if self._iter is None:
+            if self._cyclic:
+                self._data.sampler.set_epoch(self.epoch)
+            self._iter = iter(self._data)
+        try:
+            return next(self._iter)
+        except StopIteration:
+            if not self._cyclic:
+                return None
+            self.epoch, self._consumed = self.epoch + 1, 0
+            self._data.sampler.set_epoch(self.epoch)
+            self._iter = iter(self._data)
+            return next(self._iter, None)
+
+    def _fetch(self):
+        """``grad_accum`` batches on the device, or ``None`` when this rank's data ran out."""
+        batches = []
+        for _ in range(self.config.grad_accum):
+            batch = self._next_batch()
+            if batch is None:
+                return None
+            batches.append(tuple(t.to(self.device, non_blocking=True) for t in batch))
+        return batches
+
+    # -- the loop -------------------------------------------------------------------------
+    def run(self, steps: int) -> RunResult:
+        """Run up to ``steps`` synchronized steps; fewer only if some rank's data ran out."""
+        result = RunResult()
+        for cb in self.callbacks:
+            cb.on_run_start(self)
+        try:
+            if self._pending is None and not self._exhausted:
+                self._pending = self._fetch()
+                self._exhausted = bool(_world_sum(torch.tensor([float(self._pending is None)]))[0])
+            for _ in range(steps):
+                if self._exhausted:
+                    break
+                stats = self._train_step()
+                if stats is not None:
+                    result.history.append(stats)
+        finally:
+            for cb in self.callbacks:
+                cb.on_run_end(self)
+        return result
+
+    def _train_step(self) -> StepStats | None:
+        t0 = time.perf_counter()
+        self.model.train()
+        batches, self._pending = self._pending, None
+        self._consumed += len(batches)
+        loss = self._forward_backward(batches)
+        t_data = time.perf_counter()
+        self._pending = self._fetch()
+        data_time = time.perf_counter() - t_data
+        t_comm = time.perf_counter()
+        holds_loss = self.layout.is_last_stage
+        flags = torch.tensor([loss * holds_loss, float(holds_loss),
+                              float(holds_loss and not math.isfinite(loss)),
+                              float(self._pending is None)], dtype=torch.float64)
+        total, comm = _world_sum(flags), time.perf_counter() - t_comm
+        mean_loss = float(total[0] / max(total[1], 1.0))
+        self._exhausted = bool(total[3])
+        norm_ok, norm_comm = True, 0.0
+        if not total[2] and self.config.clip is not None:
+            norm_ok, norm_comm = self._clip(self.config.clip)
+        lr = self.optimizer.param_groups[0]["lr"]
+        if total[2] or not norm_ok:
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.config.on_nonfinite == "raise":
+                raise FloatingPointError(
+                    f"non-finite {'loss' if total[2] else 'gradient norm'} at step {self.step + 1} "
+                    f"(mean loss {mean_loss}); no rank took the update. Lower lr or check the data.")
+            self.skipped += 1
+            return None
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self.step += 1
+        x, y = batches[0]
+        samples = x.shape[0] * len(batches) * self.layout.dp_size
+        tokens = y.numel() * len(batches) * self.layout.dp_size if not y.is_floating_point() else samples
+        step_time = time.perf_counter() - t0
+        explicit = comm + norm_comm
+        stats = StepStats(step=self.step, loss=mean_loss, lr=lr, samples=samples, tokens=tokens,
+                          step_time=step_time, compute_time=max(0.0, step_time - data_time - explicit),
+                          comm_time=explicit + self.layout.comm.take() if self.layout.comm else explicit,
+                          data_time=data_time)
+        self.history.append(stats)
+        if self.config.log_every and self.step % self.config.log_every == 0 and _rank() == 0:
+            print(f"step {self.step:5d}  loss {mean_loss:.4f}  {samples / step_time:.0f} samples/s")
+        for cb in self.callbacks:
+            cb.on_step_end(self, stats)
+        return stats
+
+    def _forward_backward(self, batches) -> float:
+        """Mean loss of this rank's batches (nan on pipeline stages that hold no loss)."""
+        n = len(batches)
+        total = 0.0
+        if isinstance(self.model, Pipelined):
+            for x, y in batches:
+                loss = self.model.step(x, y)
+                total += loss.item() if loss is not None else 0.0
+            if n > 1:
+                for p in self.module.parameters():
+                    if p.grad is not None:
+                        p.grad.div_(n)
+            return total / n
+        for i, (x, y) in enumerate(batches):
+            last = i == n - 1
+            with self._sync(last), self._autocast:
+                loss = self.loss_fn(self.model(x), y)
+            (loss / n).backward()
+            total += loss.item()
+        return total / n
+
+    def _sync(self, last: bool):
+        if hasattr(self.model, "no_sync") and not last:
+            return self.model.no_sync()
+        if hasattr(self.module, "set_requires_gradient_sync"):
+            self.module.set_requires_gradient_sync(last)
+        return nullcontext()
+
+    def _clip(self, max_norm: float) -> tuple[bool, float]:
+        """Clip by the global grad norm (over shards and stages); (finite?, comm seconds)."""
+        from torch.distributed.tensor import DTensor
+
+        t0 = time.perf_counter()
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for g in grads:
+            n = torch.linalg.vector_norm(g)
+            if isinstance(n, DTensor):
+                n = n.full_tensor()
+            sq += n.double() ** 2
+        if self.layout.pp > 1:
+            dist.all_reduce(sq, group=self.layout.group("pp"))
+        norm = float(sq.sqrt())
+        comm = time.perf_counter() - t0
+        if norm != norm or norm == float("inf"):
+            return False, comm
+        coef = min(1.0, max_norm / (norm + 1e-6))
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
+        return True, comm
+
+    # -- checkpointing --------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Model, optimizer, step, data position and this rank's RNG (for DCP save)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self._sd_module(), self.optimizer)
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        return {"model": model_sd, "optim": optim_sd,
+                "trainer": {"step": self.step, "epoch": self.epoch, "consumed": self._consumed,
+                            "skipped": self.skipped},
+                "rng": {f"rank{_rank()}": rng}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The reverse of :meth:`state_dict`; the data restarts where the saved run stood."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(self._sd_module(), self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        t = state.get("trainer", {})
+        self.step, self.epoch = int(t.get("step", 0)), int(t.get("epoch", 0))
+        self.skipped, consumed = int(t.get("skipped", 0)), int(t.get("consumed", 0))
+        rng = state.get("rng", {}).get(f"rank{_rank()}")
+        if rng:
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"])
+        self._iter, self._pending, self._exhausted, self._consumed = None, None, False, 0
+        if self._cyclic:
+            for _ in range(consumed):
+                self._next_batch()
+            self._consumed = consumed
+
+    def _sd_module(self) -> nn.Module:
+        return self.module if isinstance(self.model, Pipelined) else self.model
+
+
+def _make_optimizer(model: nn.Module, c: TrainConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if c.optim == "sgd":
+        return torch.optim.SGD(params, lr=c.lr, weight_decay=c.weight_decay)
+    return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay)
+
+
+def _autocast(precision: str, device: torch.device):
+    if precision == "auto":
+        use = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    else:
+        use = precision == "bf16"
+    return torch.autocast(device.type, dtype=torch.bfloat16) if use else nullcontext()
+
+
+def _world_sum(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+__all__ = ["RunResult", "TrainConfig", "Trainer"]
