@@ -1,0 +1,88 @@
+"""What runs on each engine to join the process group.
+
+The kernel calls these through ipyparallel: ``describe`` on every engine, then
+``open_store`` on rank 0, then ``join`` on every rank at once.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+# Objects that must outlive one call: rank 0's store (its listening socket) and the rank's facts.
+_state: dict = {}
+
+
+def describe() -> dict:
+    """Host, pid and visible GPU count of this engine."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "gpus": torch.cuda.device_count()}
+
+
+def open_store(address: str, timeout_s: float) -> int:
+    """Rank 0: start the TCPStore on ``address`` and return its port.
+
+    We bind the listening socket ourselves: given port 0, TCPStore listens on every
+    interface, and a local pool must stay on loopback.
+    """
+    close()
+    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((address, 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    _state["store_socket"] = sock
+    _state["store"] = dist.TCPStore(
+        address, port, is_master=True, master_listen_fd=sock.fileno(),
+        timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+    )
+    return port
+
+
+def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int,
+         backend: str, device: str, timeout_s: float, threads: int, ifname: str | None) -> dict:
+    """Join the process group and put ``rank``, ``world_size``, ``device``... into the user namespace."""
+    env = {"RANK": rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": world_size,
+           "MASTER_ADDR": address, "MASTER_PORT": port}
+    os.environ.update({k: str(v) for k, v in env.items()})
+    if ifname:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", ifname)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", ifname)
+    torch.set_num_threads(threads)
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if backend == "auto":
+        backend = "cpu:gloo,cuda:nccl" if dev.type == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    store = _state.get("store") if rank == 0 else None
+    if store is None:
+        store = dist.TCPStore(address, port, is_master=False, timeout=timeout)
+        _state["store"] = store
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+                            device_id=dev if dev.type == "cuda" else None)
+    _state.update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev)
+    _user_namespace().update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, dist=dist)
+    return {"rank": rank, "backend": dist.get_backend()}
+
+
+def close() -> None:
+    """Leave the process group and close the store (normal path only)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _state.pop("store", None)
+    sock = _state.pop("store_socket", None)
+    if sock is not None:
+        sock.close()
+
+
+def _user_namespace() -> dict:
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    return ip.user_ns if ip is not None else globals()
