@@ -17,6 +17,15 @@ __all__ = [
 # Names loaded on first use: engine-side helpers import torch, which the kernel must not
 # pay for (or need) at `%load_ext`. Each entry: public name -> module that defines it.
 _LAZY: dict[str, str] = {
+    "shard": "workbench.strategies", "plan": "workbench.strategies", "unwrap": "workbench.strategies",
+    "ParallelConfig": "workbench.strategies",
+    "scatter": "workbench.scatter", "gather": "workbench.scatter",
+    "Trainer": "workbench.train", "TrainConfig": "workbench.train", "Callback": "workbench.train",
+    "StepStats": "workbench.train", "MLP": "workbench.train", "MLPConfig": "workbench.train",
+    "TinyGPT": "workbench.train", "GPTConfig": "workbench.train", "make_loader": "workbench.train",
+    "char_dataset": "workbench.train", "regression_data": "workbench.train",
+    "export": "workbench.train", "load_model": "workbench.train", "predict": "workbench.train",
+    "generate": "workbench.train",
 }
 
 

@@ -1,11 +1,11 @@
 """From training to use: one consolidated, unsharded model on disk, and quick inference.
 
 ``export`` gathers the full weights whatever the strategy (DDP, FSDP, TP, pipeline
-stages) and rank 0 writes ``model.safetensors`` and ``config.json``; ``load`` rebuilds
+stages) and rank 0 writes ``model.safetensors`` and ``config.json``; ``load_model`` rebuilds
 the model in a single process.
 
 >>> export(model, "out/gpt")                      # doctest: +SKIP   (on every rank)
->>> gpt = load("out/gpt")                         # doctest: +SKIP   (anywhere)
+>>> gpt = load_model("out/gpt")                         # doctest: +SKIP   (anywhere)
 >>> generate(gpt, "the river", max_new_tokens=40) # doctest: +SKIP
 """
 
@@ -62,7 +62,7 @@ def export(model: nn.Module, path: str | Path, *, arch: dict | None = None) -> P
     return path
 
 
-def load(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
     """The exported model, whole, in eval mode."""
     from safetensors.torch import load_file
 
