@@ -2,7 +2,10 @@
 
 Runs in the kernel: imports torch only when given a tensor.
 
->>> scatter(torch.arange(8), "x")      # doctest: +SKIP   rank 0 gets x = [0..3], rank 1 [4..7]
+On 2 ranks, rank 0 gets ``x = tensor([0, 1, 2, 3])`` and rank 1 the rest:
+
+>>> scatter(torch.arange(8), "x")       # doctest: +SKIP
+[4, 4]
 >>> gather("x")                         # doctest: +SKIP
 tensor([0, 1, 2, 3, 4, 5, 6, 7])
 """

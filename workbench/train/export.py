@@ -4,9 +4,11 @@
 stages) and rank 0 writes ``model.safetensors`` and ``config.json``; ``load_model`` rebuilds
 the model in a single process.
 
->>> export(model, "out/gpt")                      # doctest: +SKIP   (on every rank)
->>> gpt = load_model("out/gpt")                         # doctest: +SKIP   (anywhere)
->>> generate(gpt, "the river", max_new_tokens=40) # doctest: +SKIP
+On every rank, then anywhere:
+
+>>> export(model, "out/gpt")                         # doctest: +SKIP
+>>> gpt = load_model("out/gpt")                      # doctest: +SKIP
+>>> generate(gpt, "the river", max_new_tokens=40)    # doctest: +SKIP
 """
 
 from __future__ import annotations
