@@ -1,0 +1,370 @@
+"""Kernel side: receive every rank's metrics and keep the complete history.
+
+The :class:`Collector` binds a ZMQ PULL socket (random port) and reads it on its own thread, so
+records arrive while a cell runs and between cells. Each record carries a sequence number per
+(rank, stream): a duplicate is dropped, a gap is counted in ``stats["missing"]`` — nothing is
+lost silently. Series are bounded (:class:`workbench.metrics.history.Series` downsamples long
+runs). A rank whose records stop never makes the kernel raise; it shows as ``stalled`` or
+``lost`` in :meth:`Collector.status`.
+
+Runs: each rank numbers its own runs (1, 2, ...); the collector joins the ranks' run starts into
+one run (id 1, 2, ...): a rank's run start joins the newest run if that rank is not in it yet
+and it began within ``JOIN_WINDOW_S``, else it opens a new run.
+
+Imports no torch.
+
+>>> c = Collector()                      # doctest: +SKIP
+>>> c.url                                # doctest: +SKIP
+'tcp://127.0.0.1:50123'
+>>> c.history().dataframe()              # doctest: +SKIP
+>>> c.close()                            # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from workbench.metrics import records
+from workbench.metrics.history import History, Series
+
+log = logging.getLogger(__name__)
+
+JOIN_WINDOW_S = 30.0
+
+
+@dataclass
+class Run:
+    """One training run across ranks (kernel-side id, 1-based)."""
+
+    id: int
+    started: float  # engine wall clock of the first rank's run_start
+    ranks: set = field(default_factory=set)
+    ended: set = field(default_factory=set)
+    failed: set = field(default_factory=set)
+    details: dict = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.ranks) and self.ranks <= (self.ended | self.failed)
+
+
+@dataclass
+class RankState:
+    """What the collector knows about one rank."""
+
+    rank: int
+    host: str = ""
+    info: dict = field(default_factory=dict)
+    pub: str = ""
+    expected: dict = field(default_factory=dict)  # stream -> next sequence number
+    local_runs: dict = field(default_factory=dict)  # the rank's own run number -> Run id
+    last_seen: float = 0.0  # kernel monotonic clock
+    last_step: float = 0.0
+    step_time: float = 0.0
+    run: int | None = None  # the Run id this rank is in and has not ended
+    failed: str | None = None
+
+
+class Collector:
+    """Receives metric records from every rank's publisher.
+
+    ``capacity``: points kept per series (per rank per run for steps, per rank for device
+    samples) before the older half is downsampled. ``stall_after``: seconds without a step in a
+    running run before a rank shows ``stalled``. ``lost_after``: seconds without any record
+    (device samples come every second) before a rank shows ``lost``.
+    """
+
+    def __init__(self, address: str = "127.0.0.1", *, capacity: int = 8192, stall_after: float = 10.0,
+                 lost_after: float = 5.0):
+        import zmq
+
+        self.capacity = capacity
+        self.stall_after = stall_after
+        self.lost_after = lost_after
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.PULL)
+        self._sock.setsockopt(zmq.RCVHWM, 10_000)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        host = f"[{address}]" if ":" in address else address
+        if ":" in address:
+            self._sock.setsockopt(zmq.IPV6, 1)
+        port = self._sock.bind_to_random_port(f"tcp://{host}")
+        self.url = f"tcp://{host}:{port}"
+        self.ranks: dict[int, RankState] = {}
+        self.runs: list[Run] = []
+        self.steps: dict[tuple[int, int], Series] = {}  # (run id, rank) -> series
+        self.devices: dict[int, Series] = {}
+        self.events: list[dict] = []
+        self.stats = {"messages": 0, "step": 0, "device": 0, "event": 0, "duplicates": 0, "missing": 0,
+                      "bad_messages": 0}
+        self.gaps: list[tuple] = []  # (rank, stream, first missing seq, next seq received)
+        self.version = 0
+        self._cv = threading.Condition(threading.RLock())
+        self._listeners: list[Callable] = []
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="workbench-collector", daemon=True)
+        self._thread.start()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def close(self) -> None:
+        """Stop receiving and close the socket; the history stays readable."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._thread.join(5)
+        with self._cv:
+            self._cv.notify_all()
+
+    def set_ranks(self, ranks) -> None:
+        """Tell the collector the pool's ranks (``RankInfo`` list): host and device before any record."""
+        with self._cv:
+            for r in ranks:
+                st = self._rank(r.rank)
+                st.host = st.host or r.host
+                st.info.setdefault("device", r.device)
+                st.last_seen = st.last_seen or time.monotonic()
+
+    def add_listener(self, fn: Callable[[Collector, list[dict]], None]) -> None:
+        """Call ``fn(collector, events)`` on the receiver thread after each message (events may be [])."""
+        with self._cv:
+            self._listeners.append(fn)
+
+    def remove_listener(self, fn) -> None:
+        with self._cv:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
+    def wait_for(self, predicate: Callable[[Collector], bool], timeout: float) -> bool:
+        """Block until ``predicate(self)`` holds (checked after each message); False on timeout."""
+        with self._cv:
+            return self._cv.wait_for(lambda: predicate(self) or self.closed, timeout) and predicate(self)
+
+    # -- receiving -------------------------------------------------------------------------
+    def _loop(self) -> None:
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        try:
+            while not self._closed.is_set():
+                if not poller.poll(100):
+                    continue
+                while True:
+                    try:
+                        data = self._sock.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self.ingest(data)
+        finally:
+            self._sock.close(0)
+            self._ctx.term()
+
+    def ingest(self, data: bytes, now: float | None = None) -> list[dict]:
+        """Take one wire message; returns its new events. Never raises on a bad message."""
+        try:
+            msg = records.decode(data)
+        except Exception as exc:
+            with self._cv:
+                self.stats["bad_messages"] += 1
+            log.debug("dropped a message that is not a metrics message: %s", exc)
+            return []
+        now = time.monotonic() if now is None else now
+        with self._cv:
+            new_events = self._ingest(msg, now)
+            self.version += 1
+            listeners = list(self._listeners)
+            self._cv.notify_all()
+        for fn in listeners:
+            try:
+                fn(self, new_events)
+            except Exception:
+                log.exception("a metrics listener failed")
+        return new_events
+
+    def _rank(self, rank: int) -> RankState:
+        st = self.ranks.get(rank)
+        if st is None:
+            st = self.ranks[rank] = RankState(rank)
+        return st
+
+    def _fresh(self, st: RankState, stream: str, rows: list) -> list:
+        """Rows whose sequence number is new, in order; duplicates dropped, gaps counted."""
+        out = []
+        expected = st.expected.get(stream, 0)
+        for row in rows:
+            seq = int(row[0])
+            if seq < expected:
+                self.stats["duplicates"] += 1
+                continue
+            if seq > expected:
+                self.stats["missing"] += seq - expected
+                self.gaps.append((st.rank, stream, expected, seq))
+            expected = seq + 1
+            out.append(row)
+        st.expected[stream] = expected
+        return out
+
+    def _ingest(self, msg: dict, now: float) -> list[dict]:
+        self.stats["messages"] += 1
+        st = self._rank(msg["rank"])
+        if msg["pub"] != st.pub:  # a new publisher (engine restarted or reconnected): fresh numbering
+            st.pub = msg["pub"]
+            st.expected = {}
+            st.local_runs = {}
+        st.host = msg["host"]
+        if "info" in msg:
+            st.info.update(msg["info"])
+        st.last_seen = now
+        new_events = []
+        for seq, t, name, details in self._fresh(st, "event", msg["event"]):
+            details = details if isinstance(details, dict) else {}
+            run = None
+            if name in ("run_start", "run_end") and "run" in details:
+                run = self._run_for(st, int(details["run"]), t, start=name == "run_start")
+                if name == "run_start":
+                    st.run, st.failed, st.last_step = run.id, None, now
+                    run.details.update({k: v for k, v in details.items() if k != "run"})
+                else:
+                    run.ended.add(st.rank)
+                    if st.run == run.id:
+                        st.run = None
+            event = {"rank": st.rank, "host": st.host, "seq": seq, "t": t, "event": name,
+                     "run": run.id if run else None, **{k: v for k, v in details.items() if k != "run"}}
+            self.events.append(event)
+            new_events.append(event)
+            self.stats["event"] += 1
+        for row in self._fresh(st, "step", msg["step"]):
+            values = row[1:]
+            run = self._run_for(st, int(values[1]), values[0], start=False)
+            series = self.steps.get((run.id, st.rank))
+            if series is None:
+                series = self.steps[(run.id, st.rank)] = Series(records.STEP_FIELDS, self.capacity)
+            series.append(row[0], values)
+            st.last_step = now
+            st.step_time = values[7] if values[7] == values[7] else st.step_time
+            self.stats["step"] += 1
+        for row in self._fresh(st, "device", msg["device"]):
+            series = self.devices.get(st.rank)
+            if series is None:
+                series = self.devices[st.rank] = Series(records.DEVICE_FIELDS, self.capacity)
+            series.append(row[0], row[1:])
+            self.stats["device"] += 1
+        return new_events
+
+    def _run_for(self, st: RankState, local: int, t: float, *, start: bool) -> Run:
+        """The Run that this rank's ``local`` run number belongs to (joining or opening one)."""
+        run_id = st.local_runs.get(local)
+        if run_id is not None:
+            return self.runs[run_id - 1]
+        latest = self.runs[-1] if self.runs else None
+        if latest is not None and st.rank not in latest.ranks and abs(t - latest.started) < JOIN_WINDOW_S:
+            run = latest
+        else:
+            run = Run(id=len(self.runs) + 1, started=t)
+            self.runs.append(run)
+        run.ranks.add(st.rank)
+        st.local_runs[local] = run.id
+        if not start:  # steps without their run_start (it was lost): the rank is running anyway
+            st.run = run.id
+        return run
+
+    # -- what the kernel marks -------------------------------------------------------------
+    def mark_failed(self, rank: int, reason: str = "failed") -> None:
+        """A rank's cell raised: it shows ``failed`` and leaves its run."""
+        with self._cv:
+            st = self._rank(rank)
+            st.failed = reason
+            if st.run is not None:
+                self.runs[st.run - 1].failed.add(rank)
+                st.run = None
+            self.version += 1
+            self._cv.notify_all()
+
+    # -- reading -------------------------------------------------------------------------------
+    def latest_run(self) -> Run | None:
+        with self._cv:
+            return self.runs[-1] if self.runs else None
+
+    def count(self, stream: str = "step", run: int | None = None) -> int:
+        """Records received (before downsampling) of a stream, optionally of one run's steps."""
+        with self._cv:
+            if run is None:
+                return self.stats[stream]
+            return sum(s.received for (rid, _), s in self.steps.items() if rid == run)
+
+    def step_series(self, run: int) -> dict[int, Series]:
+        """rank -> step Series of one run (live objects: read them under :meth:`lock`)."""
+        with self._cv:
+            return {rank: s for (rid, rank), s in sorted(self.steps.items()) if rid == run}
+
+    def lock(self):
+        """The collector's lock, for reading live series consistently."""
+        return self._cv
+
+    def status(self, now: float | None = None) -> dict[int, str]:
+        """rank -> ``running``, ``stalled``, ``failed``, ``lost`` or ``idle``.
+
+        >>> Collector.__new__(Collector).status.__doc__ is not None
+        True
+        """
+        now = time.monotonic() if now is None else now
+        out = {}
+        with self._cv:
+            for rank, st in sorted(self.ranks.items()):
+                if st.failed:
+                    out[rank] = "failed"
+                elif now - st.last_seen > self.lost_after:
+                    out[rank] = "lost"
+                elif st.run is not None:
+                    quiet = now - st.last_step
+                    out[rank] = "stalled" if quiet > max(self.stall_after, 5 * st.step_time) else "running"
+                else:
+                    out[rank] = "idle"
+        return out
+
+    def history(self, run: int | None = None) -> History:
+        """Every record received (downsampled where a series ran long), as a :class:`History`.
+
+        ``run``: one run's steps only (``None``: every run). Records carry ``rank``, ``host`` and
+        the kernel-side ``run`` id.
+        """
+        with self._cv:
+            steps = []
+            for (rid, rank), s in sorted(self.steps.items()):
+                if run is None or rid == run:
+                    steps += s.records(run=rid, rank=rank, host=self.ranks[rank].host)
+            devices = []
+            for rank, s in sorted(self.devices.items()):
+                devices += s.records(rank=rank, host=self.ranks[rank].host)
+            events = [e for e in self.events if run is None or e.get("run") == run]
+        return History(steps, devices, list(events))
+
+
+def attach(session, collector: Collector | None = None) -> Collector | None:
+    """Connect every rank's publisher to ``collector`` (a new one when None or closed).
+
+    Called by :class:`workbench.session.Session` each time the process group has formed (a
+    restarted rank gets a publisher too). Metrics never stop a pool from starting: on failure
+    this logs and returns None.
+    """
+    from workbench.metrics import remote
+
+    try:
+        if collector is None or collector.closed:
+            collector = Collector(address=session.config.address)
+        collector.set_ranks(session.ranks)
+        session.apply(remote.connect, collector.url)
+        return collector
+    except Exception:
+        log.warning("live metrics are off for this pool: the collector could not connect", exc_info=True)
+        if collector is not None:
+            collector.close()
+        return None

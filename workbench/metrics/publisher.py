@@ -1,0 +1,292 @@
+"""Engine side: publish step records, run events and device samples to the kernel's collector.
+
+A :class:`Publisher` is a training-loop callback (``on_run_start``, ``on_step_end``,
+``on_run_end``). A step only appends a row to an in-memory queue (a few microseconds, never a
+socket call); one background thread per engine sends the queue in batches every
+``flush_interval`` seconds over a ZMQ PUSH socket with non-blocking sends, and samples the
+device every ``sample_interval`` seconds, between cells too. When the kernel stops reading, rows
+wait in the queue (bounded: the oldest go first, and the sequence numbers show the gap).
+
+Imports no IPython display, ipywidgets, plotly or tornado; torch only where already loaded.
+
+>>> import zmq
+>>> ctx = zmq.Context.instance(); pull = ctx.socket(zmq.PULL); port = pull.bind_to_random_port("tcp://127.0.0.1")
+>>> pub = Publisher(f"tcp://127.0.0.1:{port}", rank=0, host="h", sample_interval=60)
+>>> pub.step(step=1, loss=0.25, samples=8, step_time=0.01)
+>>> pub.flush(5)
+True
+>>> pub.close(); pull.close()
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+
+from workbench.metrics import records
+from workbench.metrics.sampler import make_sampler
+
+
+def _callback_base():
+    """The training loop's ``Callback`` when that module exists, else ``object`` (duck typing)."""
+    try:
+        from workbench.train.events import Callback
+    except Exception:
+        return object
+    return Callback
+
+
+class Publisher(_callback_base()):
+    """Sends this rank's metrics to ``url`` (the collector's ``tcp://host:port``).
+
+    >>> pub = Publisher("tcp://127.0.0.1:9", rank=0, host="h", sample_interval=60)  # doctest: +SKIP
+    >>> trainer.callbacks.append(pub)                                                 # doctest: +SKIP
+    """
+
+    def __init__(self, url: str, *, rank: int, host: str | None = None, device: str = "cpu",
+                 threads: int = 1, flush_interval: float = 0.1, sample_interval: float = 1.0,
+                 max_queue: int = 200_000, sampler=None):
+        self.url = url
+        self.rank = rank
+        self.host = host or socket.gethostname()
+        self.device = str(device)
+        self.flush_interval = flush_interval
+        self.sample_interval = sample_interval
+        self.token = uuid.uuid4().hex[:12]
+        self.run = 0  # local run counter: 1 for this rank's first run
+        self.seq = {s: 0 for s in records.STREAMS}
+        self.dropped = 0
+        self._queue: collections.deque = collections.deque(maxlen=max_queue)
+        self._enqueued = 0
+        self._sent = 0
+        self._sent_cv = threading.Condition()
+        self._wake = threading.Event()
+        self._closing = False
+        self._close_by = float("inf")
+        self._mem = None
+        self.sampler = sampler if sampler is not None else make_sampler(self.device, threads)
+        self.info = {**self.sampler.info(), "device": self.device, "pid": os.getpid()}
+        self._thread = threading.Thread(target=self._loop, name=f"workbench-metrics-{rank}", daemon=True)
+        self._thread.start()
+
+    # -- training-loop events ------------------------------------------------------------
+    def on_run_start(self, trainer=None) -> None:
+        """A run begins: a new local run number and a ``run_start`` event, sent at once."""
+        self.run += 1
+        self._mem = _memory_probe(getattr(trainer, "device", None) or self.device)
+        details = {"run": self.run}
+        for name in ("max_steps", "steps", "world_size"):
+            value = getattr(trainer, name, None)
+            if isinstance(value, (int, float)):
+                details[name] = value
+        self.event("run_start", **details)
+
+    def on_step_end(self, trainer, stats) -> None:
+        """One step ended: queue its record (never blocks)."""
+        get = lambda name: getattr(stats, name, None)
+        self.step(step=get("step"), loss=get("loss"), lr=get("lr"), samples=get("samples"),
+                  tokens=get("tokens"), step_time=get("step_time"), compute_time=get("compute_time"),
+                  comm_time=get("comm_time"), data_time=get("data_time"))
+
+    def on_run_end(self, trainer=None) -> None:
+        """The run ended: a ``run_end`` event, and everything queued is sent before returning (<= 2 s)."""
+        self.event("run_end", run=self.run)
+        self.flush(2.0)
+
+    # -- plain API (for loops without a Trainer) -----------------------------------------------
+    def step(self, *, step, **fields) -> None:
+        """Queue one step record; ``fields`` as in :func:`workbench.metrics.records.step_row`."""
+        if self.run == 0:
+            self.on_run_start(None)
+        mem = self._mem() if self._mem is not None else None
+        row = records.step_row(t=time.time(), run=self.run, step=step, mem_bytes=mem, **fields)
+        self._put("step", row)
+
+    def event(self, name: str, **details) -> None:
+        """Queue an event (``run_start``, ``run_end``...) and send it without waiting for the next flush."""
+        self._put("event", [time.time(), name, details])
+        self._wake.set()
+
+    def _put(self, stream: str, row: list) -> None:
+        seq = self.seq[stream]
+        self.seq[stream] = seq + 1
+        if len(self._queue) == self._queue.maxlen:
+            self.dropped += 1
+        self._queue.append((stream, [seq, *row]))
+        self._enqueued += 1
+
+    def flush(self, timeout: float = 2.0) -> bool:
+        """Wait until every record queued so far was handed to the socket; False on timeout."""
+        target = self._enqueued
+        self._wake.set()
+        deadline = time.monotonic() + timeout
+        with self._sent_cv:
+            while self._sent + self.dropped < target:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._sent_cv.wait(left)
+        return True
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._closing
+
+    def renumber(self, rank: int) -> None:
+        """This engine now holds ``rank``: publish as a new source (fresh token and sequence numbers)."""
+        self.flush(2.0)
+        self.rank, self.token = rank, uuid.uuid4().hex[:12]
+        self.seq = {s: 0 for s in records.STREAMS}
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Send what is queued (up to ``timeout``), stop sampling, close the socket."""
+        self._close_by = time.monotonic() + timeout
+        self._closing = True
+        self._wake.set()
+        self._thread.join(timeout + 1)
+        self.sampler.close()
+
+    # -- background thread -----------------------------------------------------------------
+    def _loop(self) -> None:
+        import zmq
+
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, 1000)  # messages (batches), not records
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.connect(self.url)
+        pending = None  # a message the socket would not take yet (kernel not reading)
+        next_sample = 0.0
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= next_sample and not self._closing:
+                    self._sample()
+                    next_sample = now + self.sample_interval
+                if pending is None and self._queue:
+                    pending = self._build()
+                if pending is not None:
+                    data, count = pending
+                    try:
+                        sock.send(data, zmq.NOBLOCK)
+                        pending = None
+                        with self._sent_cv:
+                            self._sent += count
+                            self._sent_cv.notify_all()
+                        if self._queue:
+                            continue  # more arrived while sending: next batch at once
+                    except zmq.Again:
+                        pass
+                if self._closing and (pending is None or time.monotonic() > self._close_by):
+                    break
+                self._wake.wait(max(0.0, min(self.flush_interval, next_sample - time.monotonic())))
+                self._wake.clear()
+        finally:
+            sock.close()
+            ctx.term()
+            with self._sent_cv:
+                self._sent_cv.notify_all()
+
+    def _build(self) -> tuple[bytes, int]:
+        rows = {s: [] for s in records.STREAMS}
+        count = 0
+        q = self._queue
+        while q:
+            stream, row = q.popleft()
+            rows[stream].append(row)
+            count += 1
+        info = self.info if rows["device"] or rows["event"] else None
+        data = records.encode(pub=self.token, rank=self.rank, host=self.host, steps=rows["step"],
+                              devices=rows["device"], events=rows["event"], info=info)
+        return data, count
+
+    def _sample(self) -> None:
+        try:
+            values = self.sampler.read()
+        except Exception:  # a sampler must never stop the metrics of this rank
+            return
+        self._put("device", records.device_row(t=time.time(), **values))
+
+
+def _memory_probe(device):
+    """A function returning allocated CUDA bytes for a CUDA device, else None (no probe)."""
+    if "torch" not in sys.modules or not str(device).startswith("cuda"):
+        return None
+    import torch
+
+    dev = torch.device(device)
+    return lambda: torch.cuda.memory_allocated(dev)
+
+
+# -- one publisher per engine ------------------------------------------------------------------
+_publisher: Publisher | None = None
+
+
+def current() -> Publisher | None:
+    """This engine's publisher (None before :func:`connect`); use it from a hand-written loop.
+
+    >>> pub = current()                                   # doctest: +SKIP
+    >>> pub.step(step=i, loss=loss.item(), samples=64)    # doctest: +SKIP
+    """
+    return _publisher
+
+
+def connect(url: str, *, rank: int | None = None, device: str | None = None,
+            flush_interval: float = 0.1, sample_interval: float = 1.0) -> dict:
+    """Start this engine's publisher and device sampler, and register it with every new Trainer.
+
+    Called by the Session on every rank each time the process group is formed; rank and device
+    default to this engine's (``workbench.dist.engine``). A publisher already sending to ``url``
+    is kept (Trainers made earlier hold it), taking the new rank if it changed.
+    """
+    global _publisher
+    if rank is None or device is None:
+        from workbench.dist import engine
+
+        rank = engine._state.get("rank", 0) if rank is None else rank
+        device = str(engine._state.get("device", "cpu")) if device is None else device
+    pub = _publisher
+    if pub is not None and pub.url == url and pub.alive and pub.device == str(device):
+        if pub.rank != rank:
+            pub.renumber(rank)
+        registered = _register(pub)
+        return {"rank": rank, "device": device, "sampler": pub.info["kind"], "registered": registered}
+    disconnect()
+    threads = 1
+    if "torch" in sys.modules:
+        threads = sys.modules["torch"].get_num_threads()
+    _publisher = Publisher(url, rank=rank, device=device, threads=threads,
+                           flush_interval=flush_interval, sample_interval=sample_interval)
+    registered = _register(_publisher)
+    return {"rank": rank, "device": device, "sampler": _publisher.info["kind"], "registered": registered}
+
+
+def disconnect() -> None:
+    """Stop this engine's publisher (sending what is queued first)."""
+    global _publisher
+    if _publisher is None:
+        return
+    _unregister(_publisher)
+    _publisher.close()
+    _publisher = None
+
+
+def _register(pub: Publisher) -> bool:
+    try:
+        from workbench.train import events
+    except Exception:
+        return False
+    events.default_callbacks[:] = [c for c in events.default_callbacks if not isinstance(c, Publisher)]
+    events.default_callbacks.append(pub)
+    return True
+
+
+def _unregister(pub: Publisher) -> None:
+    events = sys.modules.get("workbench.train.events")
+    if events is not None:
+        events.default_callbacks[:] = [c for c in events.default_callbacks if c is not pub]

@@ -1,0 +1,135 @@
+"""Engine side: read one device's utilisation, memory, power, temperature and clock.
+
+A GPU rank reads NVML (nvidia-ml-py); a CPU rank, or a machine without NVML, reads psutil
+(this engine's CPU share and resident memory). Imports no UI code and no torch at import time.
+
+>>> s = PsutilSampler(threads=1)
+>>> sorted(s.read())
+['clock_mhz', 'mem_total', 'mem_used', 'power_w', 'temp_c', 'util']
+>>> s.info()["kind"]
+'cpu'
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class PsutilSampler:
+    """This engine process on the CPU: CPU share (percent of its threads' cores) and resident memory."""
+
+    def __init__(self, threads: int = 1, pid: int | None = None):
+        import psutil
+
+        self._psutil = psutil
+        self.proc = psutil.Process(pid or os.getpid())
+        self.threads = max(1, threads)
+        self.proc.cpu_percent(None)  # the first call only sets the baseline
+
+    def info(self) -> dict:
+        """What the device is: kind ``cpu``, a name, total memory."""
+        return {"kind": "cpu", "name": f"CPU ({self.threads} thread{'s' * (self.threads > 1)})",
+                "mem_total": self._psutil.virtual_memory().total}
+
+    def read(self) -> dict:
+        """One sample: util (0-100, share of this engine's cores), mem_used (RSS bytes), mem_total."""
+        util = min(100.0, self.proc.cpu_percent(None) / self.threads)
+        return {"util": util, "mem_used": self.proc.memory_info().rss,
+                "mem_total": self._psutil.virtual_memory().total,
+                "power_w": None, "temp_c": None, "clock_mhz": None}
+
+    def close(self) -> None:
+        pass
+
+
+class NvmlSampler:
+    """One GPU through NVML. ``nvml`` is the ``pynvml`` module (a fake one in unit tests).
+
+    Each reading that the GPU does not support (``NVMLError``) comes back as None, not as an error.
+    """
+
+    def __init__(self, nvml, *, index: int = 0, uuid: str | None = None):
+        self.nvml = nvml
+        nvml.nvmlInit()
+        handle = None
+        if uuid:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            except nvml.NVMLError:
+                handle = None
+        self.handle = handle if handle is not None else nvml.nvmlDeviceGetHandleByIndex(index)
+
+    def _get(self, fn, *args):
+        try:
+            return fn(self.handle, *args)
+        except self.nvml.NVMLError:
+            return None
+
+    def info(self) -> dict:
+        """What the device is: kind ``gpu``, its name, total memory."""
+        name = self._get(self.nvml.nvmlDeviceGetName)
+        if isinstance(name, bytes):
+            name = name.decode()
+        mem = self._get(self.nvml.nvmlDeviceGetMemoryInfo)
+        return {"kind": "gpu", "name": name or "GPU", "mem_total": getattr(mem, "total", None)}
+
+    def read(self) -> dict:
+        """One sample: util (%), mem_used/mem_total (bytes), power_w, temp_c, clock_mhz (SM)."""
+        nv = self.nvml
+        rates = self._get(nv.nvmlDeviceGetUtilizationRates)
+        mem = self._get(nv.nvmlDeviceGetMemoryInfo)
+        power = self._get(nv.nvmlDeviceGetPowerUsage)
+        return {
+            "util": getattr(rates, "gpu", None),
+            "mem_used": getattr(mem, "used", None),
+            "mem_total": getattr(mem, "total", None),
+            "power_w": power / 1000.0 if power is not None else None,  # NVML reports milliwatts
+            "temp_c": self._get(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU),
+            "clock_mhz": self._get(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM),
+        }
+
+    def close(self) -> None:
+        try:
+            self.nvml.nvmlShutdown()
+        except self.nvml.NVMLError:
+            pass
+
+
+def make_sampler(device: str = "cpu", threads: int = 1, nvml=None):
+    """The sampler for ``device`` (``"cuda:N"`` or ``"cpu"``): NVML for a GPU, psutil otherwise.
+
+    Falls back to psutil when NVML is missing or fails (no driver, no GPU).
+
+    >>> make_sampler("cpu").info()["kind"]
+    'cpu'
+    """
+    if str(device).startswith("cuda"):
+        try:
+            if nvml is None:
+                import pynvml as nvml
+            index, uuid = _cuda_identity(str(device))
+            return NvmlSampler(nvml, index=index, uuid=uuid)
+        except Exception:  # NVMLError_LibraryNotFound and friends: no usable NVML here
+            pass
+    return PsutilSampler(threads=threads)
+
+
+def _cuda_identity(device: str) -> tuple[int, str | None]:
+    """NVML index and UUID of a torch CUDA device (CUDA_VISIBLE_DEVICES renumbers torch's, not NVML's)."""
+    index = int(device.split(":", 1)[1]) if ":" in device else 0
+    uuid = None
+    try:
+        import torch
+
+        props = torch.cuda.get_device_properties(index)
+        uuid = str(getattr(props, "uuid", "") or "") or None
+        if uuid and not uuid.startswith("GPU-"):
+            uuid = "GPU-" + uuid
+    except Exception:
+        pass
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    if visible:
+        parts = [p.strip() for p in visible.split(",")]
+        if index < len(parts) and parts[index].isdigit():
+            index = int(parts[index])
+    return index, uuid
