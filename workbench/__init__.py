@@ -26,6 +26,7 @@ _LAZY: dict[str, str] = {
     "char_dataset": "workbench.train", "regression_data": "workbench.train",
     "export": "workbench.train", "load_model": "workbench.train", "predict": "workbench.train",
     "generate": "workbench.train",
+    "dashboard": "workbench.widgets",
 }
 
 
