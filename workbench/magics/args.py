@@ -71,6 +71,9 @@ def _cell_parser() -> _Parser:
     p.add_argument("--ranks", default=None, help="ranks to run on, e.g. 0,2-3 (default: all)")
     p.add_argument("--timeout", type=_seconds, default=None)
     p.add_argument("--quiet", action="store_true", help="show errors only, not the ranks' output")
+    p.add_argument("--monitor", action="store_true", help="show the live dashboard even without a Trainer")
+    p.add_argument("--async", dest="async_", action="store_true",
+                   help="return at once; the cell's value is a handle with wait(), stop(), done()")
     return p
 
 
