@@ -23,7 +23,7 @@ _LAZY: dict[str, str] = {
     "Trainer": "workbench.train", "TrainConfig": "workbench.train", "Callback": "workbench.train",
     "StepStats": "workbench.train", "MLP": "workbench.train", "MLPConfig": "workbench.train",
     "TinyGPT": "workbench.train", "GPTConfig": "workbench.train", "make_loader": "workbench.train",
-    "char_dataset": "workbench.train", "regression_data": "workbench.train",
+    "char_dataset": "workbench.train", "char_vocab": "workbench.train", "regression_data": "workbench.train",
     "export": "workbench.train", "load_model": "workbench.train", "predict": "workbench.train",
     "generate": "workbench.train",
     "dashboard": "workbench.widgets",

@@ -12,6 +12,8 @@ tensor([0, 1, 2, 3, 4, 5, 6, 7])
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 
@@ -75,3 +77,15 @@ def gather(name: str = "batch", *, session=None) -> Any:
     if isinstance(first, (list, tuple)):
         return [x for v in values for x in v]
     return values
+
+
+class _CallableModule(types.ModuleType):
+    """``workbench.scatter`` is both this module and the function: once the module is
+    imported, Python sets it as the package attribute, shadowing the lazy ``wb.scatter``
+    function; calling the module calls the function, so ``wb.scatter(x)`` always works."""
+
+    def __call__(self, *args, **kwargs):
+        return scatter(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
