@@ -1,0 +1,230 @@
+import {
+  elapsedSeconds,
+  formatBytes,
+  formatPercent,
+  IInfo,
+  IPool,
+  IRank,
+  IStartOptions,
+  IWorkbenchAPI,
+  MAX_BACKOFF_MS,
+  PoolsModel,
+  poolStatusText,
+  rankSummary
+} from '../model';
+
+function rank(r: number, state: IRank['state'] = 'idle'): IRank {
+  return {
+    rank: r,
+    host: 'node0',
+    pid: 100 + r,
+    device: 'cpu',
+    local_rank: r,
+    state,
+    cpu_percent: 1,
+    memory_bytes: 1024,
+    gpu_util: null,
+    gpu_memory_bytes: null,
+    gpu_memory_total_bytes: null
+  };
+}
+
+function pool(overrides: Partial<IPool> = {}): IPool {
+  return {
+    id: 'abc123',
+    request_id: null,
+    state: 'running',
+    n: 2,
+    engines_up: 2,
+    message: 'running',
+    error: null,
+    log: [],
+    launcher: 'local',
+    backend: 'gloo',
+    created: 1000,
+    owner: { kind: 'server', label: 'started from the panel' },
+    ranks: [rank(0), rank(1)],
+    gpu_detected: false,
+    attach: '%load_ext workbench\n%dist attach abc123',
+    ...overrides
+  };
+}
+
+const INFO: IInfo = {
+  launchers: ['local'],
+  backends: ['auto', 'gloo', 'nccl'],
+  gpus: 0,
+  default_n: 2
+};
+
+/** An API whose answers the test sets, counting the calls. */
+class FakeAPI implements IWorkbenchAPI {
+  pools: IPool[] = [];
+  failWith: Error | null = null;
+  calls: string[] = [];
+  async info(): Promise<IInfo> {
+    this.calls.push('info');
+    return INFO;
+  }
+  async list(): Promise<IPool[]> {
+    this.calls.push('list');
+    if (this.failWith) {
+      throw this.failWith;
+    }
+    return this.pools;
+  }
+  async start(options: IStartOptions): Promise<IPool> {
+    this.calls.push(`start ${JSON.stringify(options)}`);
+    if (this.failWith) {
+      throw this.failWith;
+    }
+    return pool({
+      id: 'new-1',
+      state: 'starting',
+      engines_up: 0,
+      ranks: [],
+      attach: null
+    });
+  }
+  async stop(id: string): Promise<void> {
+    this.calls.push(`stop ${id}`);
+    if (this.failWith) {
+      throw this.failWith;
+    }
+  }
+  async restart(id: string): Promise<IPool> {
+    this.calls.push(`restart ${id}`);
+    return pool({ id: 'fresh', state: 'starting', engines_up: 0 });
+  }
+}
+
+describe('text for people', () => {
+  it('says how far a pending pool has got, never more', () => {
+    expect(poolStatusText(pool({ state: 'starting', engines_up: 1 }))).toBe(
+      'starting · 1/2 engines'
+    );
+    expect(poolStatusText(pool({ state: 'failed' }))).toBe('failed to start');
+    expect(poolStatusText(pool())).toBe('running');
+    expect(
+      poolStatusText(pool({ ranks: [rank(0), rank(1, 'failed')] }))
+    ).toBe('running · 1 of 2 ranks failed');
+  });
+
+  it('summarises ranks by state, failures first', () => {
+    expect(rankSummary([rank(0, 'busy'), rank(1, 'failed'), rank(2)])).toBe(
+      '3 ranks · 1 failed · 1 busy · 1 idle'
+    );
+    expect(rankSummary([rank(0)])).toBe('1 rank · 1 idle');
+  });
+
+  it('formats figures, with a dash where there is none', () => {
+    expect(formatBytes(null)).toBe('–');
+    expect(formatBytes(512)).toBe('512 B');
+    expect(formatBytes(1536 * 1024 * 1024)).toBe('1.5 GiB');
+    expect(formatPercent(null)).toBe('–');
+    expect(formatPercent(42.4)).toBe('42%');
+    expect(elapsedSeconds(100, 103_500)).toBe(3);
+    expect(elapsedSeconds(200, 100_000)).toBe(0);
+  });
+});
+
+describe('PoolsModel', () => {
+  beforeEach(() => jest.useFakeTimers());
+  afterEach(() => jest.useRealTimers());
+
+  async function flush(): Promise<void> {
+    for (let i = 0; i < 5; i++) {
+      await Promise.resolve();
+    }
+  }
+
+  it('polls only while visible', async () => {
+    const api = new FakeAPI();
+    api.pools = [pool()];
+    const model = new PoolsModel(api, 1000);
+    let changes = 0;
+    model.changed.connect(() => changes++);
+
+    await jest.advanceTimersByTimeAsync(5000);
+    expect(api.calls).toEqual([]); // hidden: nothing
+
+    model.setVisible(true);
+    await flush();
+    expect(model.loaded).toBe(true);
+    expect(model.pools.map(p => p.id)).toEqual(['abc123']);
+    expect(model.info).toEqual(INFO);
+
+    await jest.advanceTimersByTimeAsync(3000);
+    expect(api.calls.filter(c => c === 'list').length).toBe(4);
+
+    model.setVisible(false);
+    const before = api.calls.length;
+    await jest.advanceTimersByTimeAsync(10000);
+    expect(api.calls.length).toBe(before);
+    expect(changes).toBeGreaterThan(0);
+    model.dispose();
+  });
+
+  it('keeps the server error for the person and backs off, then recovers', async () => {
+    const api = new FakeAPI();
+    api.failWith = new Error('the workbench server extension is not enabled');
+    const model = new PoolsModel(api, 1000);
+    model.setVisible(true);
+    await flush();
+    expect(model.error).toBe('the workbench server extension is not enabled');
+    expect(model.delay).toBe(1000);
+    await jest.advanceTimersByTimeAsync(1000);
+    expect(model.delay).toBe(2000);
+    await jest.advanceTimersByTimeAsync(2000);
+    expect(model.delay).toBe(4000);
+    for (let i = 0; i < 10; i++) {
+      await jest.advanceTimersByTimeAsync(MAX_BACKOFF_MS);
+    }
+    expect(model.delay).toBe(MAX_BACKOFF_MS);
+
+    api.failWith = null;
+    await jest.advanceTimersByTimeAsync(MAX_BACKOFF_MS);
+    expect(model.error).toBeNull();
+    expect(model.delay).toBe(1000);
+    model.dispose();
+  });
+
+  it('shows a started pool at once, as pending', async () => {
+    const api = new FakeAPI();
+    const model = new PoolsModel(api, 1000);
+    await model.start({ n: 2 });
+    expect(api.calls).toContain('start {"n":2}');
+    expect(model.pools[0].state).toBe('starting');
+    expect(poolStatusText(model.pools[0])).toBe('starting · 0/2 engines');
+    model.dispose();
+  });
+
+  it('marks a pool stopping while the stop runs, then drops it', async () => {
+    const api = new FakeAPI();
+    api.pools = [pool()];
+    const model = new PoolsModel(api, 1000);
+    await model.refresh();
+    const seen: string[] = [];
+    model.changed.connect(() =>
+      seen.push(`${model.pools[0]?.state}:${model.busy.has('abc123')}`)
+    );
+    api.pools = [];
+    await model.stop('abc123');
+    expect(seen).toContain('stopping:true');
+    expect(model.pools).toEqual([]);
+    expect(model.busy.size).toBe(0);
+    model.dispose();
+  });
+
+  it('reports a failed action instead of swallowing it', async () => {
+    const api = new FakeAPI();
+    api.pools = [pool()];
+    const model = new PoolsModel(api, 1000);
+    await model.refresh();
+    api.failWith = new Error('pool abc123 is already stopping.');
+    await model.stop('abc123');
+    expect(model.error).toBe('pool abc123 is already stopping.');
+    expect(model.busy.size).toBe(0);
+    model.dispose();
+  });
+});

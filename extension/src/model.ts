@@ -1,0 +1,293 @@
+import { ISignal, Signal } from '@lumino/signaling';
+
+/** One rank of a pool, as the server reports it. */
+export interface IRank {
+  rank: number;
+  host: string;
+  pid: number;
+  device: string;
+  local_rank: number;
+  state: 'starting' | 'idle' | 'busy' | 'failed' | 'unknown';
+  cpu_percent: number | null;
+  memory_bytes: number | null;
+  gpu_util: number | null;
+  gpu_memory_bytes: number | null;
+  gpu_memory_total_bytes: number | null;
+}
+
+/** One pool of this server (started from the panel or from any notebook). */
+export interface IPool {
+  id: string;
+  /** For pools started from the panel: the id the start was answered with (stable across the start). */
+  request_id: string | null;
+  state: 'starting' | 'running' | 'stopping' | 'failed';
+  n: number;
+  engines_up: number;
+  message: string;
+  error: string | null;
+  log: string[];
+  launcher: string;
+  backend: string | null;
+  created: number;
+  owner: { kind: 'server' | 'kernel' | 'process'; label: string };
+  ranks: IRank[];
+  gpu_detected: boolean;
+  attach: string | null;
+}
+
+/** What the Start dialog offers. */
+export interface IInfo {
+  launchers: string[];
+  backends: string[];
+  gpus: number;
+  default_n: number;
+}
+
+/** How to start a pool. */
+export interface IStartOptions {
+  n?: number;
+  launcher?: string;
+  backend?: string;
+  timeout?: number;
+}
+
+/** The REST calls the model needs (the real one is `WorkbenchAPI`). */
+export interface IWorkbenchAPI {
+  info(): Promise<IInfo>;
+  list(): Promise<IPool[]>;
+  start(options: IStartOptions): Promise<IPool>;
+  stop(id: string): Promise<void>;
+  restart(id: string): Promise<IPool>;
+}
+
+/** `starting · 1/2 engines`, `running`, `failed to start`: never more than is true. */
+export function poolStatusText(pool: IPool): string {
+  switch (pool.state) {
+    case 'starting':
+      return `starting · ${pool.engines_up}/${pool.n} engines`;
+    case 'stopping':
+      return 'stopping';
+    case 'failed':
+      return 'failed to start';
+    default: {
+      const failed = pool.ranks.filter(r => r.state === 'failed').length;
+      return failed > 0 ? `running · ${failed} of ${pool.n} ranks failed` : 'running';
+    }
+  }
+}
+
+/** `2 ranks · 1 busy · 1 idle`, counting the ranks in each state (in a fixed order). */
+export function rankSummary(ranks: IRank[]): string {
+  const order: IRank['state'][] = [
+    'failed',
+    'busy',
+    'idle',
+    'starting',
+    'unknown'
+  ];
+  const parts = [`${ranks.length} rank${ranks.length === 1 ? '' : 's'}`];
+  for (const state of order) {
+    const count = ranks.filter(r => r.state === state).length;
+    if (count > 0) {
+      parts.push(`${count} ${state}`);
+    }
+  }
+  return parts.join(' · ');
+}
+
+/** `1.5 GiB`, `512 MiB`, or `–` where there is no figure. */
+export function formatBytes(bytes: number | null): string {
+  if (bytes === null || bytes === undefined || !isFinite(bytes)) {
+    return '–';
+  }
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit++;
+  }
+  return `${value >= 100 || unit === 0 ? value.toFixed(0) : value.toFixed(1)} ${units[unit]}`;
+}
+
+/** `42%` or `–`. */
+export function formatPercent(value: number | null): string {
+  return value === null || value === undefined ? '–' : `${Math.round(value)}%`;
+}
+
+/** Seconds since `created` (a Unix time in seconds), for a pending pool counting up. */
+export function elapsedSeconds(created: number, now: number = Date.now()): number {
+  return Math.max(0, Math.floor(now / 1000 - created));
+}
+
+/** Polling periods: fast while visible and healthy, backing off on errors. */
+export const POLL_MS = 1500;
+export const MAX_BACKOFF_MS = 30000;
+
+/**
+ * The pools of this server, refreshed by polling while the panel is visible.
+ *
+ * Polling backs off (doubling up to `MAX_BACKOFF_MS`) while the server answers
+ * with errors, and stops altogether while the panel is hidden. The last error is
+ * kept in `error` for the panel to show.
+ */
+export class PoolsModel {
+  constructor(
+    readonly api: IWorkbenchAPI,
+    private readonly _pollMs: number = POLL_MS
+  ) {}
+
+  get pools(): IPool[] {
+    return this._pools;
+  }
+  get info(): IInfo | null {
+    return this._info;
+  }
+  /** The last error from the server, as a sentence for the person; `null` when all is well. */
+  get error(): string | null {
+    return this._error;
+  }
+  /** Whether the first listing has come back. */
+  get loaded(): boolean {
+    return this._loaded;
+  }
+  /** Milliseconds until the next poll (grows while the server answers with errors). */
+  get delay(): number {
+    return this._delay;
+  }
+  get visible(): boolean {
+    return this._visible;
+  }
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+  /** Ids of pools with an action in flight (stop, restart), so their buttons can wait. */
+  get busy(): ReadonlySet<string> {
+    return this._busy;
+  }
+
+  /** Show or hide: polling runs only while visible. */
+  setVisible(visible: boolean): void {
+    if (visible === this._visible) {
+      return;
+    }
+    this._visible = visible;
+    if (visible) {
+      void this.refresh();
+    } else {
+      this._cancel();
+    }
+  }
+
+  /** Fetch the pools now (and the dialog info once), then schedule the next poll. */
+  async refresh(): Promise<void> {
+    this._cancel();
+    try {
+      if (this._info === null) {
+        this._info = await this.api.info();
+      }
+      this._pools = await this.api.list();
+      this._loaded = true;
+      this._error = null;
+      this._delay = this._pollMs;
+    } catch (error) {
+      this._error = messageOf(error);
+      this._delay = Math.min(
+        MAX_BACKOFF_MS,
+        Math.max(this._pollMs, this._delay * 2)
+      );
+    }
+    this._changed.emit();
+    this._schedule();
+  }
+
+  async start(options: IStartOptions = {}): Promise<void> {
+    await this._act(null, async () => {
+      const pool = await this.api.start(options);
+      this._pools = [...this._pools.filter(p => p.id !== pool.id), pool];
+    });
+  }
+
+  async stop(id: string): Promise<void> {
+    await this._act(id, async () => {
+      this._pools = this._pools.map(p =>
+        p.id === id && p.state !== 'failed'
+          ? { ...p, state: 'stopping', message: 'stopping' }
+          : p
+      );
+      this._changed.emit();
+      await this.api.stop(id);
+      this._pools = this._pools.filter(p => p.id !== id);
+    });
+  }
+
+  async restart(id: string): Promise<void> {
+    await this._act(id, async () => {
+      const pool = await this.api.restart(id);
+      this._pools = [...this._pools.filter(p => p.id !== id), pool];
+    });
+  }
+
+  dispose(): void {
+    this._cancel();
+    this._visible = false;
+    Signal.clearData(this);
+  }
+
+  private async _act(
+    id: string | null,
+    action: () => Promise<void>
+  ): Promise<void> {
+    if (id !== null) {
+      this._busy.add(id);
+    }
+    this._changed.emit();
+    try {
+      await action();
+      this._error = null;
+    } catch (error) {
+      this._error = messageOf(error);
+    } finally {
+      if (id !== null) {
+        this._busy.delete(id);
+      }
+      this._changed.emit();
+    }
+    if (this._visible) {
+      await this.refresh();
+    }
+  }
+
+  private _schedule(): void {
+    if (this._visible && this._timer === null) {
+      this._timer = setTimeout(() => {
+        this._timer = null;
+        void this.refresh();
+      }, this._delay);
+    }
+  }
+
+  private _cancel(): void {
+    if (this._timer !== null) {
+      clearTimeout(this._timer);
+      this._timer = null;
+    }
+  }
+
+  private _pools: IPool[] = [];
+  private _info: IInfo | null = null;
+  private _error: string | null = null;
+  private _loaded = false;
+  private _visible = false;
+  private _delay = 0;
+  private _timer: ReturnType<typeof setTimeout> | null = null;
+  private _busy = new Set<string>();
+  private _changed = new Signal<this, void>(this);
+}
+
+function messageOf(error: unknown): string {
+  if (error instanceof Error) {
+    return error.message;
+  }
+  return String(error);
+}

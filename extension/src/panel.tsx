@@ -1,0 +1,297 @@
+import { ReactWidget, UseSignal } from '@jupyterlab/apputils';
+import * as React from 'react';
+
+import {
+  elapsedSeconds,
+  formatBytes,
+  formatPercent,
+  IPool,
+  IRank,
+  PoolsModel,
+  poolStatusText,
+  rankSummary
+} from './model';
+
+/** What the buttons do (the plugin supplies dialogs and the notebook side). */
+export interface IPanelActions {
+  start(): void;
+  startAdvanced(): void;
+  stop(pool: IPool): void;
+  restart(pool: IPool): void;
+  retry(pool: IPool): void;
+  dismiss(pool: IPool): void;
+  useInNotebook(pool: IPool): void;
+  canUseInNotebook(): boolean;
+}
+
+/** The "Distributed pools" sidebar. */
+export class PoolsPanel extends ReactWidget {
+  constructor(
+    readonly model: PoolsModel,
+    private readonly _actions: IPanelActions
+  ) {
+    super();
+    this.id = 'workbench-pools';
+    this.addClass('wb-PoolsPanel');
+    this.title.caption = 'Distributed pools';
+  }
+
+  protected onAfterShow(): void {
+    this.model.setVisible(true);
+  }
+
+  protected onAfterHide(): void {
+    this.model.setVisible(false);
+  }
+
+  dispose(): void {
+    this.model.dispose();
+    super.dispose();
+  }
+
+  render(): JSX.Element {
+    return (
+      <UseSignal signal={this.model.changed}>
+        {() => <PoolsView model={this.model} actions={this._actions} />}
+      </UseSignal>
+    );
+  }
+}
+
+function PoolsView(props: {
+  model: PoolsModel;
+  actions: IPanelActions;
+}): JSX.Element {
+  const { model, actions } = props;
+  const pools = model.pools;
+  return (
+    <div className="wb-Pools">
+      <header className="wb-Pools-header">
+        <h2>Distributed pools</h2>
+      </header>
+      {model.error !== null && (
+        <div className="wb-Banner wb-mod-error" role="alert">
+          <strong>Something went wrong.</strong> {model.error}
+          {!model.loaded && (
+            <span className="wb-Banner-retry">
+              {' '}
+              Trying again in {Math.round(model.delay / 1000)} s.
+            </span>
+          )}
+        </div>
+      )}
+      {model.loaded && pools.length === 0 ? (
+        <div className="wb-Empty">
+          <p>
+            A pool is a set of engines, one per GPU (or CPU workers where there
+            is none), joined into one torch.distributed process group that your
+            notebook cells run on.
+          </p>
+          <StartButtons model={model} actions={actions} />
+        </div>
+      ) : (
+        <>
+          {model.loaded && <StartButtons model={model} actions={actions} />}
+          {pools.map(pool => (
+            <PoolCard
+              key={pool.request_id ?? pool.id}
+              pool={pool}
+              busy={model.busy.has(pool.id)}
+              actions={actions}
+            />
+          ))}
+        </>
+      )}
+      {!model.loaded && model.error === null && (
+        <div className="wb-Loading">Looking for pools…</div>
+      )}
+    </div>
+  );
+}
+
+function StartButtons(props: {
+  model: PoolsModel;
+  actions: IPanelActions;
+}): JSX.Element {
+  const info = props.model.info;
+  const n = info?.default_n ?? 2;
+  const what = info && info.gpus > 0 ? `${n} GPU engines` : `${n} CPU engines`;
+  return (
+    <div className="wb-StartRow">
+      <button
+        className="jp-mod-styled jp-mod-accept wb-StartButton"
+        onClick={() => props.actions.start()}
+        title={`Start a pool of ${what} on this machine`}
+      >
+        Start pool
+      </button>
+      <button
+        className="jp-mod-styled wb-LinkButton"
+        onClick={() => props.actions.startAdvanced()}
+      >
+        Advanced…
+      </button>
+      <span className="wb-StartRow-hint">{what}</span>
+    </div>
+  );
+}
+
+function PoolCard(props: {
+  pool: IPool;
+  busy: boolean;
+  actions: IPanelActions;
+}): JSX.Element {
+  const { pool, busy, actions } = props;
+  const [showLog, setShowLog] = React.useState(false);
+  const status = poolStatusText(pool);
+  return (
+    <section
+      className={`wb-Card wb-mod-${pool.state}`}
+      data-pool-id={pool.id}
+      data-state={pool.state}
+    >
+      <div className="wb-Card-head">
+        <span className={`wb-Dot wb-mod-${pool.state}`} aria-hidden="true" />
+        <span className="wb-Card-title">pool {pool.id}</span>
+        <span className="wb-Card-status">{status}</span>
+      </div>
+      <div className="wb-Card-meta">
+        {pool.state === 'running' && rankSummary(pool.ranks) + ' · '}
+        {pool.launcher}
+        {pool.backend ? ` · ${pool.backend}` : ''} · {pool.owner.label}
+      </div>
+
+      {pool.state === 'starting' && (
+        <div className="wb-Progress">
+          <div
+            className="wb-Progress-bar"
+            role="progressbar"
+            aria-valuemin={0}
+            aria-valuemax={pool.n}
+            aria-valuenow={pool.engines_up}
+          >
+            <div
+              className="wb-Progress-fill"
+              style={{
+                width: `${pool.n ? (100 * pool.engines_up) / pool.n : 0}%`
+              }}
+            />
+          </div>
+          <div className="wb-Progress-text">
+            {pool.message} · {elapsedSeconds(pool.created)} s
+          </div>
+        </div>
+      )}
+
+      {pool.state === 'failed' && (
+        <div className="wb-Error" role="alert">
+          <pre className="wb-Error-text">{pool.error}</pre>
+          <div className="wb-Card-actions">
+            <button
+              className="jp-mod-styled jp-mod-accept"
+              disabled={busy}
+              onClick={() => actions.retry(pool)}
+            >
+              Retry
+            </button>
+            <button
+              className="jp-mod-styled"
+              onClick={() => setShowLog(!showLog)}
+            >
+              {showLog ? 'Hide log' : 'Show log'}
+            </button>
+            <button
+              className="jp-mod-styled"
+              disabled={busy}
+              onClick={() => actions.dismiss(pool)}
+            >
+              Dismiss
+            </button>
+          </div>
+          {showLog && <pre className="wb-Log">{pool.log.join('\n')}</pre>}
+        </div>
+      )}
+
+      {pool.ranks.length > 0 && pool.state !== 'failed' && (
+        <RankTable pool={pool} />
+      )}
+      {pool.state === 'running' && !pool.gpu_detected && (
+        <div className="wb-Note">
+          No GPU detected: ranks run on CPU ({pool.backend ?? 'gloo'}).
+        </div>
+      )}
+
+      {pool.state !== 'failed' && (
+        <div className="wb-Card-actions">
+          <button
+            className="jp-mod-styled jp-mod-accept"
+            disabled={
+              busy || pool.state !== 'running' || !actions.canUseInNotebook()
+            }
+            title={
+              actions.canUseInNotebook()
+                ? 'Insert a cell that attaches the current notebook to this pool'
+                : 'Open a notebook first'
+            }
+            onClick={() => actions.useInNotebook(pool)}
+          >
+            Use in notebook
+          </button>
+          <button
+            className="jp-mod-styled"
+            disabled={busy || pool.state !== 'running'}
+            onClick={() => actions.restart(pool)}
+          >
+            Restart
+          </button>
+          <button
+            className="jp-mod-styled jp-mod-warn"
+            disabled={busy || pool.state === 'stopping'}
+            onClick={() => actions.stop(pool)}
+          >
+            {pool.state === 'stopping' ? 'Stopping…' : 'Stop'}
+          </button>
+        </div>
+      )}
+    </section>
+  );
+}
+
+function RankTable(props: { pool: IPool }): JSX.Element {
+  const { pool } = props;
+  const gpu = pool.gpu_detected;
+  return (
+    <table className="wb-Ranks">
+      <thead>
+        <tr>
+          <th>rank</th>
+          <th>host</th>
+          <th>device</th>
+          <th>state</th>
+          <th title="CPU use of the engine process">CPU</th>
+          <th title="resident memory of the engine process">mem</th>
+          {gpu && <th title="GPU utilisation">GPU</th>}
+          {gpu && <th title="GPU memory in use">GPU mem</th>}
+        </tr>
+      </thead>
+      <tbody>
+        {pool.ranks.map((r: IRank) => (
+          <tr key={r.rank} className={`wb-Rank wb-mod-${r.state}`}>
+            <td>{r.rank}</td>
+            <td className="wb-Rank-host" title={`pid ${r.pid}`}>
+              {r.host}
+            </td>
+            <td>{r.device}</td>
+            <td>
+              <span className={`wb-State wb-mod-${r.state}`}>{r.state}</span>
+            </td>
+            <td>{formatPercent(r.cpu_percent)}</td>
+            <td>{formatBytes(r.memory_bytes)}</td>
+            {gpu && <td>{formatPercent(r.gpu_util)}</td>}
+            {gpu && <td>{formatBytes(r.gpu_memory_bytes)}</td>}
+          </tr>
+        ))}
+      </tbody>
+    </table>
+  );
+}

@@ -1,0 +1,185 @@
+"""The REST API under /workbench/: auth on every verb, JSON errors, and real pools through it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.server.conftest import wait_for
+from workbench.server.handlers import ROUTES
+
+CASES = [(route.example, method) for route in ROUTES for method in route.methods]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("path", "method"), CASES, ids=[f"{m} {p}" for p, m in CASES])
+async def test_every_route_needs_a_token(api, path, method):
+    parts = path.strip("/").split("/")[1:]
+    code, body, _ = await api(method, *parts, headers={"Authorization": ""},
+                              body="{}" if method in ("POST", "PUT") else None)
+    assert code == 403, (method, path, code, body)
+
+
+def test_route_table_covers_the_verbs():
+    assert {(r.pattern, tuple(r.methods)) for r in ROUTES} == {
+        ("/workbench/info", ("GET",)),
+        ("/workbench/pools", ("GET", "POST")),
+        ("/workbench/pools/(?P<pool_id>[A-Za-z0-9_-]+)", ("GET", "DELETE")),
+        ("/workbench/pools/(?P<pool_id>[A-Za-z0-9_-]+)/restart", ("POST",)),
+    }
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("parts", [("pools",), ("pools", "abc123", "restart")])
+async def test_malformed_json_is_a_400_with_a_json_error(api, parts):
+    code, body, _ = await api("POST", *parts, body="{not json")
+    assert code == 400
+    assert "not valid JSON" in body["message"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("payload", "says"), [
+    ({"n": "two"}, "whole number"),
+    ({"n": 0}, "at least 1"),
+    ({"launcher": "moon"}, "unknown launcher"),
+    ({"engines": 2}, "unknown field"),
+    ([1, 2], "JSON object"),
+])
+async def test_a_bad_start_request_says_what_is_wrong(api, payload, says):
+    code, body, _ = await api("POST", "pools", body=payload)
+    assert code == 400
+    assert says in body["message"]
+
+
+@pytest.mark.timeout(30)
+async def test_unknown_pool_is_a_404_that_lists_the_pools(api):
+    for method in ("GET", "DELETE"):
+        code, body, _ = await api(method, "pools", "nosuch")
+        assert code == 404
+        assert "no pool 'nosuch'" in body["message"] and "pools: none" in body["message"]
+    code, body, _ = await api("GET", "pools")
+    assert (code, body) == (200, {"pools": []})
+
+
+@pytest.mark.timeout(30)
+async def test_info_says_what_the_start_dialog_offers(api):
+    code, body, _ = await api("GET", "info")
+    assert code == 200
+    assert "local" in body["launchers"] and "gloo" in body["backends"]
+    assert body["default_n"] >= 1
+
+
+def _secret_of(cluster_file: str) -> str:
+    """The ipyparallel key behind a pool, read from ipyparallel's own files."""
+    cluster = json.loads(Path(cluster_file).read_text())
+    profile_dir = Path(cluster["cluster"]["profile_dir"])
+    client_file = profile_dir / "security" / f"ipcontroller-{cluster['cluster']['cluster_id']}-client.json"
+    key = json.loads(client_file.read_text())["key"]
+    assert len(key) >= 16
+    return key
+
+
+@pytest.mark.timeout(120)
+async def test_start_list_restart_stop_a_real_pool(api):
+    code, body, _ = await api("POST", "pools", body={"n": 2})
+    assert code == 202
+    pending = body["pool"]
+    assert pending["state"] == "starting" and pending["n"] == 2
+
+    # the pending pool shows at once, counting up; then it runs with 2 ranks
+    code, body, _ = await api("GET", "pools")
+    assert [p["state"] for p in body["pools"]] == ["starting"]
+    pool = await wait_for(api, body["pools"][0]["id"], "running")
+    pool = await wait_for(api, pool["id"], "running")  # second look: probes and CPU % have a baseline
+    assert [r["rank"] for r in pool["ranks"]] == [0, 1]
+    assert all(r["device"] == "cpu" and r["state"] in ("idle", "busy") for r in pool["ranks"])
+    assert all(r["memory_bytes"] > 0 and r["cpu_percent"] is not None for r in pool["ranks"])
+    assert pool["gpu_detected"] is False and pool["backend"] == "gloo"
+    assert pool["attach"] == f"%load_ext workbench\n%dist attach {pool['id']}"
+    assert pool["owner"]["kind"] == "server"
+
+    # never the key, nor where it is kept
+    from workbench.pool import state as pool_state
+
+    state = pool_state.read_state(pool_state.state_path(pool["id"]))
+    _, _, raw = await api("GET", "pools")
+    _, _, raw_one = await api("GET", "pools", pool["id"])
+    for text in (raw, raw_one):
+        assert _secret_of(state["cluster_file"]) not in text
+        assert state["cluster_file"] not in text and "ipcontroller" not in text
+    pids = [rec["pid"] for rec in state["processes"]]
+
+    # restart: a fresh pool like it, the old processes gone
+    code, body, _ = await api("POST", "pools", pool["id"], "restart", body={})
+    assert code == 202
+    fresh = await wait_for(api, body["pool"]["id"], "running")
+    assert fresh["id"] != pool["id"] and len(fresh["ranks"]) == 2
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    state = pool_state.read_state(pool_state.state_path(fresh["id"]))
+    pids = [rec["pid"] for rec in state["processes"]]
+
+    code, body, _ = await api("DELETE", "pools", fresh["id"])
+    assert (code, body) == (200, {"id": fresh["id"], "state": "stopped"})
+    code, body, _ = await api("GET", "pools")
+    assert body == {"pools": []}
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not pool_state.state_path(fresh["id"]).exists()
+
+
+OTHER_OWNER = textwrap.dedent("""
+    import sys
+    from workbench import Session
+    s = Session(n=2).start()
+    print(s.pool_id, flush=True)
+    sys.stdin.read()  # until the test closes it
+    s.stop()
+""")
+
+
+@pytest.mark.timeout(120)
+async def test_a_pool_another_process_started_is_listed_and_stopped(api):
+    proc = subprocess.Popen([sys.executable, "-c", OTHER_OWNER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        pool_id = proc.stdout.readline().strip()
+        assert pool_id, "the other process did not start its pool"
+        pool = await wait_for(api, pool_id, "running")
+        assert pool["owner"] == {"kind": "process", "label": f"process {proc.pid}"}
+        assert len(pool["ranks"]) == 2
+        pool = await wait_for(api, pool_id, "running")
+        assert {r["state"] for r in pool["ranks"]} <= {"idle", "busy"}
+        pids = [r["pid"] for r in pool["ranks"]]
+
+        code, body, _ = await api("DELETE", "pools", pool_id)
+        assert code == 200
+        code, body, _ = await api("GET", "pools")
+        assert body == {"pools": []}
+        assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.timeout(60)
+async def test_a_failed_start_keeps_the_real_error_until_dismissed(api):
+    code, body, _ = await api("POST", "pools", body={"n": 2, "timeout": 0.2})
+    assert code == 202
+    failed = await wait_for(api, body["pool"]["id"], "failed")
+    assert "PoolStartError" in failed["error"] and "registered within" in failed["error"]
+    assert failed["ranks"] == [] and failed["attach"] is None
+    assert any("starting" in line for line in failed["log"])
+    code, body, _ = await api("DELETE", "pools", failed["id"])
+    assert code == 200
+    code, body, _ = await api("GET", "pools")
+    assert body == {"pools": []}

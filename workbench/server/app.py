@@ -1,0 +1,43 @@
+"""The jupyter_server extension: the REST API the sidebar talks to."""
+
+from __future__ import annotations
+
+from jupyter_server.extension.application import ExtensionApp
+
+from workbench.server.handlers import handlers
+from workbench.server.manager import PoolManager
+
+
+class WorkbenchServerExtension(ExtensionApp):
+    """Serves ``/workbench/...``; stops the pools this server started when it shuts down."""
+
+    name = "workbench"
+    load_other_extensions = True
+
+    def initialize_settings(self) -> None:
+        self.manager = PoolManager(owners=self._kernel_owners)
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(handlers(self.manager))
+
+    async def _kernel_owners(self) -> dict[int, str]:
+        """pid of each local kernel -> the notebook it runs for (so a card can say who owns a pool)."""
+        km = self.serverapp.kernel_manager
+        paths = {}
+        try:
+            for s in await self.serverapp.session_manager.list_sessions():
+                if s.get("kernel"):
+                    paths[s["kernel"]["id"]] = s.get("path") or s.get("name") or "a notebook"
+        except Exception:
+            pass
+        out = {}
+        for kid in km.list_kernel_ids():
+            kernel = km.get_kernel(kid)
+            prov = getattr(kernel, "provisioner", None)
+            pid = getattr(prov, "pid", None) or getattr(getattr(prov, "process", None), "pid", None)
+            if pid:
+                out[pid] = paths.get(kid, f"kernel {kid[:8]}")
+        return out
+
+    async def stop_extension(self) -> None:
+        await self.manager.shutdown()

@@ -1,0 +1,123 @@
+"""Thin, authenticated REST handlers over :class:`~workbench.server.manager.PoolManager`.
+
+Every verb is authenticated and authorised (resource ``workbench``); only POST and
+DELETE change anything. Errors come back as JSON ``{"message": ...}`` with the right
+status: 400 for a malformed request, 404 for an unknown pool, 409 for a pool that is
+busy starting or stopping.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import tornado
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+
+from workbench.server.manager import PoolBusy, PoolManager, PoolNotFound, parse_start_request
+
+AUTH_RESOURCE = "workbench"
+POOL_ID = r"(?P<pool_id>[A-Za-z0-9_-]+)"
+
+
+class WorkbenchHandler(APIHandler):
+    auth_resource = AUTH_RESOURCE
+
+    def initialize(self, manager: PoolManager) -> None:
+        self.manager = manager
+
+    def json_body(self):
+        """The request's JSON body (``None`` when empty); a 400 with a sentence when it is not JSON."""
+        raw = self.request.body.strip()
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise tornado.web.HTTPError(400, f"the request body is not valid JSON: {exc}") from None
+
+    def reply(self, data, status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(data))
+
+    async def guarded(self, coro):
+        """Turn the manager's exceptions into JSON errors with the right status."""
+        try:
+            return await coro
+        except PoolNotFound as exc:
+            raise tornado.web.HTTPError(404, str(exc)) from None
+        except PoolBusy as exc:
+            raise tornado.web.HTTPError(409, str(exc)) from None
+        except ValueError as exc:
+            raise tornado.web.HTTPError(400, str(exc)) from None
+
+
+class InfoHandler(WorkbenchHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self):
+        self.reply(self.manager.info())
+
+
+class PoolsHandler(WorkbenchHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self):
+        self.reply({"pools": await self.manager.list_pools()})
+
+    @tornado.web.authenticated
+    @authorized
+    async def post(self):
+        body = self.json_body()
+        try:
+            config = parse_start_request(body)
+        except ValueError as exc:
+            raise tornado.web.HTTPError(400, str(exc)) from None
+        self.reply({"pool": await self.manager.start_pool(config)}, status=202)
+
+
+class PoolHandler(WorkbenchHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, pool_id: str):
+        self.reply({"pool": await self.guarded(self.manager.get_pool(pool_id))})
+
+    @tornado.web.authenticated
+    @authorized
+    async def delete(self, pool_id: str):
+        self.reply(await self.guarded(self.manager.stop_pool(pool_id)))
+
+
+class RestartHandler(WorkbenchHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def post(self, pool_id: str):
+        self.json_body()  # nothing to read, but a malformed body is still an error
+        self.reply({"pool": await self.guarded(self.manager.restart_pool(pool_id))}, status=202)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One URL of the API: its pattern (under the server's base URL), handler, and an example path."""
+
+    pattern: str
+    handler: type[WorkbenchHandler]
+    example: str
+
+    @property
+    def methods(self) -> list[str]:
+        return [m.upper() for m in ("get", "post", "put", "patch", "delete") if m in vars(self.handler)]
+
+
+ROUTES = [
+    Route("/workbench/info", InfoHandler, "/workbench/info"),
+    Route("/workbench/pools", PoolsHandler, "/workbench/pools"),
+    Route(f"/workbench/pools/{POOL_ID}", PoolHandler, "/workbench/pools/abc123"),
+    Route(f"/workbench/pools/{POOL_ID}/restart", RestartHandler, "/workbench/pools/abc123/restart"),
+]
+
+
+def handlers(manager: PoolManager) -> list[tuple]:
+    """The (pattern, handler, kwargs) triples for ``ExtensionApp.handlers``."""
+    return [(r.pattern, r.handler, {"manager": manager}) for r in ROUTES]

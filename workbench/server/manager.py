@@ -1,0 +1,410 @@
+"""The pools of this Jupyter server, as the sidebar sees them. No tornado here.
+
+Every pool has a state file in the Jupyter runtime directory, whoever started it: a
+notebook kernel (``%dist start``) or this server (the sidebar's Start button). The
+manager lists the pools from those files, adds what only it knows (pools it is
+starting right now, starts that failed, pools it is stopping) and live figures per
+rank, and starts, stops and restarts pools. Blocking work (starting engines, talking
+to the controller) runs in worker threads, never on the server's event loop.
+
+What it returns is plain JSON-ready data. It never returns the ipyparallel key, nor
+the path of the file that holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.config import BACKENDS, LAUNCHERS, PoolConfig
+from workbench.pool import state as pool_state
+from workbench.server.usage import UsageSampler
+
+# How long one look at a controller (which ranks are busy) may take before the
+# listing goes on without it.
+PROBE_TIMEOUT_S = 2.0
+# Lines of start progress kept per pool for "Show log".
+LOG_LINES = 200
+
+_ENGINES_UP = re.compile(r"engines up: (\d+)/(\d+)")
+
+# pid -> a short label for the kernel's notebook, e.g. {"4242": "notebooks/train.ipynb"}
+OwnerLookup = Callable[[], Awaitable[dict[int, str]]]
+
+
+class PoolNotFound(KeyError):
+    """No pool with that id on this server."""
+
+    def __init__(self, pool_id: str, running: list[str]):
+        self.pool_id = pool_id
+        names = ", ".join(running) or "none"
+        super().__init__(f"no pool {pool_id!r} on this server; pools: {names}.")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class PoolBusy(RuntimeError):
+    """The pool is in the middle of a start or stop."""
+
+
+def parse_start_request(body: Any) -> PoolConfig:
+    """The pool config a POST asks for; ``ValueError`` with a sentence for anything wrong.
+
+    >>> parse_start_request({"n": 2}).n
+    2
+    >>> parse_start_request({"n": "two"})
+    Traceback (most recent call last):
+    ...
+    ValueError: n must be a whole number of engines (got 'two').
+    >>> parse_start_request({"engines": 2})
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown field 'engines': a pool takes n, launcher, backend, timeout.
+    """
+    if body is None:
+        body = {}
+    if not isinstance(body, dict):
+        raise ValueError("the request body must be a JSON object, e.g. {\"n\": 2}.")
+    allowed = ("n", "launcher", "backend", "timeout")
+    for key in body:
+        if key not in allowed:
+            raise ValueError(f"unknown field {key!r}: a pool takes {', '.join(allowed)}.")
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int)):
+        raise ValueError(f"n must be a whole number of engines (got {n!r}).")
+    timeout = body.get("timeout", 60.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ValueError(f"timeout must be a number of seconds (got {timeout!r}).")
+    for key in ("launcher", "backend"):
+        if key in body and not isinstance(body[key], str):
+            raise ValueError(f"{key} must be a string (got {body[key]!r}).")
+    return PoolConfig(n=n, launcher=body.get("launcher", "local"), backend=body.get("backend", "auto"),
+                      timeout=float(timeout))
+
+
+@dataclass
+class _Started:
+    """A pool this server is starting, runs, or failed to start."""
+
+    key: str
+    config: PoolConfig
+    session: Any = None  # workbench.Session
+    phase: str = "starting"  # starting | running | stopping | failed
+    message: str = "starting"
+    engines_up: int = 0
+    error: str | None = None
+    log: list[str] = field(default_factory=list)
+    created: float = field(default_factory=time.time)
+    known_id: str | None = None  # kept after a failed start, so the card keeps its id
+
+    @property
+    def pool_id(self) -> str | None:
+        if self.session is not None and self.session.pool_id:
+            self.known_id = self.session.pool_id
+        return self.known_id
+
+    @property
+    def public_id(self) -> str:
+        return self.pool_id or self.key
+
+    def progress(self, message: str) -> None:
+        """Session.start's progress callback (runs in the start thread)."""
+        self.message = message
+        self.log.append(f"{time.strftime('%H:%M:%S')} {message}")
+        del self.log[:-LOG_LINES]
+        m = _ENGINES_UP.search(message)
+        if m:
+            self.engines_up = int(m.group(1))
+
+
+class PoolManager:
+    """Start, list, stop and restart the pools of one Jupyter server.
+
+    >>> import asyncio
+    >>> m = PoolManager()
+    >>> asyncio.run(m.list_pools())      # doctest: +SKIP
+    []
+    """
+
+    def __init__(self, *, owners: OwnerLookup | None = None, max_workers: int = 8):
+        self._owners = owners
+        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="workbench")
+        self._started: dict[str, _Started] = {}  # by key
+        self._stopping: set[str] = set()  # pool ids being stopped (any owner)
+        self._probes: dict[str, Any] = {}  # pool id -> EnginePool attached to ask the controller
+        self._probe_locks: dict[str, asyncio.Lock] = {}
+        self._rank_states: dict[str, dict[int, str]] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._usage = UsageSampler()
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    # -- facts for the panel ---------------------------------------------------------
+    def info(self) -> dict:
+        """What the Start dialog offers, and whether this machine has GPUs."""
+        gpus = self._usage.gpu_count()
+        return {
+            "launchers": list(LAUNCHERS),
+            "backends": list(BACKENDS),
+            "gpus": gpus,
+            "default_n": gpus or 2,
+        }
+
+    # -- listing ---------------------------------------------------------------------
+    async def list_pools(self) -> list[dict]:
+        states = await self._run(pool_state.list_states)
+        owners = await self._owner_labels()
+        by_id = {s["id"]: s for s in states}
+        pools = []
+        for rec in list(self._started.values()):
+            state = by_id.pop(rec.pool_id, None) if rec.pool_id else None
+            if rec.phase == "running" and state is None:
+                self._started.pop(rec.key, None)  # it ended (its lease or another client stopped it)
+                continue
+            pools.append(await self._describe(state, rec, owners))
+        for state in by_id.values():
+            pools.append(await self._describe(state, None, owners))
+        self._forget_probes(keep={p["id"] for p in pools})
+        pools.sort(key=lambda p: p["created"])
+        return pools
+
+    async def get_pool(self, pool_id: str) -> dict:
+        """One pool, by its id or by the ``request_id`` its start was answered with."""
+        for pool in await self.list_pools():
+            if pool_id in (pool["id"], pool["request_id"]):
+                return pool
+        raise PoolNotFound(pool_id, [p["id"] for p in await self.list_pools()])
+
+    async def _owner_labels(self) -> dict[int, str]:
+        if self._owners is None:
+            return {}
+        try:
+            return await self._owners()
+        except Exception:
+            return {}
+
+    async def _describe(self, state: dict | None, rec: _Started | None, owners: dict[int, str]) -> dict:
+        pool_id = (state or {}).get("id") or rec.public_id
+        n = (state or {}).get("n") or (rec.config.n if rec and rec.config.n else 0)
+        ranks = (state or {}).get("ranks") or []
+        if rec is not None and rec.phase == "failed":
+            phase = "failed"
+        elif pool_id in self._stopping or (rec is not None and rec.phase == "stopping"):
+            phase = "stopping"
+        elif rec is not None and rec.phase == "starting":
+            phase = "starting"
+        elif len(ranks) < n:
+            phase = "starting"  # a kernel is starting it
+        else:
+            phase = "running"
+
+        owner_pid = (state or {}).get("owner", {}).get("pid")
+        if rec is not None or owner_pid == os.getpid():
+            owner = {"kind": "server", "label": "started from the panel"}
+        elif owner_pid in owners:
+            owner = {"kind": "kernel", "label": owners[owner_pid]}
+        else:
+            owner = {"kind": "process", "label": f"process {owner_pid}"}
+
+        rank_states = {}
+        if phase == "running" and state is not None:
+            rank_states = await self._probe(pool_id, state, rec)
+        rows = []
+        for r in ranks:
+            usage = self._usage.sample(r["pid"], r["host"], r["device"])
+            alive = usage.pop("alive")
+            rank_state = rank_states.get(r["rank"]) or ("idle" if alive else "unknown")
+            if alive is False:
+                rank_state = "failed"
+            rows.append({
+                "rank": r["rank"], "host": r["host"], "pid": r["pid"], "device": r["device"],
+                "local_rank": r.get("local_rank", 0), "state": rank_state, **usage,
+            })
+        if phase == "starting" and rec is not None:
+            message = rec.message
+            engines_up = rec.engines_up
+        else:
+            message = rec.message if rec is not None and phase == "failed" else phase
+            engines_up = len(ranks)
+        return {
+            "id": pool_id,
+            # the id the start request was answered with, before the pool had its own (this server's pools)
+            "request_id": rec.key if rec is not None else None,
+            "state": phase,
+            "n": n,
+            "engines_up": engines_up,
+            "message": message,
+            "error": rec.error if rec is not None else None,
+            "log": list(rec.log) if rec is not None else [],
+            "launcher": (state or {}).get("launcher") or (rec.config.launcher if rec else "local"),
+            "backend": (state or {}).get("backend"),
+            "created": (state or {}).get("created") or (rec.created if rec else time.time()),
+            "owner": owner,
+            "ranks": rows,
+            "gpu_detected": any(r["device"].startswith("cuda") for r in ranks),
+            "attach": f"%load_ext workbench\n%dist attach {pool_id}" if phase == "running" else None,
+        }
+
+    async def _probe(self, pool_id: str, state: dict, rec: _Started | None) -> dict[int, str]:
+        """Which ranks are idle or busy, as the pool's controller sees them (at most one look at a time)."""
+        lock = self._probe_locks.setdefault(pool_id, asyncio.Lock())
+        if lock.locked():
+            return self._rank_states.get(pool_id, {})
+        async with lock:
+            client = rec.session.client if rec is not None and rec.session is not None else None
+            try:
+                states = await asyncio.wait_for(
+                    self._run(self._probe_sync, pool_id, state, client), PROBE_TIMEOUT_S)
+            except Exception:
+                states = {}
+            self._rank_states[pool_id] = states
+            return states
+
+    def _probe_sync(self, pool_id: str, state: dict, client) -> dict[int, str]:
+        if client is None:
+            probe = self._probes.get(pool_id)
+            if probe is None:
+                from workbench.pool.cluster import EnginePool
+
+                probe = self._probes[pool_id] = EnginePool.attach(pool_id, timeout=PROBE_TIMEOUT_S)
+            client = probe.client
+        alive = set(client.ids)
+        by_engine = {r["engine_id"]: r["rank"] for r in state["ranks"]}
+        queues = client.queue_status(targets=[e for e in by_engine if e in alive])
+        out = {}
+        for eid, rank in by_engine.items():
+            if eid not in alive:
+                out[rank] = "failed"
+            else:
+                q = queues.get(eid, {})
+                out[rank] = "busy" if q.get("queue", 0) or q.get("tasks", 0) else "idle"
+        return out
+
+    def _forget_probes(self, keep: set[str]) -> None:
+        for pool_id in list(self._probes):
+            if pool_id not in keep:
+                probe = self._probes.pop(pool_id)
+                self._executor.submit(_close_quietly, probe)
+        for pool_id in list(self._rank_states):
+            if pool_id not in keep:
+                self._rank_states.pop(pool_id, None)
+                self._probe_locks.pop(pool_id, None)
+
+    # -- start -------------------------------------------------------------------------
+    async def start_pool(self, config: PoolConfig) -> dict:
+        """Begin starting a pool owned by this server; returns its pending description at once."""
+        rec = _Started(key="new-" + uuid.uuid4().hex[:8], config=config)
+        rec.progress("starting")
+        self._started[rec.key] = rec
+        task = asyncio.get_running_loop().create_task(self._start(rec))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return await self._describe(None, rec, {})
+
+    async def _start(self, rec: _Started) -> None:
+        from workbench.session import Session
+
+        rec.session = Session(rec.config)
+        try:
+            await self._run(lambda: rec.session.start(progress=rec.progress))
+        except Exception as exc:  # the real error goes on the card
+            rec.phase = "failed"
+            rec.error = f"{type(exc).__name__}: {exc}"
+            rec.message = "failed to start"
+            rec.log.append(rec.error)
+            rec.session = None
+            return
+        if rec.phase == "stopping":  # stopped while it was starting
+            await self._run(rec.session.stop)
+            self._started.pop(rec.key, None)
+            return
+        rec.phase = "running"
+
+    # -- stop ---------------------------------------------------------------------------
+    async def stop_pool(self, pool_id: str) -> dict:
+        """Stop a pool, whoever started it; a failed start is dismissed."""
+        rec = self._find_started(pool_id)
+        if rec is not None and rec.pool_id:
+            pool_id = rec.pool_id
+        if rec is not None and rec.phase == "failed":
+            self._started.pop(rec.key, None)
+            return {"id": pool_id, "state": "stopped"}
+        if rec is not None and rec.phase == "starting":
+            rec.phase = "stopping"  # _start stops it as soon as it is up
+            return {"id": pool_id, "state": "stopping"}
+        if pool_id in self._stopping:
+            raise PoolBusy(f"pool {pool_id} is already stopping.")
+        if rec is None and pool_id not in {s["id"] for s in await self._run(pool_state.list_states)}:
+            raise PoolNotFound(pool_id, [p["id"] for p in await self.list_pools()])
+        self._stopping.add(pool_id)
+        try:
+            probe = self._probes.pop(pool_id, None)
+            if probe is not None:
+                await self._run(_close_quietly, probe)
+            if rec is not None:
+                rec.phase = "stopping"
+                await self._run(rec.session.stop)
+                self._started.pop(rec.key, None)
+            else:
+                from workbench.pool.cluster import stop_pool
+
+                await self._run(stop_pool, pool_id)
+        finally:
+            self._stopping.discard(pool_id)
+        return {"id": pool_id, "state": "stopped"}
+
+    async def restart_pool(self, pool_id: str) -> dict:
+        """Stop the pool and start a new one like it (owned by this server); a failed start is retried."""
+        rec = self._find_started(pool_id)
+        if rec is not None and rec.pool_id:
+            pool_id = rec.pool_id
+        if rec is not None:
+            config = rec.config
+        else:
+            state = next((s for s in await self._run(pool_state.list_states) if s["id"] == pool_id), None)
+            if state is None:
+                raise PoolNotFound(pool_id, [p["id"] for p in await self.list_pools()])
+            config = PoolConfig(n=state["n"], launcher=state["launcher"],
+                                backend=state.get("backend_requested", "auto"))
+        if rec is not None and rec.phase in ("starting", "stopping") or pool_id in self._stopping:
+            raise PoolBusy(f"pool {pool_id} is {rec.phase if rec else 'stopping'}: wait until it is done.")
+        await self.stop_pool(pool_id)
+        return await self.start_pool(config)
+
+    def _find_started(self, pool_id: str) -> _Started | None:
+        for rec in self._started.values():
+            if pool_id in (rec.key, rec.pool_id):
+                return rec
+        return None
+
+    # -- shutdown ---------------------------------------------------------------------------
+    async def shutdown(self) -> None:
+        """Stop every pool this server started (the server is going away)."""
+        for task in list(self._tasks):
+            await asyncio.wait([task], timeout=120)
+        for rec in list(self._started.values()):
+            if rec.session is not None and rec.session.running:
+                await self._run(rec.session.stop)
+        self._started.clear()
+        for probe in self._probes.values():
+            await self._run(_close_quietly, probe)
+        self._probes.clear()
+        self._executor.shutdown(wait=False)
+
+
+def _close_quietly(probe) -> None:
+    """Close an attached look-only client; never stops the pool."""
+    try:
+        if probe.client is not None:
+            probe.client.close()
+    except Exception:
+        pass

@@ -1,0 +1,90 @@
+"""Live figures per rank for the sidebar: CPU and memory of the engine process, GPU where there is one.
+
+Read from outside the engines (psutil, NVML), so a busy or hung rank is still measured.
+Nothing here touches CUDA. Processes on other hosts cannot be measured from here:
+their figures are ``None``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import psutil
+
+
+class UsageSampler:
+    """Samples engine processes by pid; keeps one ``psutil.Process`` per pid so CPU % has a baseline.
+
+    >>> s = UsageSampler()
+    >>> sorted(s.sample(os.getpid(), socket.gethostname(), "cpu"))
+    ['alive', 'cpu_percent', 'gpu_memory_bytes', 'gpu_memory_total_bytes', 'gpu_util', 'memory_bytes']
+    >>> s.sample(os.getpid(), "elsewhere.example", "cpu")["alive"] is None
+    True
+    """
+
+    def __init__(self) -> None:
+        self._procs: dict[int, psutil.Process] = {}
+        self._host = socket.gethostname()
+        self._nvml_lock = threading.Lock()
+        self._nvml: object | None = None  # the pynvml module once initialised; False when unavailable
+        self._gpu_count: int | None = None
+
+    def sample(self, pid: int, host: str, device: str) -> dict:
+        out: dict = {"alive": None, "cpu_percent": None, "memory_bytes": None,
+                     "gpu_util": None, "gpu_memory_bytes": None, "gpu_memory_total_bytes": None}
+        if host != self._host:
+            return out
+        proc = self._procs.get(pid)
+        try:
+            if proc is None:
+                proc = self._procs[pid] = psutil.Process(pid)
+                proc.cpu_percent(None)  # baseline: the first reading is always 0
+            with proc.oneshot():
+                out["alive"] = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+                out["cpu_percent"] = round(proc.cpu_percent(None), 1)
+                out["memory_bytes"] = proc.memory_info().rss
+        except psutil.Error:
+            self._procs.pop(pid, None)
+            out["alive"] = False
+            return out
+        if device.startswith("cuda"):
+            out.update(self._gpu(int(device.split(":")[1] or 0)))
+        return out
+
+    # -- NVML ---------------------------------------------------------------------------
+    def _nvml_module(self):
+        with self._nvml_lock:
+            if self._nvml is None:
+                try:
+                    import pynvml
+
+                    pynvml.nvmlInit()
+                    self._nvml = pynvml
+                except Exception:  # NVMLError_LibraryNotFound and friends: no GPU here
+                    self._nvml = False
+            return self._nvml or None
+
+    def gpu_count(self) -> int:
+        if self._gpu_count is None:
+            from workbench.pool.devices import visible_gpu_count
+
+            self._gpu_count = visible_gpu_count()
+        return self._gpu_count
+
+    def _gpu(self, index: int) -> dict:
+        nvml = self._nvml_module()
+        if nvml is None:
+            return {}
+        mask = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        if mask and index < len(mask) and mask[index].isdigit():
+            index = int(mask[index])
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            util = nvml.nvmlDeviceGetUtilizationRates(handle)
+            mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+        except Exception:
+            return {}
+        return {"gpu_util": float(util.gpu), "gpu_memory_bytes": int(mem.used),
+                "gpu_memory_total_bytes": int(mem.total)}
