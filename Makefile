@@ -4,8 +4,13 @@ PY         := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# The JupyterLab extension is built by the package build (hatch-jupyter-builder runs jlpm in
+# extension/, which needs Node >= 20.19 and npm's registry); rebuilt when its sources change.
+LABEXT     := workbench/labextension/package.json
+EXT_SRC    := $(wildcard extension/src/*.ts extension/src/*.tsx extension/style/*) extension/package.json extension/yarn.lock
+JLPM       := $(abspath $(VENV))/bin/jlpm
 
-.PHONY: setup demo test lab lint clean
+.PHONY: setup demo test test-js lab lint lint-js clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -15,19 +20,31 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
-setup: $(STAMP)
+$(LABEXT): $(EXT_SRC) | $(STAMP)
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(LABEXT)
+
+setup: $(STAMP) $(LABEXT)
 
 demo: setup
 	$(PY) -m workbench.demo
 
-test: setup
+test: setup test-js
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# TypeScript unit tests of the sidebar (jest)
+test-js: setup
+	cd extension && $(JLPM) test
+
 lab: setup
+	$(VENV)/bin/workbench kernels install --sys-prefix
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1
 
-lint: setup
+lint: setup lint-js
 	$(VENV)/bin/ruff check workbench tests bench
+
+lint-js: setup
+	cd extension && $(JLPM) lint:check && $(JLPM) tsc --noEmit
 
 clean:
 	rm -rf build .pytest_cache
