@@ -75,11 +75,12 @@ class Collector:
     ``capacity``: points kept per series (per rank per run for steps, per rank for device
     samples) before the older half is downsampled. ``stall_after``: seconds without a step in a
     running run before a rank shows ``stalled``. ``lost_after``: seconds without any record
-    (device samples come every second) before a rank shows ``lost``.
+    (device samples come every second) before a rank shows ``lost``. ``port``: a fixed port
+    (default: a free one).
     """
 
-    def __init__(self, address: str = "127.0.0.1", *, capacity: int = 8192, stall_after: float = 10.0,
-                 lost_after: float = 5.0):
+    def __init__(self, address: str = "127.0.0.1", *, port: int | None = None, capacity: int = 8192,
+                 stall_after: float = 10.0, lost_after: float = 5.0):
         import zmq
 
         self.capacity = capacity
@@ -92,7 +93,10 @@ class Collector:
         host = f"[{address}]" if ":" in address else address
         if ":" in address:
             self._sock.setsockopt(zmq.IPV6, 1)
-        port = self._sock.bind_to_random_port(f"tcp://{host}")
+        if port:
+            self._sock.bind(f"tcp://{host}:{port}")
+        else:
+            port = self._sock.bind_to_random_port(f"tcp://{host}")
         self.url = f"tcp://{host}:{port}"
         self.ranks: dict[int, RankState] = {}
         self.runs: list[Run] = []

@@ -48,8 +48,9 @@ def monitor_cell(session, always: bool = False) -> CellMonitor:
         return CellMonitor()
     from IPython.display import display
 
-    from workbench.widgets.dashboard import Dashboard
+    from workbench.widgets.dashboard import Dashboard, warm_up
 
+    warm_up()
     dash = Dashboard(collector, run="next", hidden=not always)
     handle = display(dash, display_id=True)
     return CellMonitor(dash, always, handle)

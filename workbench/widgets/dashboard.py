@@ -22,7 +22,8 @@ import threading
 import time
 from pathlib import Path
 
-from workbench.metrics import records
+import numpy as np
+
 from workbench.metrics.collector import Collector
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,28 @@ log = logging.getLogger(__name__)
 MAX_LINES = 8
 STATE_COLOURS = {"running": "#2e7d32", "idle": "#607d8b", "stalled": "#ef6c00", "failed": "#c62828",
                  "lost": "#c62828"}
-_I = {f: i for i, f in enumerate(records.STEP_FIELDS)}
+_PLOTTED = ("seq", "t", "step", "loss", "samples_per_s", "step_time", "compute_time", "comm_time",
+            "data_time")
+_warmed = threading.Event()
+
+
+def warm_up() -> None:
+    """Import plotly's widget modules on a background thread, once per process.
+
+    Their first import can take seconds (plotly.io pulls in nbformat and jsonschema); done ahead,
+    a dashboard appears as soon as its run starts.
+    """
+    if _warmed.is_set():
+        return
+    _warmed.set()
+
+    def load():
+        import plotly.graph_objects as go
+        import plotly.subplots  # noqa: F401
+
+        go.FigureWidget  # noqa: B018  (the lazy attribute is what loads the widget module)
+
+    threading.Thread(target=load, name="workbench-widgets-warm-up", daemon=True).start()
 
 
 def load_colour(percent: float) -> str:
@@ -46,17 +68,16 @@ def load_colour(percent: float) -> str:
     return f"hsl({hue}, 65%, 85%)"
 
 
-def thin(n: int, window: int) -> range:
-    """Indices of at most ``window`` points out of ``n``, evenly spread, always ending at the last.
+def thin(n: int, window: int) -> slice:
+    """A slice of at most ``window`` points out of ``n``, evenly spread, always ending at the last.
 
-    >>> list(thin(5, 10)), list(thin(10, 4))
+    >>> list(range(5)[thin(5, 10)]), list(range(10)[thin(10, 4)])
     ([0, 1, 2, 3, 4], [0, 3, 6, 9])
     """
     if n <= window:
-        return range(n)
+        return slice(0, n)
     stride = math.ceil(n / window)
-    start = (n - 1) % stride
-    return range(start, n, stride)
+    return slice((n - 1) % stride, n, stride)
 
 
 class Dashboard:
@@ -86,7 +107,8 @@ class Dashboard:
         self.run_id: int | None = run if isinstance(run, int) else None
         self.interval = interval
         self.window = window
-        self.updates = 0  # refreshes that sent something to the front end
+        self.updates = 0  # refreshes
+        self.messages = 0  # widget-model changes sent to the front end (plotly edits, HTML values)
         self.delays: collections.deque = collections.deque(maxlen=100_000)  # step end -> widget, seconds
         self._seen_seq: dict[int, float] = {}
         self._version = -1
@@ -179,10 +201,7 @@ class Dashboard:
                 return  # hidden until its run starts
             with self.collector.lock():
                 series = self.collector.step_series(self.run_id) if self.run_id else {}
-                data = {rank: {f: s.column(f) for f in ("seq", "t", "step", "loss", "samples_per_s",
-                                                         "step_time", "compute_time", "comm_time",
-                                                         "data_time", "tokens_per_s")}
-                        for rank, s in series.items()}
+                data = {rank: {f: np.array(s.cols[f]) for f in _PLOTTED} for rank, s in series.items()}
                 run = self.collector.runs[self.run_id - 1] if self.run_id else None
                 ranks = sorted(set(self.collector.ranks) | set(data))
                 devices = {r: s.last() for r, s in self.collector.devices.items()}
@@ -243,40 +262,43 @@ class Dashboard:
         self._header.add_class("workbench-dashboard-header")
         self._devices.add_class("workbench-device-panel")
         self._fig.add_class("workbench-loss-plot")
+        for fw in (self._fig, self._bar):
+            fw.observe(self._count, names=[n for n in fw.trait_names() if n.startswith("_py2js_")])
+        for h in (self._header, self._devices):
+            h.observe(self._count, names="value")
         self.widget.children = [self._header, self._fig, W.HBox([self._devices, self._bar])]
         self._built = True
+
+    def _count(self, change) -> None:
+        if change["new"] is not None:
+            self.messages += 1
 
     def _update_plots(self, data: dict) -> None:
         fig = self._fig
         with fig.batch_update():
             ranks = self._ranks
+            empty = np.empty(0)
             if len(ranks) <= MAX_LINES:
                 for i, r in enumerate(ranks):
                     d = data.get(r)
-                    idx = thin(len(d["step"]), self.window) if d else range(0)
-                    fig.data[i].x = [d["step"][j] for j in idx]
-                    fig.data[i].y = [d["loss"][j] for j in idx]
+                    idx = thin(len(d["step"]), self.window) if d else slice(0)
+                    fig.data[i].x = d["step"][idx] if d else empty
+                    fig.data[i].y = d["loss"][idx] if d else empty
                 n_loss = len(ranks)
             else:
                 steps, lo, mean, hi = _spread(data, "loss")
                 idx = thin(len(steps), self.window)
-                for trace, ys in zip(fig.data[:3], (lo, hi, mean), strict=False):
-                    trace.x = [steps[j] for j in idx]
-                    trace.y = [ys[j] for j in idx]
+                for trace, ys in zip(fig.data[:3], (lo, hi, mean), strict=True):
+                    trace.x, trace.y = steps[idx], ys[idx]
                 n_loss = 3
             steps, total = _total(data, "samples_per_s")
             idx = thin(len(steps), self.window)
-            fig.data[n_loss].x = [steps[j] for j in idx]
-            fig.data[n_loss].y = [total[j] for j in idx]
+            fig.data[n_loss].x, fig.data[n_loss].y = steps[idx], total[idx]
         sent = time.time()
         for r, d in data.items():  # how long each new point took from its step's end to the widget
-            seen = self._seen_seq.get(r, -1)
-            seqs, ts = d["seq"], d["t"]
-            j = len(seqs)
-            while j > 0 and seqs[j - 1] > seen:
-                j -= 1
-            self.delays.extend(sent - t for t in ts[j:])
-            if seqs:
+            seqs = d["seq"]
+            if len(seqs):
+                self.delays.extend((sent - d["t"][seqs > self._seen_seq.get(r, -1)]).tolist())
                 self._seen_seq[r] = seqs[-1]
 
     def _update_bar(self, data: dict, recent: int = 50) -> None:
@@ -318,11 +340,11 @@ class Dashboard:
 
 # -- pure helpers ---------------------------------------------------------------------------------
 def _nanmean(values) -> float:
-    good = [v for v in values if not math.isnan(v)]
-    return sum(good) / len(good) if good else math.nan
+    good = values[~np.isnan(values)]
+    return float(good.mean()) if len(good) else math.nan
 
 
-def _total(data: dict, field: str) -> tuple[list, list]:
+def _total(data: dict, field: str):
     """Mean of ``field`` over ranks at each step: the Trainer reports samples of the whole step
     (all data-parallel ranks) on every rank, so each rank's samples/s is already the world's."""
     steps, _, mean, _ = _spread(data, field)
@@ -330,15 +352,28 @@ def _total(data: dict, field: str) -> tuple[list, list]:
 
 
 def _spread(data: dict, field: str):
-    """Steps, then min, mean and max of ``field`` over ranks at each step."""
-    by_step: dict[float, list] = {}
-    for d in data.values():
-        for s, v in zip(d["step"], d[field], strict=False):
-            if not math.isnan(v):
-                by_step.setdefault(s, []).append(v)
-    steps = sorted(by_step)
-    return (steps, [min(by_step[s]) for s in steps], [sum(by_step[s]) / len(by_step[s]) for s in steps],
-            [max(by_step[s]) for s in steps])
+    """Steps, then min, mean and max of ``field`` over ranks at each step (NaNs left out).
+
+    >>> d = {0: {"step": np.array([1., 2.]), "x": np.array([1., 4.])},
+    ...      1: {"step": np.array([1., 2.]), "x": np.array([3., np.nan])}}
+    >>> [a.tolist() for a in _spread(d, "x")]
+    [[1.0, 2.0], [1.0, 4.0], [2.0, 4.0], [3.0, 4.0]]
+    """
+    if not data:
+        e = np.empty(0)
+        return e, e, e, e
+    steps = np.concatenate([d["step"] for d in data.values()])
+    values = np.concatenate([d[field] for d in data.values()])
+    ok = ~np.isnan(values)
+    steps, values = steps[ok], values[ok]
+    uniq, inv = np.unique(steps, return_inverse=True)
+    count = np.bincount(inv, minlength=len(uniq))
+    mean = np.bincount(inv, weights=values, minlength=len(uniq)) / np.maximum(count, 1)
+    lo = np.full(len(uniq), np.inf)
+    hi = np.full(len(uniq), -np.inf)
+    np.minimum.at(lo, inv, values)
+    np.maximum.at(hi, inv, values)
+    return uniq, lo, mean, hi
 
 
 def _fmt_bytes(n) -> str:
@@ -363,7 +398,7 @@ def _header(run, data: dict, status: dict, stats: dict) -> str:
         states = " · ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         return (f"<div class='workbench-dash-title'><b>workbench</b> · no training run yet · {len(status)} "
                 f"ranks ({states or 'none'})</div>")
-    last = {r: d for r, d in data.items() if d["step"]}
+    last = {r: d for r, d in data.items() if len(d["step"])}
     step = max((int(d["step"][-1]) for d in last.values()), default=0)
     _, total = _total({r: {k: v[-1:] for k, v in d.items()} for r, d in last.items()}, "samples_per_s")
     losses = [d["loss"][-1] for d in last.values() if not math.isnan(d["loss"][-1])]
@@ -373,7 +408,7 @@ def _header(run, data: dict, status: dict, stats: dict) -> str:
     lost = f" · <b style='color:#c62828'>{stats['missing']} records missing</b>" if stats["missing"] else ""
     state = "finished" if run.done else "training"
     loss = f" · loss {sum(losses) / len(losses):.4g}" if losses else ""
-    rate = f" · {total[-1]:,.0f} samples/s" if total else ""
+    rate = f" · {total[-1]:,.0f} samples/s" if len(total) else ""
     return (f"<div class='workbench-dash-title'><b>run {run.id}</b> {state} · step {step}{loss}{rate} · "
             f"{states}{lost}</div>")
 
@@ -395,7 +430,7 @@ def _device_table(ranks, devices, infos, status, data) -> str:
             used, total = d.get("mem_used"), d.get("mem_total", info.get("mem_total"))
             mem_pct = used / total * 100 if used is not None and total and not math.isnan(used) else math.nan
             state = status.get(r, "idle")
-            step = data.get(r, {}).get("step") or []
+            step = data.get(r, {}).get("step", ())
             name = html.escape(str(info.get("name") or info.get("device") or "?"))
             rows.append(
                 f"<tr data-rank='{r}'><td>{r}</td>"
@@ -406,7 +441,7 @@ def _device_table(ranks, devices, infos, status, data) -> str:
                 f"<td>{_fmt(d.get('power_w'), '.0f', ' W')}</td>"
                 f"<td>{_fmt(d.get('temp_c'), '.0f', ' °C')}</td>"
                 f"<td>{_fmt(d.get('clock_mhz'), '.0f', ' MHz')}</td>"
-                f"<td>{int(step[-1]) if step else '–'}</td></tr>")
+                f"<td>{int(step[-1]) if len(step) else '–'}</td></tr>")
     note = "" if any_gpu else ("<div style='color:#666;font-size:90%'>no GPU detected: util is each engine's "
                                "CPU share, memory its resident size</div>")
     return (f"<div class='workbench-devices'><b>devices</b>{note}<table style='border-collapse:collapse' "
