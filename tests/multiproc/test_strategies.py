@@ -27,6 +27,7 @@ def _train_and_compare(rank, world, kind, options):
 CASES = [
     (2, "mlp", {"strategy": "ddp"}),
     (2, "mlp", {"strategy": "fsdp"}),
+    (2, "mlp", {"strategy": "fsdp", "activation_checkpoint": True}),
     (2, "gpt", {"strategy": "fsdp"}),
     (2, "gpt", {"strategy": "tp"}),
     (2, "mlp", {"strategy": "tp"}),
@@ -98,3 +99,17 @@ def test_fsdp_parameter_memory_is_a_fraction_of_the_model():
     (full, *_), locals_ = zip(*run_world(_fsdp_memory, world), strict=True)
     for local in locals_:
         assert abs(local / full - 1 / world) < 0.05, f"rank holds {local} of {full} bytes"
+
+
+def _fsdp_bf16(rank, world):
+    data = batches("gpt", steps=3)
+    model = shard(make("gpt"), "fsdp", mixed_precision="bf16")
+    result = Trainer(model, dp_slice(data, model.wb_layout), lr=1e-2).run(steps=3)
+    assert all(torch.isfinite(torch.tensor(s.loss)) for s in result.history)
+    return [s.loss for s in result.history]
+
+
+@pytest.mark.timeout(60)
+def test_fsdp_bf16_mixed_precision_trains():
+    losses = run_world(_fsdp_bf16, 2)
+    assert losses[0] == losses[1] and len(losses[0]) == 3
