@@ -10,6 +10,10 @@ from __future__ import annotations
 class WorkbenchError(RuntimeError):
     """Base class for failures of the pool or the process group."""
 
+    def _render_traceback_(self) -> list[str]:
+        # the message says what happened and what to do; the kernel-side frames would only bury it
+        return [f"\x1b[1;31m{type(self).__name__}\x1b[0m: {self}"]
+
 
 class PoolStartError(WorkbenchError):
     """The engines or the process group did not come up.
@@ -27,6 +31,10 @@ class NoPoolError(WorkbenchError, ValueError):
             f"{what} needs a running pool: start one first with `%dist start -n 2` "
             "(or `workbench.Session(n=2).start()`)."
         )
+
+
+class RankDiedError(WorkbenchError):
+    """A rank's engine is gone; ``%dist restart`` brings it back."""
 
 
 class CellTimeout(WorkbenchError):
@@ -68,4 +76,6 @@ class RankError(WorkbenchError):
         ok = [r.rank.rank for r in self.result.ranks if r.error is None]
         if ok:
             lines.append(f"ranks without error: {', '.join(map(str, ok))}")
+        if self.result.fault is not None and self.result.fault.abort_s:
+            lines.append(self.result.fault.summary() + "; the next cell re-forms the process group.")
         return lines

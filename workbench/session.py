@@ -17,17 +17,26 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import psutil
+
+from workbench import faults
 from workbench.config import PoolConfig
-from workbench.errors import CellTimeout, NoPoolError, PoolStartError, RankError
+from workbench.errors import CellTimeout, NoPoolError, PoolStartError, RankDiedError, RankError
 from workbench.pool.cluster import EnginePool
 from workbench.pool.devices import visible_gpu_count
-from workbench.pool.rankmap import EngineInfo, RankInfo, build_rank_map, parse_ranks
+from workbench.pool.rankmap import EngineInfo, RankInfo, build_rank_map, parse_ranks, remap_engines
+from workbench.pool.watch import BeaconReceiver
 
 # Called with (rank, kind, payload): kind is "stdout"/"stderr" (text) or "display" (a display_data content dict).
 OutputCallback = Callable[[int, str, Any], None]
 
-# After one rank failed, how long the others may go on before they are interrupted.
-FAILURE_GRACE_S = 1.0
+# How the other ranks are stopped once one failed: (seconds after the failure, step). "abort" aborts the
+# process group on the ranks that already stopped, so peers blocked in a collective with them fail at once.
+AFTER_FAILURE = ((0.3, "abort"), (0.8, "sigint"), (3.0, "sigterm"), (5.0, "sigkill"))
+# After a timeout or Ctrl-C the ranks running Python are interrupted first.
+AFTER_INTERRUPT = ((0.0, "sigint"), (0.3, "abort"), (3.0, "sigterm"), (5.0, "sigkill"))
+# Silence after which a rank on another node counts as dead.
+REMOTE_SILENCE_S = 3.0
 
 _current: Session | None = None
 
@@ -48,7 +57,7 @@ class RankResult:
     stderr: str = ""
     result: dict | None = None  # the last expression's mime bundle, e.g. {"text/plain": "42"}
     outputs: list = field(default_factory=list)  # display_data contents
-    error: Any = None  # ipyparallel RemoteError
+    error: Any = None  # ipyparallel RemoteError, or RankDied
     completed: Any = None
 
 
@@ -58,11 +67,28 @@ class CellResult:
 
     ranks: list[RankResult]
     elapsed: float
+    fault: faults.FaultEvent | None = None
 
     def failures(self) -> list[RankResult]:
-        """The ranks that raised, the first to fail first."""
-        failed = [r for r in self.ranks if r.error is not None]
-        return sorted(failed, key=lambda r: (r.completed is None, r.completed or 0, r.rank.rank))
+        """The ranks that failed, root cause first: dead ranks, then real errors, then echoes."""
+        def order(r):
+            err = r.error
+            tier = 0 if isinstance(err, RankDied) else 2 if faults.is_secondary(err.ename, str(err.evalue)) else 1
+            done = r.completed.timestamp() if hasattr(r.completed, "timestamp") else float("inf")
+            return tier, done, r.rank.rank
+        return sorted((r for r in self.ranks if r.error is not None), key=order)
+
+
+class RankDied:
+    """The error of a rank whose engine process is gone."""
+
+    ename = "RankDied"
+
+    def __init__(self, info: RankInfo, how: str):
+        self.evalue = f"the engine process {info.pid} of rank {info.rank} {how}"
+
+    def render_traceback(self) -> list[str]:
+        return [f"RankDied: {self.evalue}. `%dist restart` (Session.restart()) brings the rank back."]
 
 
 class Session:
@@ -80,8 +106,18 @@ class Session:
         self.config = config or PoolConfig(**kwargs)
         self.ranks: list[RankInfo] = []
         self.backend: str | None = None
-        self._pool: EnginePool | None = None
         self.start_seconds: float | None = None
+        self.faults: list[faults.FaultEvent] = []
+        self._pool: EnginePool | None = None
+        self._beacons: BeaconReceiver | None = None
+        self._procs: dict[int, psutil.Process] = {}
+        self._group_ok = False
+        self._dead: dict[int, str] = {}  # rank -> how it died
+        self._pending_fault: faults.FaultEvent | None = None
+        self._watcher: threading.Thread | None = None
+        self._busy = threading.Lock()
+        self._gloo_ports: list[int] = []  # where gloo listens, on every rank: what an abort cuts
+        self.metrics = None  # the kernel-side metrics collector (workbench.metrics), once started
 
     # -- lifecycle -----------------------------------------------------------------
     @property
@@ -92,6 +128,14 @@ class Session:
     def world_size(self) -> int:
         return len(self.ranks)
 
+    @property
+    def pool_id(self) -> str | None:
+        return self._pool.pool_id if self._pool else None
+
+    @property
+    def local(self) -> bool:
+        return self.config.launcher == "local"
+
     def start(self, progress: Callable[[str], None] = lambda msg: None) -> Session:
         """Start the engines and form the process group; returns self once every rank is ready."""
         global _current
@@ -99,24 +143,31 @@ class Session:
             raise ValueError("this session is already running: stop it first, or use it as it is.")
         t0 = time.perf_counter()
         n = self.config.n or visible_gpu_count() or 2
-        local = self.config.launcher == "local"
-        env = {"GLOO_SOCKET_IFNAME": "lo"} if local else {}
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n)) if local else "1"
         self._pool = EnginePool(n=n, launcher=self.config.launcher, address=self.config.address,
-                                timeout=self.config.timeout, env=env)
+                                timeout=self.config.timeout, env=self._engine_env(n))
         client = self._pool.start(progress)
         try:
             progress("forming the process group")
-            self._form_group(client)
+            self._beacons = BeaconReceiver(self.config.address)
+            self.ranks = build_rank_map(self._describe(client.ids))
+            self._join_all()
+            from workbench.metrics import collector as metrics_collector
+
+            self.metrics = metrics_collector.attach(self)
         except BaseException:
-            self._pool.stop()
-            self._pool = None
+            self.stop()
             raise
         self.start_seconds = time.perf_counter() - t0
-        atexit.register(self.stop)  # kernel shutdown and restart end the pool too
         progress(f"ready: {n} ranks, backend {self.backend}, {self.start_seconds:.1f} s")
+        atexit.register(self.stop)  # kernel shutdown and restart end the pool too
+        self._start_watcher()
         _current = self
         return self
+
+    def _engine_env(self, n: int) -> dict[str, str]:
+        if not self.local:
+            return {"OMP_NUM_THREADS": "1"}
+        return {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))}
 
     @classmethod
     def attach(cls, pool_id: str) -> Session:
@@ -137,20 +188,22 @@ class Session:
             pool.client.close()
             raise PoolStartError(f"pool {pool_id} has not finished starting: try again in a moment.")
         self.backend = state.get("backend")
+        self._group_ok = True
         _current = self
         return self
 
-    @property
-    def pool_id(self) -> str | None:
-        return self._pool.pool_id if self._pool else None
-
-    def _form_group(self, client) -> None:
+    def _describe(self, engine_ids) -> list[EngineInfo]:
         from workbench.dist import engine
 
-        view = client[:]
+        view = self._pool.client[list(engine_ids)]
         infos = view.apply_async(engine.describe).get(timeout=self.config.timeout)
-        engines = [EngineInfo(eid, i["host"], i["pid"], i["gpus"]) for eid, i in zip(view.targets, infos)]
-        self.ranks = build_rank_map(engines)
+        return [EngineInfo(eid, i["host"], i["pid"], i["gpus"]) for eid, i in zip(view.targets, infos)]
+
+    def _join_all(self) -> None:
+        """Form (or re-form) the process group on every rank at once."""
+        from workbench.dist import engine
+
+        client = self._pool.client
         per_host = max(sum(r.host == h for r in self.ranks) for h in {r.host for r in self.ranks})
         threads = max(1, (os.cpu_count() or 1) // per_host)
         root = self.ranks[0]
@@ -159,8 +212,8 @@ class Session:
             client[r.engine_id].apply_async(
                 engine.join, rank=r.rank, local_rank=r.local_rank, world_size=len(self.ranks),
                 address=self.config.address, port=port, backend=self.config.backend, device=r.device,
-                timeout_s=self.config.timeout, threads=threads,
-                ifname="lo" if self.config.launcher == "local" else None)
+                timeout_s=self.config.timeout, threads=threads, ifname="lo" if self.local else None,
+                beacon=self._beacons.url if self._beacons else None)
             for r in self.ranks
         ]
         try:
@@ -168,15 +221,34 @@ class Session:
         except Exception as exc:
             raise PoolStartError(f"the process group did not form: {exc}") from exc
         self.backend = joined[0]["backend"]
+        self._gloo_ports = sorted({p for j in joined for p in j.get("gloo_ports", [])})
+        self._procs = {r.rank: psutil.Process(r.pid) for r in self.ranks} if self.local else {}
+        self._group_ok = True
         self._pool.update_state(ranks=[r.__dict__ for r in self.ranks], backend=self.backend,
                                 backend_requested=self.config.backend)
+        if self.metrics is not None:  # re-formed or restarted: every rank's publisher (re)connects
+            from workbench.metrics.collector import attach as attach_metrics
+
+            attach_metrics(self, self.metrics)
 
     def stop(self) -> None:
         """Stop every engine and the controller; nothing of the pool is left running."""
         global _current
+        watcher, self._watcher = self._watcher, None
+        if self._pending_fault is not None:
+            faults.append(self._pending_fault)
+            self._pending_fault = None
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         if self._pool is not None:
             self._pool.stop()
         self._pool = None
+        if self._beacons is not None:
+            self._beacons.close()
+            self._beacons = None
+        if watcher is not None:
+            watcher.join(2)
         if _current is self:
             _current = None
 
@@ -195,6 +267,103 @@ class Session:
         if not self.running:
             raise NoPoolError()
         return self._pool.client
+
+    # -- health ----------------------------------------------------------------------
+    def dead_ranks(self) -> dict[int, str]:
+        """Ranks whose engine is gone, with how: a local engine's exit is seen at once."""
+        for r in self.ranks:
+            if r.rank in self._dead:
+                continue
+            proc = self._procs.get(r.rank)
+            if proc is not None:
+                try:
+                    gone = proc.status() == psutil.STATUS_ZOMBIE
+                except psutil.NoSuchProcess:
+                    gone = True
+                if gone:
+                    self._dead[r.rank] = "exited"
+            elif self._beacons is not None and self._beacons.silent_for(r.rank) > REMOTE_SILENCE_S:
+                self._dead[r.rank] = f"sent no heartbeat for {REMOTE_SILENCE_S:g} s"
+        return dict(self._dead)
+
+    def _start_watcher(self) -> None:
+        """Report a rank that dies while the pool is idle, not only at the next cell."""
+        def watch():
+            while self._watcher is me and self.running:
+                if self._busy.acquire(blocking=False):
+                    try:
+                        known = set(self._dead)
+                        for rank, how in self.dead_ranks().items():
+                            if rank not in known:
+                                self._record_fault("died", self.ranks[rank], f"rank {rank} {how} while idle",
+                                                   detect_s=None, abort_s=0.0)
+                                print(f"workbench: rank {rank} ({self.ranks[rank].host}, {self.ranks[rank].device}) "
+                                      f"died while the pool was idle; `%dist restart` brings it back.", flush=True)
+                    finally:
+                        self._busy.release()
+                time.sleep(0.5)
+
+        me = self._watcher = threading.Thread(target=watch, name="workbench-watch", daemon=True)
+        me.start()
+
+    def _record_fault(self, kind, info, text, detect_s, abort_s) -> faults.FaultEvent:
+        if self._pending_fault is not None:
+            faults.append(self._pending_fault)
+        event = faults.FaultEvent(pool=self.pool_id, kind=kind, rank=info.rank if info else None,
+                                  host=info.host if info else None, device=info.device if info else None,
+                                  first_failure=text, time=faults.now(), detect_s=detect_s, abort_s=abort_s)
+        self.faults.append(event)
+        self._pending_fault = event
+        return event
+
+    def _ensure_group(self) -> None:
+        """Before a cell: refuse with dead ranks, re-form a process group that a fault aborted."""
+        dead = self.dead_ranks()
+        if dead:
+            rank = min(dead)
+            raise RankDiedError(f"{self.ranks[rank].label()} is dead ({dead[rank]}): `%dist restart` "
+                                "(Session.restart()) starts a new engine for it and re-forms the process group.")
+        if not self._group_ok:
+            self._reform()
+
+    def _reform(self, since: float | None = None) -> None:
+        """Abort what is left of the old group on every rank (never destroy), then join anew."""
+        from workbench.dist import guard
+
+        t0 = time.perf_counter() if since is None else since
+        alive = [r.engine_id for r in self.ranks if r.rank not in self._dead]
+        self._pool.client[alive].apply_sync(guard.abort, self._gloo_ports)
+        self._join_all()
+        self._close_fault(time.perf_counter() - t0)
+
+    def _close_fault(self, recover_s: float) -> None:
+        if self._pending_fault is not None:
+            self._pending_fault.recover_s = recover_s
+            faults.append(self._pending_fault)
+            self._pending_fault = None
+
+    def restart(self, progress: Callable[[str], None] = lambda msg: None) -> list[int]:
+        """Start a new engine for every dead rank, on the same host and device, and re-form the group.
+
+        The surviving ranks keep their Python state. Returns the ranks that were restarted.
+        """
+        if not self.running:
+            raise NoPoolError("restart")
+        t0 = time.perf_counter()
+        dead = sorted(self.dead_ranks())
+        if dead:
+            if not self.local:
+                raise ValueError("restarting ranks is supported for local pools; stop and start the pool.")
+            old_ids = set(self._pool.client.ids)
+            progress(f"starting {len(dead)} engine(s) for rank {', '.join(map(str, dead))}")
+            new_ids = self._pool.start_more(len(dead), old_ids)
+            replaced = remap_engines([self.ranks[r] for r in dead], self._describe(new_ids))
+            for info in replaced:
+                self.ranks[info.rank] = info
+            self._dead.clear()
+        progress("re-forming the process group")
+        self._reform(since=t0)
+        return dead
 
     # -- rank helpers --------------------------------------------------------------
     def targets(self, ranks=None) -> list[RankInfo]:
@@ -235,76 +404,198 @@ class Session:
             on_output: OutputCallback | None = None) -> CellResult:
         """Run ``code`` on the target ranks at once, streaming output as it comes.
 
-        Raises :class:`RankError` naming the first rank that failed, :class:`CellTimeout`
-        when ``timeout`` passes, and ``KeyboardInterrupt`` after interrupting the ranks.
+        Raises :class:`RankError` naming the rank that failed first (an exception, or a
+        dead engine), :class:`CellTimeout` naming the stalled rank when ``timeout``
+        passes, and ``KeyboardInterrupt`` after interrupting the ranks. In each case the
+        other ranks are stopped within seconds and the next cell re-forms the group.
         """
         targets = self.targets(ranks)
-        t0 = time.perf_counter()
-        ar = self._view(targets).execute(code, silent=False, block=False)
-        by_engine = {r.engine_id: r for r in targets}
-        children = [(by_engine[eid], child) for eid, child in zip(ar._targets, ar._children)]
-        wake = threading.Event()
-        for _, child in children:
-            child.iopub_callbacks.append(lambda msg: wake.set())
-        ar.add_done_callback(lambda f: wake.set())
-        relay = _OutputRelay(on_output)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        failed_at = None
-        try:
-            while True:
-                wake.wait(0.05)
-                wake.clear()
-                relay.forward(children)
-                if ar.done():
-                    break
-                now = time.monotonic()
-                if failed_at is None and any(c.output.metadata["error"] is not None for _, c in children):
-                    failed_at = now
-                if failed_at is not None and now - failed_at > FAILURE_GRACE_S:
-                    self._interrupt([r for r, c in children if not c.done()])
-                    failed_at = float("inf")
-                if deadline is not None and now > deadline:
-                    stuck = [r for r, c in children if not c.done()]
-                    self._interrupt(stuck)
-                    raise CellTimeout(
-                        f"the cell ran past its timeout of {timeout:g} s on "
-                        + ", ".join(r.label() for r in stuck)
-                        + "; those ranks were interrupted."
-                    )
-        except KeyboardInterrupt:
-            self._interrupt([r for r, c in children if not c.done()])
-            ar.wait(2)
-            relay.forward(children)
-            raise
-        ar.wait_for_output(5)
-        relay.forward(children)
-        result = CellResult([_rank_result(r, c) for r, c in children], time.perf_counter() - t0)
-        failures = result.failures()
-        if failures:
-            raise RankError([(f.rank, f.error) for f in failures], result)
-        return result
+        with self._busy:
+            self._ensure_group()
+            return _CellWatch(self, targets, timeout, on_output).run(code)
 
-    def _interrupt(self, targets: list[RankInfo]) -> None:
-        """SIGINT the target engines: stops the Python code they run, not only our wait."""
-        if targets:
-            self.client.send_signal(signal.SIGINT, targets=[r.engine_id for r in targets], block=True)
+    def submit(self, code: str, *, ranks=None, timeout: float | None = None,
+               on_output: OutputCallback | None = None) -> RunHandle:
+        """Start ``code`` on the target ranks like :meth:`run`, but return at once.
+
+        >>> h = s.submit("trainer.run(steps=5000)")     # doctest: +SKIP
+        >>> h.done(), h.stop()                           # doctest: +SKIP
+        """
+        return RunHandle(self, code, ranks=ranks, timeout=timeout, on_output=on_output)
+
+    def _abort_on(self, infos: list[RankInfo]) -> None:
+        from workbench.dist import guard
+
+        alive = [r for r in infos if r.rank not in self._dead]
+        if alive:
+            self._group_ok = False
+            self._view(alive).apply_async(guard.abort, self._gloo_ports).wait(1.0)
+
+    def _signal(self, infos: list[RankInfo], sig: int) -> None:
+        """Signal the engines of ``infos``: directly where local, through ipyparallel otherwise."""
+        infos = [r for r in infos if r.rank not in self._dead]
+        if not infos:
+            return
+        if sig != signal.SIGINT:
+            self._group_ok = False
+        if self.local:
+            for r in infos:
+                try:
+                    os.kill(r.pid, sig)
+                except ProcessLookupError:
+                    pass
+        else:
+            self.client.send_signal(sig, targets=[r.engine_id for r in infos], block=False)
 
     # -- status ----------------------------------------------------------------------
     def status(self) -> list[dict]:
         """One row per rank: rank, host, pid, device, state (idle, busy or dead)."""
         if not self.running:
             return []
+        dead = self.dead_ranks()
         alive = set(self.client.ids)
         queues = self.client.queue_status(targets=[r.engine_id for r in self.ranks if r.engine_id in alive])
         rows = []
         for r in self.ranks:
-            if r.engine_id not in alive:
+            if r.rank in dead or r.engine_id not in alive:
                 state = "dead"
             else:
                 q = queues.get(r.engine_id, {})
                 state = "busy" if q.get("queue", 0) or q.get("tasks", 0) else "idle"
             rows.append({"rank": r.rank, "host": r.host, "pid": r.pid, "device": r.device, "state": state})
         return rows
+
+
+class _CellWatch:
+    """One cell on its ranks: streams output, watches for failures, stops the rest when one fails."""
+
+    def __init__(self, session: Session, targets: list[RankInfo], timeout, on_output):
+        self.s, self.targets, self.timeout = session, targets, timeout
+        self.relay = _OutputRelay(on_output)
+        self.ladder: tuple = ()
+        self.fault_at: float | None = None
+        self.steps_done: set[str] = set()
+        self.fault: faults.FaultEvent | None = None
+        self.interrupted = False
+        self.timed_out: str | None = None
+
+    def run(self, code: str) -> CellResult:
+        t0 = time.perf_counter()
+        ar = self.s._view(self.targets).execute(code, silent=False, block=False)
+        by_engine = {r.engine_id: r for r in self.targets}
+        self.children = [(by_engine[eid], child) for eid, child in zip(ar._targets, ar._children)]
+        wake = threading.Event()
+        for _, child in self.children:
+            child.iopub_callbacks.append(lambda msg: wake.set())
+        ar.add_done_callback(lambda f: wake.set())
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while True:
+            try:
+                wake.wait(0.05)
+                wake.clear()
+                self.relay.forward(self.children)
+                if self._finished():
+                    break
+                now = time.monotonic()
+                if self.fault_at is None:
+                    self._detect(now)
+                    if deadline is not None and now > deadline and self.fault_at is None:
+                        self._hang(now)
+                else:
+                    self._escalate(now)
+            except KeyboardInterrupt:
+                if self.interrupted:
+                    raise
+                self.interrupted = True
+                self._start_fault(time.monotonic(), "interrupt", None, "Ctrl-C in the notebook", AFTER_INTERRUPT)
+        ar.wait_for_output(0 if self.fault_at else 5) if all(c.done() for _, c in self.children) else None
+        self.relay.forward(self.children)
+        result = CellResult([self._rank_result(r, c) for r, c in self.children], time.perf_counter() - t0)
+        if self.fault is not None:
+            self.fault.abort_s = round(time.monotonic() - self.fault_at, 3)
+            result.fault = self.fault
+        if self.interrupted:
+            raise KeyboardInterrupt
+        if self.timed_out is not None:
+            raise CellTimeout(self.timed_out)
+        failures = result.failures()
+        if failures:
+            if self.fault is None:  # failed without anyone waiting: nothing to stop
+                first = failures[0]
+                self.fault = result.fault = self.s._record_fault(
+                    "exception", first.rank, f"{first.error.ename}: {first.error.evalue}", None, 0.0)
+            raise RankError([(f.rank, f.error) for f in failures], result)
+        return result
+
+    def _finished(self) -> bool:
+        dead = self.s.dead_ranks()
+        return all(c.done() or r.rank in dead for r, c in self.children)
+
+    def _detect(self, now: float) -> None:
+        dead = self.s.dead_ranks()
+        for r, c in self.children:
+            if r.rank in dead:
+                self._start_fault(now, "died", r, f"rank {r.rank} {dead[r.rank]}", AFTER_FAILURE)
+                return
+        for r, c in self.children:
+            err = c.output.metadata["error"]
+            if err is not None and not faults.is_secondary(err.ename, str(err.evalue)):
+                done = c.output.metadata["completed"]
+                detect = time.time() - done.timestamp() if hasattr(done, "timestamp") else None
+                self._start_fault(now, "exception", r, f"{err.ename}: {err.evalue}", AFTER_FAILURE, detect)
+                return
+
+    def _hang(self, now: float) -> None:
+        """The timeout passed: name the stalled ranks and the last collective all ranks completed."""
+        running = [r for r, c in self.children if not c.done()]
+        beats = self.s._beacons.latest if self.s._beacons else {}
+        stalled = [r for r in running if not (beats.get(r.rank) or {}).get("inflight")] or running
+        done = [beats[r.rank]["done"] for r in self.targets if r.rank in beats]
+        last = min(done) if done else None
+        last_name = next((beats[r.rank]["done_name"] for r in self.targets
+                          if r.rank in beats and beats[r.rank]["done"] == last), None)
+        where = {r.rank: (beats.get(r.rank) or {}).get("where") for r in stalled}
+        self.timed_out = (
+            f"the cell ran past its timeout of {self.timeout:g} s. Stalled: "
+            + "; ".join(f"{r.label()} at {where[r.rank] or 'an unknown line'}" for r in stalled)
+            + (f". Last collective every rank completed: #{last} ({last_name})." if last else
+               ". No collective had completed on every rank.")
+            + " The ranks were interrupted; the next cell re-forms the process group."
+        )
+        self._start_fault(now, "hang", stalled[0], self.timed_out, AFTER_INTERRUPT)
+
+    def _start_fault(self, now, kind, info, text, ladder, detect_s=None) -> None:
+        self.fault_at, self.ladder = now, ladder
+        self.fault = self.s._record_fault(kind, info, text, detect_s, None)
+        self._escalate(now)
+
+    def _escalate(self, now: float) -> None:
+        for after, step in self.ladder:
+            if step in self.steps_done or now - self.fault_at < after:
+                continue
+            self.steps_done.add(step)
+            running = [r for r, c in self.children if not c.done() and r.rank not in self.s._dead]
+            if not running:
+                return
+            if step == "abort":
+                self.s._abort_on([r for r, c in self.children if c.done() or r.rank in self.s._dead]
+                                 or running)
+            else:
+                self.s._signal(running, {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM,
+                                         "sigkill": signal.SIGKILL}[step])
+
+    def _rank_result(self, info: RankInfo, child) -> RankResult:
+        md = child.output.metadata
+        error = md["error"]
+        if error is None and child.done() and child.exception() is not None:
+            error = child.exception()
+        if info.rank in self.s._dead and (error is None or error.ename == "EngineError"):
+            error = RankDied(info, self.s._dead[info.rank])
+        return RankResult(
+            rank=info, stdout=md["stdout"] or "", stderr=md["stderr"] or "",
+            result=(md["execute_result"] or {}).get("data"), outputs=list(md["outputs"]),
+            error=error, completed=md["completed"],
+        )
 
 
 class _OutputRelay:
@@ -332,13 +623,42 @@ class _OutputRelay:
             self.sent[(info.rank, "display")] = len(outputs)
 
 
-def _rank_result(info: RankInfo, child) -> RankResult:
-    md = child.output.metadata
-    error = md["error"]
-    if error is None and child.done() and child.exception() is not None:
-        error = child.exception()
-    return RankResult(
-        rank=info, stdout=md["stdout"] or "", stderr=md["stderr"] or "",
-        result=(md["execute_result"] or {}).get("data"), outputs=list(md["outputs"]),
-        error=error, completed=md["completed"],
-    )
+class RunHandle:
+    """A cell running in the background (:meth:`Session.submit`): :meth:`Session.run` on a thread."""
+
+    def __init__(self, session: Session, code: str, **run_kwargs):
+        from concurrent.futures import Future
+
+        self.session = session
+        self.targets = session.targets(run_kwargs.get("ranks"))
+        self._future: Future = Future()
+        threading.Thread(target=self._run, args=(code, run_kwargs), name="workbench-submit", daemon=True).start()
+
+    def _run(self, code: str, run_kwargs: dict) -> None:
+        try:
+            self._future.set_result(self.session.run(code, **run_kwargs))
+        except BaseException as exc:
+            self._future.set_exception(exc)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None) -> CellResult:
+        """The cell's result once it ends; raises what :meth:`Session.run` raises (e.g. RankError)."""
+        return self._future.result(timeout)
+
+    def stop(self, timeout: float = 10.0) -> CellResult | None:
+        """Interrupt the ranks still running the cell and wait for them; returns what they produced."""
+        if not self.done():
+            self.session._signal(self.targets, signal.SIGINT)
+        try:
+            return self.wait(timeout)
+        except RankError as exc:
+            return exc.result
+
+    def add_done_callback(self, fn: Callable[[RunHandle], None]) -> None:
+        self._future.add_done_callback(lambda _: fn(self))
+
+    def __repr__(self) -> str:
+        state = "running" if not self.done() else ("failed" if self._future.exception() else "done")
+        return f"<RunHandle ranks {[r.rank for r in self.targets]} {state}>"

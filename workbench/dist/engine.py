@@ -13,6 +13,8 @@ import socket
 import torch
 import torch.distributed as dist
 
+from workbench.dist import guard
+
 # Objects that must outlive one call: rank 0's store (its listening socket) and the rank's facts.
 _state: dict = {}
 
@@ -43,7 +45,8 @@ def open_store(address: str, timeout_s: float) -> int:
 
 
 def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int,
-         backend: str, device: str, timeout_s: float, threads: int, ifname: str | None) -> dict:
+         backend: str, device: str, timeout_s: float, threads: int, ifname: str | None,
+         beacon: str | None = None) -> dict:
     """Join the process group and put ``rank``, ``world_size``, ``device``... into the user namespace."""
     env = {"RANK": rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": world_size,
            "MASTER_ADDR": address, "MASTER_PORT": port}
@@ -58,8 +61,7 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
     if backend == "auto":
         backend = "cpu:gloo,cuda:nccl" if dev.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    guard.abort()  # what is left of an earlier group: abort, never destroy (that can block)
     store = _state.get("store") if rank == 0 else None
     if store is None:
         store = dist.TCPStore(address, port, is_master=False, timeout=timeout)
@@ -67,12 +69,18 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
                             device_id=dev if dev.type == "cuda" else None)
     _state.update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev)
+    guard.track_collectives()
+    if beacon:
+        guard.start_beacon(beacon, rank)
     _user_namespace().update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, dist=dist)
-    return {"rank": rank, "backend": dist.get_backend()}
+    store_port = port if rank == 0 else None
+    return {"rank": rank, "backend": dist.get_backend(),
+            "gloo_ports": guard.listening_ports(exclude={store_port} if store_port else set())}
 
 
 def close() -> None:
     """Leave the process group and close the store (normal path only)."""
+    guard.stop_beacon()
     if dist.is_initialized():
         dist.destroy_process_group()
     _state.pop("store", None)

@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 
 from workbench.config import BACKENDS, LAUNCHERS
 
-SUBCOMMANDS = ("start", "status", "stop", "push", "pull", "auto", "attach")
+SUBCOMMANDS = ("start", "status", "stop", "restart", "push", "pull", "auto", "attach")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,6 +53,7 @@ def _dist_parser() -> _Parser:
     start.add_argument("--timeout", type=_seconds, default=60.0)
     sub.add_parser("status", prog="%dist status", add_help=False, allow_abbrev=False)
     sub.add_parser("stop", prog="%dist stop", add_help=False, allow_abbrev=False)
+    sub.add_parser("restart", prog="%dist restart", add_help=False, allow_abbrev=False)
     push = sub.add_parser("push", prog="%dist push", add_help=False, allow_abbrev=False)
     push.add_argument("names", nargs="+")
     push.add_argument("--ranks", default=None)

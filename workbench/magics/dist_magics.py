@@ -35,7 +35,7 @@ class DistributedMagics(Magics):
     @line_magic
     def dist(self, line: str):
         """Control the pool: ``%dist start [-n N] [--launcher local] [--backend auto|gloo|nccl] [--timeout S]``,
-        ``%dist status``, ``%dist stop``, ``%dist push NAME...``, ``%dist pull NAME [--rank R]``,
+        ``%dist status``, ``%dist stop``, ``%dist restart``, ``%dist push NAME...``, ``%dist pull NAME [--rank R]``,
         ``%dist auto on|off``, ``%dist attach [POOL_ID]``."""
         args = parse_dist(line)
         return getattr(self, f"_dist_{args.command}")(args)
@@ -99,6 +99,13 @@ class DistributedMagics(Magics):
         s.stop()
         print(f"stopped {n} ranks; no process of the pool is left.")
 
+    def _dist_restart(self, args):
+        s = self._session("%dist restart")
+        restarted = s.restart(progress=print)
+        what = f"restarted rank {', '.join(map(str, restarted))}" if restarted else "no rank was dead"
+        print(f"{what}; the process group is re-formed.")
+        print(format_table(s.status(), STATUS_COLUMNS))
+
     def _dist_push(self, args):
         s = self._session("%dist push")
         missing = [n for n in args.names if n not in self.shell.user_ns]
@@ -146,7 +153,8 @@ class DistributedMagics(Magics):
     # -- %%distributed -------------------------------------------------------------------
     @cell_magic
     def distributed(self, line: str, cell: str):
-        """Run the cell on every rank at once: ``%%distributed [--ranks 0,2-3] [--timeout S] [--quiet]``.
+        """Run the cell on every rank at once:
+        ``%%distributed [--ranks 0,2-3] [--timeout S] [--quiet] [--monitor] [--async]``.
 
         Names ready on every rank: ``rank``, ``local_rank``, ``world_size``, ``device``, ``dist``.
         """
@@ -162,14 +170,21 @@ class DistributedMagics(Magics):
             elif merger is not None:
                 merger.feed(rank, kind, payload)
 
+        from workbench.widgets.cell import monitor_cell, submit_cell  # live dashboard (issue 4)
+
+        monitor = monitor_cell(s, always=args.monitor or args.async_)  # hidden until a Trainer runs
+        if args.async_:
+            return submit_cell(s, cell, ranks=ranks, timeout=args.timeout, monitor=monitor)
         try:
             result = s.run(cell, ranks=ranks, timeout=args.timeout, on_output=on_output)
         except RankError as exc:
+            monitor.finish(exc)
             if merger:
                 merger.close()
             _show_results(exc.result)
             raise
         finally:
+            monitor.finish()
             if merger:
                 merger.close()
         _show_results(result)

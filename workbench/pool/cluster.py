@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import ipyparallel as ipp
 
@@ -100,6 +100,20 @@ class EnginePool:
                     f"only {up} of {self.n} engines registered within {self.timeout:.0f} s. "
                     "Try a longer --timeout, or fewer engines; every process started has been stopped."
                 )
+            time.sleep(0.02)
+
+    def start_more(self, n: int, known_ids: set[int]) -> list[int]:
+        """Start ``n`` more engines (to replace dead ones); return their engine ids once registered."""
+        self.cluster.start_engines_sync(n=n, environment=self.env,
+                                        engine_args=[f"--IPEngine.startup_command={PRELOAD}"])
+        self._record()
+        deadline = time.monotonic() + self.timeout
+        while True:
+            new = sorted(set(self.client.ids) - known_ids)
+            if len(new) >= n:
+                return new[:n]
+            if time.monotonic() > deadline:
+                raise PoolStartError(f"only {len(new)} of {n} new engines registered within {self.timeout:.0f} s.")
             time.sleep(0.02)
 
     def _launchers(self):

@@ -1,0 +1,95 @@
+"""Faults injected for real on a 2-engine gloo pool: each is named, stopped and recovered from."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from tests.conftest import alive
+from workbench import CellTimeout, RankError, Session
+from workbench.errors import RankDiedError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    s = Session(n=2, timeout=30).start()
+    pids = s.pids()
+    yield s
+    s.stop()
+    assert alive(pids) == []
+
+
+def engine_pids(s):
+    return [r.pid for r in s.ranks]
+
+
+def test_exception_on_rank_1_during_all_reduce(pool):
+    pool.run("kept = rank * 7")
+    before = engine_pids(pool)
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        pool.run("import torch\nif rank == 1:\n    raise ValueError('bad batch on rank 1')\n"
+                 "dist.all_reduce(torch.ones(2))")
+    elapsed = time.monotonic() - t0
+    err = info.value
+    assert err.rank == 1 and "ValueError: bad batch on rank 1" in str(err)  # the raiser, not the waiter
+    assert elapsed < 10, f"took {elapsed:.1f} s: the waiting rank was not released"  # hang guard, not a figure
+    assert engine_pids(pool) == before and alive(before) == before
+    assert pool.pull("kept") == [0, 7]  # Python state survived
+    pool.run("t = torch.ones(2) * (rank + 1)\ndist.all_reduce(t)")  # re-formed on its own
+    assert [t.tolist() for t in pool.pull("t")] == [[3.0, 3.0], [3.0, 3.0]]
+    assert err.result.fault is not None and err.result.fault.kind == "exception"
+
+
+def test_sleeping_rank_is_named_at_the_timeout(pool):
+    pool.run("import torch, time\ndist.all_reduce(torch.ones(1))")  # a collective every rank completed
+    with pytest.raises(CellTimeout) as info:
+        pool.run("if rank == 1:\n    time.sleep(60)\ndist.all_reduce(torch.ones(1))", timeout=2)
+    text = str(info.value)
+    assert "Stalled: rank 1" in text and "at cell line 2" in text and "rank 0 (" not in text.split("Stalled:")[1]
+    assert "Last collective every rank completed: #" in text and "(all_reduce)" in text
+    pool.run("t = torch.ones(1)\ndist.all_reduce(t)")
+    assert [t.item() for t in pool.pull("t")] == [2.0, 2.0]
+
+
+def test_ctrl_c_stops_every_rank_and_the_pool_stays_usable(pool):
+    main = threading.get_ident()
+    timer = threading.Timer(1.0, lambda: signal.pthread_kill(main, signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        pool.run("import time\nfor i in range(600):\n    time.sleep(0.05)")
+    assert time.monotonic() - t0 < 6
+    assert {r["state"] for r in pool.status()} == {"idle"}
+    assert pool.run("x = 1").ranks[0].error is None
+
+
+def test_rank_killed_mid_cell_is_named_then_restarted_on_same_host_and_device(pool):
+    before = list(pool.ranks)
+    pool.run("import torch, time")
+    killer = threading.Timer(1.0, lambda: os.kill(pool.ranks[1].pid, signal.SIGKILL))
+    killer.start()
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        pool.run("for i in range(200):\n    dist.all_reduce(torch.ones(1))\n    time.sleep(0.05)")
+    assert time.monotonic() - t0 < 10
+    err = info.value
+    assert err.rank == 1 and "RankDied" in str(err)
+    fault = err.result.fault
+    assert fault.kind == "died" and fault.rank == 1 and fault.abort_s is not None
+    with pytest.raises(RankDiedError, match="rank 1 .* is dead"):
+        pool.run("x = 1")
+    assert [r["state"] for r in pool.status()] == ["idle", "dead"]
+    assert pool.restart() == [1]
+    after = pool.ranks
+    assert [(r.rank, r.host, r.device) for r in after] == [(r.rank, r.host, r.device) for r in before]
+    assert after[1].pid != before[1].pid and after[0].pid == before[0].pid
+    pool.run("import torch\nt = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)")
+    assert [t.item() for t in pool.pull("t")] == [3.0, 3.0]
+    assert fault.recover_s is not None

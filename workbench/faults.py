@@ -1,0 +1,63 @@
+"""Fault events: one structured record per fault, shown in the notebook and appended to a JSONL log."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+
+from workbench.pool import state as pool_state
+
+# Errors a rank raises *because another rank failed*: never the root cause.
+SECONDARY_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "aborted",
+                     "Timed out", "timed out", "Socket Timeout", "ProcessGroup", "has been destroyed")
+
+
+@dataclass
+class FaultEvent:
+    """What failed, where, and how long detecting, stopping and recovering took (seconds)."""
+
+    pool: str | None
+    kind: str  # "exception", "died", "hang" or "interrupt"
+    rank: int | None
+    host: str | None
+    device: str | None
+    first_failure: str
+    time: float
+    detect_s: float | None = None
+    abort_s: float | None = None
+    recover_s: float | None = None
+
+    def summary(self) -> str:
+        parts = [f"fault: {self.kind} on rank {self.rank} ({self.host}, {self.device})"]
+        if self.detect_s is not None:
+            parts.append(f"detected in {self.detect_s:.2f} s")
+        if self.abort_s is not None:
+            parts.append(f"other ranks stopped in {self.abort_s:.2f} s")
+        if self.recover_s is not None:
+            parts.append(f"recovered in {self.recover_s:.2f} s")
+        return ", ".join(parts)
+
+
+def is_secondary(ename: str, evalue: str) -> bool:
+    """Whether an error is the echo of another rank's failure (a closed connection, an abort).
+
+    >>> is_secondary("RuntimeError", "[pair.cc:553] Connection closed by peer [127.0.0.1]:1234")
+    True
+    >>> is_secondary("ValueError", "bad shape")
+    False
+    """
+    return ename in ("DistBackendError", "DistNetworkError") or any(m in evalue for m in SECONDARY_MARKERS)
+
+
+def log_path():
+    return pool_state.state_dir() / "faults.jsonl"
+
+
+def append(event: FaultEvent) -> None:
+    with open(log_path(), "a") as f:
+        f.write(json.dumps(asdict(event)) + "\n")
+
+
+def now() -> float:
+    return time.time()
