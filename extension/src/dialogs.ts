@@ -22,7 +22,7 @@ class StartForm extends Widget implements Dialog.IBodyWidget<IStartOptions> {
         <select name="backend" class="jp-mod-styled">${options(backends)}</select>
       </label>
       <label>Start timeout (s)
-        <input name="timeout" type="number" min="1" step="1" value="60" class="jp-mod-styled">
+        <input name="timeout" type="number" min="0.1" step="any" value="60" class="jp-mod-styled">
       </label>
       <p class="wb-StartForm-hint">${
         info && info.gpus > 0
@@ -73,9 +73,8 @@ export async function confirmPoolAction(
     title: `${action} pool ${pool.id}?`,
     body:
       what +
-      'Notebooks using it (' +
-      pool.owner.label +
-      ') lose the variables on its ranks.',
+      'Notebooks attached to it lose the variables on its ranks' +
+      (pool.owner.kind === 'kernel' ? ` (it was started by ${pool.owner.label}).` : '.'),
     buttons: [
       Dialog.cancelButton(),
       Dialog.warnButton({ label: `${action} pool` })

@@ -9,6 +9,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 // The sidebar is added at activation, so its model and view load at once.
 // eslint-disable-next-line jupyter/prefer-lazy-imports
 import { WorkbenchAPI } from './api';
+// eslint-disable-next-line jupyter/prefer-lazy-imports
 import { IPool, PoolsModel } from './model';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
 import { PoolsPanel } from './panel';
@@ -30,10 +31,18 @@ function insertAttachCell(tracker: INotebookTracker, pool: IPool): void {
   if (!panel || !pool.attach) {
     return;
   }
+  // a workbench kernel has the magics loaded already: only the attach line then
+  const kernel = panel.sessionContext.session?.kernel?.name ?? '';
+  const source = kernel.startsWith('workbench')
+    ? pool.attach
+        .split('\n')
+        .filter(line => !line.startsWith('%load_ext'))
+        .join('\n')
+    : pool.attach;
   NotebookActions.insertBelow(panel.content);
   const cell = panel.content.activeCell;
   if (cell) {
-    cell.model.sharedModel.setSource(pool.attach);
+    cell.model.sharedModel.setSource(source);
   }
 }
 
@@ -65,7 +74,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
         }
       },
       stop: async pool => {
-        if (await guard(pool, 'Stop')) {
+        // a pool still starting holds nothing of the person's yet: cancel at once
+        if (pool.state === 'starting' || (await guard(pool, 'Stop'))) {
           await model.stop(pool.id);
         }
       },

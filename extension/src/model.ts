@@ -76,6 +76,13 @@ export function poolStatusText(pool: IPool): string {
   }
 }
 
+/** `starting · 2/2 engines · forming the process group`: the counts, and the step when it says more. */
+export function progressText(pool: IPool): string {
+  const step = pool.message;
+  const says = step && !/^(starting|engines up\b)/.test(step);
+  return poolStatusText(pool) + (says ? ` · ${step}` : '');
+}
+
 /** `2 ranks · 1 busy · 1 idle`, counting the ranks in each state (in a fixed order). */
 export function rankSummary(ranks: IRank[]): string {
   const order: IRank['state'][] = [

@@ -9,6 +9,7 @@ import {
   IRank,
   PoolsModel,
   poolStatusText,
+  progressText,
   rankSummary
 } from './model';
 
@@ -144,6 +145,7 @@ function PoolCard(props: {
   const { pool, busy, actions } = props;
   const [showLog, setShowLog] = React.useState(false);
   const status = poolStatusText(pool);
+  const hosts = [...new Set(pool.ranks.map(r => r.host))];
   return (
     <section
       className={`wb-Card wb-mod-${pool.state}`}
@@ -153,11 +155,14 @@ function PoolCard(props: {
       <div className="wb-Card-head">
         <span className={`wb-Dot wb-mod-${pool.state}`} aria-hidden="true" />
         <span className="wb-Card-title">pool {pool.id}</span>
-        <span className="wb-Card-status">{status}</span>
+        <span className="wb-Card-status">
+          {pool.state === 'running' ? status : pool.state}
+        </span>
       </div>
       <div className="wb-Card-meta">
         {pool.state === 'running' && rankSummary(pool.ranks) + ' · '}
         {pool.launcher}
+        {hosts.length === 1 ? ` on ${hosts[0]}` : ''}
         {pool.backend ? ` · ${pool.backend}` : ''} · {pool.owner.label}
       </div>
 
@@ -178,7 +183,7 @@ function PoolCard(props: {
             />
           </div>
           <div className="wb-Progress-text">
-            {pool.message} · {elapsedSeconds(pool.created)} s
+            {progressText(pool)} · {elapsedSeconds(pool.created)} s
           </div>
         </div>
       )}
@@ -221,7 +226,21 @@ function PoolCard(props: {
         </div>
       )}
 
-      {pool.state !== 'failed' && (
+      {(pool.state === 'starting' ||
+        (pool.state === 'stopping' && pool.ranks.length === 0)) && (
+        <div className="wb-Card-actions">
+          <button
+            className="jp-mod-styled"
+            disabled={busy || pool.state === 'stopping'}
+            onClick={() => actions.stop(pool)}
+          >
+            {pool.state === 'stopping' ? 'Cancelling…' : 'Cancel'}
+          </button>
+        </div>
+      )}
+
+      {(pool.state === 'running' ||
+        (pool.state === 'stopping' && pool.ranks.length > 0)) && (
         <div className="wb-Card-actions">
           <button
             className="jp-mod-styled jp-mod-accept"
@@ -260,12 +279,14 @@ function PoolCard(props: {
 function RankTable(props: { pool: IPool }): JSX.Element {
   const { pool } = props;
   const gpu = pool.gpu_detected;
+  // one host: it is named above the table, and the columns keep their room
+  const manyHosts = new Set(pool.ranks.map(r => r.host)).size > 1;
   return (
     <table className="wb-Ranks">
       <thead>
         <tr>
           <th>rank</th>
-          <th>host</th>
+          {manyHosts && <th>host</th>}
           <th>device</th>
           <th>state</th>
           <th title="CPU use of the engine process">CPU</th>
@@ -276,11 +297,17 @@ function RankTable(props: { pool: IPool }): JSX.Element {
       </thead>
       <tbody>
         {pool.ranks.map((r: IRank) => (
-          <tr key={r.rank} className={`wb-Rank wb-mod-${r.state}`}>
+          <tr
+            key={r.rank}
+            className={`wb-Rank wb-mod-${r.state}`}
+            title={`rank ${r.rank}: pid ${r.pid} on ${r.host}`}
+          >
             <td>{r.rank}</td>
-            <td className="wb-Rank-host" title={`pid ${r.pid}`}>
-              {r.host}
-            </td>
+            {manyHosts && (
+              <td className="wb-Rank-host" title={`pid ${r.pid}`}>
+                {r.host}
+              </td>
+            )}
             <td>{r.device}</td>
             <td>
               <span className={`wb-State wb-mod-${r.state}`}>{r.state}</span>

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from workbench.config import BACKENDS, LAUNCHERS, PoolConfig
@@ -302,6 +302,8 @@ class PoolManager:
     # -- start -------------------------------------------------------------------------
     async def start_pool(self, config: PoolConfig) -> dict:
         """Begin starting a pool owned by this server; returns its pending description at once."""
+        if config.n is None:  # what Session.start will take: one per GPU, else 2
+            config = replace(config, n=self._usage.gpu_count() or 2)
         rec = _Started(key="new-" + uuid.uuid4().hex[:8], config=config)
         rec.progress("starting")
         self._started[rec.key] = rec
@@ -317,6 +319,9 @@ class PoolManager:
         try:
             await self._run(lambda: rec.session.start(progress=rec.progress))
         except Exception as exc:  # the real error goes on the card
+            if rec.phase == "stopping":  # cancelled while starting: nothing to show
+                self._started.pop(rec.key, None)
+                return
             rec.phase = "failed"
             rec.error = f"{type(exc).__name__}: {exc}"
             rec.message = "failed to start"

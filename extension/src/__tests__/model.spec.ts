@@ -10,6 +10,7 @@ import {
   MAX_BACKOFF_MS,
   PoolsModel,
   poolStatusText,
+  progressText,
   rankSummary
 } from '../model';
 
@@ -108,6 +109,19 @@ describe('text for people', () => {
     expect(
       poolStatusText(pool({ ranks: [rank(0), rank(1, 'failed')] }))
     ).toBe('running · 1 of 2 ranks failed');
+  });
+
+  it('adds the step of a start when it says more than the counts', () => {
+    const starting = pool({ state: 'starting', engines_up: 2 });
+    expect(
+      progressText({ ...starting, message: 'forming the process group' })
+    ).toBe('starting · 2/2 engines · forming the process group');
+    expect(progressText({ ...starting, message: 'engines up: 2/2' })).toBe(
+      'starting · 2/2 engines'
+    );
+    expect(progressText({ ...starting, message: 'starting controller' })).toBe(
+      'starting · 2/2 engines'
+    );
   });
 
   it('summarises ranks by state, failures first', () => {

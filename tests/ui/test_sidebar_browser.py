@@ -1,0 +1,231 @@
+"""The "Distributed pools" sidebar in a real JupyterLab, in Debian's Chromium, through Playwright.
+
+Start a pool of 2 from the sidebar, see its 2 ranks; open a notebook on the workbench kernel,
+attach it with "Use in notebook", run a ``%%distributed`` cell and see both ranks' output; stop
+the pool from the sidebar and see it (and its processes) gone. Screenshots go to build/ui/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "build" / "ui"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+    "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian chromium: apt-get install chromium"),
+]
+
+NOTEBOOK = {
+    "cells": [
+        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+         "source": "# the sidebar's \"Use in notebook\" inserts the attach cell below this one"},
+        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+         "source": "%%distributed\nprint(f\"hello from rank {rank} of {world_size}\")"},
+    ],
+    "metadata": {"kernelspec": {"name": "workbench-cpu", "display_name": "Python 3 (workbench, CPU)",
+                                "language": "python"}},
+    "nbformat": 4, "nbformat_minor": 5,
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pids) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A JupyterLab server (its own config, data, runtime, settings dirs), the workbench kernel installed."""
+    home = tmp_path / "home"
+    work = tmp_path / "work"
+    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    for d in (home, work, settings):
+        d.mkdir(parents=True)
+    # the news toast covers screenshots: turn it off through its setting
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    (work / "distributed.ipynb").write_text(json.dumps(NOTEBOOK))
+    env = dict(os.environ, HOME=str(home), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+               JUPYTER_DATA_DIR=str(tmp_path / "data"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               WORKBENCH_STATE_DIR=str(tmp_path / "pool-state"))
+    subprocess.run([sys.executable, "-m", "workbench.cli", "kernels", "install", "--user", "workbench-cpu"],
+                   env=env, check=True, capture_output=True, timeout=60)
+    port, token = _free_port(), secrets.token_hex(16)
+    log = open(tmp_path / "lab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
+         "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
+         "--LabApp.news_url=None", "--LabApp.expose_app_in_browser=True",
+         f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
+         f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("JupyterLab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
+                time.sleep(0.3)
+        yield {"base": base, "token": token, "state_dir": tmp_path / "pool-state", "work": work,
+               "log": tmp_path / "lab.log"}
+    finally:
+        proc.terminate()  # the server stops the pools it started and its kernels
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        from workbench.pool import state as pool_state
+
+        for path in (tmp_path / "pool-state").glob("pool-*.json"):  # anything left: end it
+            state = pool_state.read_state(path) or {}
+            pool_state.terminate(state.get("processes", []))
+
+
+def _api(lab, path: str) -> dict:
+    req = urllib.request.Request(f"{lab['base']}/workbench/{path}",
+                                 headers={"Authorization": f"token {lab['token']}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.timeout(240)
+def test_start_use_and_stop_a_pool_from_the_sidebar(lab, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+            headless=True, viewport={"width": 1400, "height": 850},
+        )
+        try:
+            page = browser.new_page()
+            console = []
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            page.goto(f"{lab['base']}/lab/tree/distributed.ipynb?token={lab['token']}")
+            page.wait_for_selector("#jp-main-dock-panel", timeout=60_000)
+
+            # the sidebar: empty, one sentence and a primary Start button
+            page.locator('li.lm-TabBar-tab[data-id="workbench-pools"]').click()
+            panel = page.locator("#workbench-pools")
+            expect(panel.locator(".wb-Empty")).to_contain_text("A pool is a set of engines", timeout=30_000)
+            start = panel.get_by_role("button", name="Start pool")
+            expect(start).to_be_visible()
+            page.screenshot(path=str(SHOTS / "1-sidebar-empty.png"))
+
+            # start: the pending pool shows at once and counts up, then 2 ranks
+            start.click()
+            card = panel.locator(".wb-Card").first
+            expect(card).to_be_visible(timeout=10_000)
+            expect(card.locator(".wb-Card-status")).to_contain_text("starting", timeout=10_000)
+            page.screenshot(path=str(SHOTS / "2-sidebar-starting.png"))
+            expect(card).to_have_attribute("data-state", "running", timeout=150_000)
+            expect(card.locator(".wb-Ranks tbody tr")).to_have_count(2)
+            expect(card.locator(".wb-Note")).to_contain_text("No GPU detected")
+            pool_id = card.get_attribute("data-pool-id")
+            page.screenshot(path=str(SHOTS / "3-sidebar-running.png"))
+
+            # everything the pool runs, to check it is gone after the stop
+            from workbench.pool import state as pool_state
+
+            state = pool_state.read_state(lab["state_dir"] / f"pool-{pool_id}.json")
+            pids = [rec["pid"] for rec in state["processes"]] + [r["pid"] for r in state["ranks"]]
+            assert len(_alive(pids)) >= 4, state  # controller, 2 engines, lease
+
+            # the notebook on the workbench kernel: attach via "Use in notebook", run the cell
+            expect(page.locator(".jp-Notebook")).to_be_visible(timeout=30_000)
+            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(
+                timeout=60_000)
+            page.locator(".jp-Notebook .jp-Cell").first.click()
+            card.get_by_role("button", name="Use in notebook").click()
+            expect(page.locator(".jp-Notebook .jp-Cell")).to_have_count(3)
+            # a workbench kernel has the magics already: the inserted cell only attaches
+            attach_cell = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-InputArea-editor")
+            expect(attach_cell).to_have_text(f"%dist attach {pool_id}")
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            out = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-OutputArea")
+            expect(out).to_contain_text("[rank 0] hello from rank 0 of 2", timeout=60_000)
+            expect(out).to_contain_text("[rank 1] hello from rank 1 of 2")
+            page.screenshot(path=str(SHOTS / "4-notebook-distributed.png"))
+
+            # the panel says which notebook owns... and stop from the sidebar, confirming from what to what
+            card.get_by_role("button", name="Stop").click()
+            dialog = page.locator(".jp-Dialog")
+            expect(dialog).to_contain_text(f"Stop pool {pool_id}?")
+            expect(dialog).to_contain_text("ends its 2 engines (ranks 0-1)")
+            page.screenshot(path=str(SHOTS / "5-stop-confirm.png"))
+            dialog.get_by_role("button", name="Stop pool").click()
+            expect(panel.locator(".wb-Card")).to_have_count(0, timeout=60_000)
+            expect(panel.locator(".wb-Empty")).to_be_visible()
+            page.screenshot(path=str(SHOTS / "6-sidebar-stopped.png"))
+
+            assert _api(lab, "pools") == {"pools": []}
+
+            # a start that fails shows its real error on the card, with the log and Retry
+            panel.get_by_role("button", name="Advanced…").click()
+            form = page.locator(".jp-Dialog .wb-StartForm")
+            expect(form).to_contain_text("No GPU detected")
+            form.locator("input[name=timeout]").fill("0.2")
+            page.locator(".jp-Dialog").get_by_role("button", name="Start").click()
+            failed = panel.locator(".wb-Card[data-state=failed]")
+            expect(failed.locator(".wb-Error-text")).to_contain_text("PoolStartError", timeout=60_000)
+            failed.get_by_role("button", name="Show log").click()
+            expect(failed.locator(".wb-Log")).to_contain_text("starting controller")
+            page.screenshot(path=str(SHOTS / "7-sidebar-failed-start.png"))
+            failed.get_by_role("button", name="Dismiss").click()
+            expect(panel.locator(".wb-Card")).to_have_count(0, timeout=10_000)
+            deadline = time.monotonic() + 15
+            while _alive(pids) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not _alive(pids), f"still running after stop: {_alive(pids)}"
+            assert not (lab["state_dir"] / f"pool-{pool_id}.json").exists()
+            assert not [line for line in console if line.startswith("error:") and "workbench" in line]
+        except Exception:
+            page.screenshot(path=str(SHOTS / "failure.png"))
+            print(lab["log"].read_text()[-4000:])
+            raise
+        finally:
+            browser.close()
+    # nothing of the pool was left in the notebook folder
+    assert sorted(f.name for f in lab["work"].iterdir() if f.name != ".ipynb_checkpoints") == [
+        "distributed.ipynb"]
+    shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)
