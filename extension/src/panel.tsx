@@ -1,4 +1,5 @@
 import { ReactWidget, UseSignal } from '@jupyterlab/apputils';
+import { Message } from '@lumino/messaging';
 import * as React from 'react';
 
 import {
@@ -37,18 +38,36 @@ export class PoolsPanel extends ReactWidget {
     this.title.caption = 'Distributed pools';
   }
 
-  protected onAfterShow(): void {
-    this.model.setVisible(true);
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    this.model.setVisible(!document.hidden);
   }
 
-  protected onAfterHide(): void {
+  protected onAfterHide(msg: Message): void {
+    super.onAfterHide(msg);
     this.model.setVisible(false);
   }
 
+  protected onAfterAttach(msg: Message): void {
+    super.onAfterAttach(msg);
+    document.addEventListener('visibilitychange', this._onVisibility);
+  }
+
+  protected onBeforeDetach(msg: Message): void {
+    document.removeEventListener('visibilitychange', this._onVisibility);
+    super.onBeforeDetach(msg);
+  }
+
   dispose(): void {
+    document.removeEventListener('visibilitychange', this._onVisibility);
     this.model.dispose();
     super.dispose();
   }
+
+  /** A browser tab in the background polls nothing. */
+  private _onVisibility = (): void => {
+    this.model.setVisible(this.isVisible && !document.hidden);
+  };
 
   render(): JSX.Element {
     return (
