@@ -27,6 +27,8 @@ _LAZY: dict[str, str] = {
     "export": "workbench.train", "load_model": "workbench.train", "predict": "workbench.train",
     "generate": "workbench.train",
     "dashboard": "workbench.widgets",
+    "Checkpoint": "workbench.train.checkpoint", "save_trainer": "workbench.train.checkpoint",
+    "resume": "workbench.train.checkpoint",
 }
 
 

@@ -349,6 +349,10 @@ class Session:
         """
         if not self.running:
             raise NoPoolError("restart")
+        with self._busy:  # keep the idle watcher from judging the ranks half-way
+            return self._restart(progress)
+
+    def _restart(self, progress) -> list[int]:
         t0 = time.perf_counter()
         dead = sorted(self.dead_ranks())
         if dead:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import time
 from pathlib import Path
 
 import torch
@@ -24,6 +25,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.utils._pytree import tree_map
+
+from workbench.train.events import Callback
 
 LATEST = "latest"
 
@@ -75,11 +78,11 @@ def _state(model, optimizer, step, extra) -> dict:
     return state
 
 
-def save(directory, *, model, optimizer=None, step: int, extra: dict | None = None) -> Path:
-    """Save on every rank at once; returns the new checkpoint folder. ``extra``: tensors only."""
+def save_state(directory, state: dict, step: int) -> Path:
+    """Save ``state`` (a DCP state dict) on every rank at once as ``step-NNNNNN``; move ``latest`` last."""
     root = Path(directory)
     target = root / f"step-{step:06d}"
-    dcp.save(_state(model, optimizer, step, extra), checkpoint_id=target)
+    dcp.save(state, checkpoint_id=target)
     if dist.is_initialized():
         dist.barrier()  # every rank wrote its part: only now is the checkpoint complete
     if not dist.is_initialized() or dist.get_rank() == 0:
@@ -87,6 +90,25 @@ def save(directory, *, model, optimizer=None, step: int, extra: dict | None = No
         tmp.write_text(target.name)
         os.replace(tmp, root / LATEST)
     return target
+
+
+def load_state(directory, template: dict) -> dict:
+    """Load the latest complete checkpoint shaped like ``template``; returns a new state dict.
+
+    Tensors load into copies, so a failure half-way leaves the caller's objects as they were.
+    A missing, truncated or foreign checkpoint raises ``ValueError``.
+    """
+    path = latest(directory)
+    if path is None:
+        raise ValueError(f"no complete checkpoint in {directory} (no '{LATEST}' pointer): save one first.")
+    state = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, template)
+    reader = SafeReader(path)
+    reader.read_metadata()  # refuse a truncated or foreign checkpoint before DCP starts
+    try:
+        dcp.load(state, storage_reader=reader)
+    except (Exception, CheckpointException) as exc:  # DCP wraps per-rank failures (a BaseException)
+        raise ValueError(f"cannot load the checkpoint {path}: {exc}") from None
+    return state
 
 
 def latest(directory) -> Path | None:
@@ -97,25 +119,53 @@ def latest(directory) -> Path | None:
     return Path(directory) / pointer.read_text().strip()
 
 
+def save(directory, *, model, optimizer=None, step: int, extra: dict | None = None) -> Path:
+    """Save a model (and optimizer) on every rank at once; ``extra``: tensors only."""
+    return save_state(directory, _state(model, optimizer, step, extra), step)
+
+
 def load(directory, *, model, optimizer=None, extra: dict | None = None) -> int:
     """Load the latest complete checkpoint into ``model`` (and ``optimizer``); returns its step.
 
     A missing, truncated or foreign checkpoint raises ``ValueError`` and leaves the model as it was.
     """
-    path = latest(directory)
-    if path is None:
-        raise ValueError(f"no complete checkpoint in {directory} (no '{LATEST}' pointer): save one first.")
-    # load into copies: a failure half-way must leave the model as it was
-    state = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v,
-                     _state(model, optimizer, 0, extra))
-    reader = SafeReader(path)
-    reader.read_metadata()  # refuse a truncated or foreign checkpoint before DCP starts
-    try:
-        dcp.load(state, storage_reader=reader)
-    except (Exception, CheckpointException) as exc:  # DCP wraps per-rank failures (a BaseException)
-        raise ValueError(f"cannot load the checkpoint {path}: {exc}") from None
+    state = load_state(directory, _state(model, optimizer, 0, extra))
     set_state_dict(model, optimizer if optimizer is not None else [],
                    model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}))
     if extra is not None:
         extra.update(state.get("extra", {}))
     return int(state["step"])
+
+
+def save_trainer(directory, trainer) -> Path:
+    """Checkpoint a :class:`~workbench.train.Trainer`: model, optimizer, step, data position, RNG."""
+    return save_state(directory, trainer.state_dict(), trainer.step)
+
+
+def resume(directory, trainer) -> int:
+    """Put ``trainer`` back at the latest complete checkpoint; returns the step it resumes from.
+
+    >>> resume("ckpt", trainer)         # doctest: +SKIP
+    20
+    """
+    trainer.load_state_dict(load_state(directory, trainer.state_dict()))
+    return trainer.step
+
+
+class Checkpoint(Callback):
+    """Save the trainer every ``every`` steps; ``stalls`` holds the seconds each save added to its step.
+
+    >>> trainer = Trainer(model, data, callbacks=[Checkpoint("ckpt", every=20)])   # doctest: +SKIP
+    """
+
+    def __init__(self, directory, every: int):
+        if every < 1:
+            raise ValueError(f"every must be at least 1 step (got {every}).")
+        self.directory, self.every = Path(directory), every
+        self.stalls: list[float] = []
+
+    def on_step_end(self, trainer, stats) -> None:
+        if trainer.step % self.every == 0:
+            t0 = time.perf_counter()
+            save_trainer(self.directory, trainer)
+            self.stalls.append(time.perf_counter() - t0)
