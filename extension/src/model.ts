@@ -154,6 +154,14 @@ export class PoolsModel {
   get error(): string | null {
     return this._error;
   }
+  /** The last action (start, stop, restart) that failed, as the server said it; kept until dismissed. */
+  get actionError(): string | null {
+    return this._actionError;
+  }
+  dismissActionError(): void {
+    this._actionError = null;
+    this._changed.emit();
+  }
   /** Whether the first listing has come back. */
   get loaded(): boolean {
     return this._loaded;
@@ -249,11 +257,11 @@ export class PoolsModel {
       this._busy.add(id);
     }
     this._changed.emit();
+    this._actionError = null;
     try {
       await action();
-      this._error = null;
     } catch (error) {
-      this._error = messageOf(error);
+      this._actionError = messageOf(error);
     } finally {
       if (id !== null) {
         this._busy.delete(id);
@@ -284,6 +292,7 @@ export class PoolsModel {
   private _pools: IPool[] = [];
   private _info: IInfo | null = null;
   private _error: string | null = null;
+  private _actionError: string | null = null;
   private _loaded = false;
   private _visible = false;
   private _delay = 0;

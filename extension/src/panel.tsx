@@ -91,13 +91,11 @@ function PoolsView(props: {
       </header>
       {model.error !== null && (
         <div className="wb-Banner wb-mod-error" role="alert">
-          <strong>Something went wrong.</strong> {model.error}
-          {!model.loaded && (
-            <span className="wb-Banner-retry">
-              {' '}
-              Trying again in {Math.round(model.delay / 1000)} s.
-            </span>
-          )}
+          <strong>Cannot list the pools.</strong> {model.error}
+          <span className="wb-Banner-retry">
+            {' '}
+            Trying again in {Math.round(model.delay / 1000)} s.
+          </span>
         </div>
       )}
       {model.loaded && pools.length === 0 ? (
@@ -121,6 +119,19 @@ function PoolsView(props: {
             />
           ))}
         </>
+      )}
+      {model.actionError !== null && (
+        <div className="wb-Banner wb-mod-error" role="alert">
+          {model.actionError}
+          <button
+            className="wb-Banner-close"
+            aria-label="Dismiss"
+            title="Dismiss"
+            onClick={() => model.dismissActionError()}
+          >
+            ×
+          </button>
+        </div>
       )}
       {!model.loaded && model.error === null && (
         <div className="wb-Loading">Looking for pools…</div>

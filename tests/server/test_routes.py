@@ -183,3 +183,19 @@ async def test_a_failed_start_keeps_the_real_error_until_dismissed(api):
     assert code == 200
     code, body, _ = await api("GET", "pools")
     assert body == {"pools": []}
+
+
+@pytest.mark.timeout(60)
+async def test_a_card_names_the_notebook_whose_kernel_owns_the_pool(jp_fetch, jp_serverapp):
+    """The owner lookup maps a kernel's pid to its notebook (what a kernel-started pool's card shows)."""
+    r = await jp_fetch("api", "sessions", method="POST", body=json.dumps(
+        {"path": "train.ipynb", "type": "notebook", "kernel": {"name": "python3"}}))
+    session = json.loads(r.body)
+    try:
+        apps = jp_serverapp.extension_manager.extension_apps["workbench.server"]
+        ext = next(iter(apps))
+        owners = await ext._kernel_owners()
+        km = jp_serverapp.kernel_manager.get_kernel(session["kernel"]["id"])
+        assert owners[km.provisioner.pid] == "train.ipynb"
+    finally:
+        await jp_fetch("api", "sessions", session["id"], method="DELETE")

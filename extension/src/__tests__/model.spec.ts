@@ -235,10 +235,17 @@ describe('PoolsModel', () => {
     api.pools = [pool()];
     const model = new PoolsModel(api, 1000);
     await model.refresh();
+    model.setVisible(true);
+    await flush();
     api.failWith = new Error('pool abc123 is already stopping.');
     await model.stop('abc123');
-    expect(model.error).toBe('pool abc123 is already stopping.');
+    api.failWith = null;
+    await jest.advanceTimersByTimeAsync(3000); // polls that succeed keep it
+    expect(model.actionError).toBe('pool abc123 is already stopping.');
+    expect(model.error).toBeNull();
     expect(model.busy.size).toBe(0);
+    model.dismissActionError();
+    expect(model.actionError).toBeNull();
     model.dispose();
   });
 });
