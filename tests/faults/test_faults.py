@@ -65,7 +65,9 @@ def test_ctrl_c_stops_every_rank_and_the_pool_stays_usable(pool):
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         pool.run("import time\nfor i in range(600):\n    time.sleep(0.05)")
-    assert time.monotonic() - t0 < 6
+    stopped = time.monotonic() - t0 - 1.0
+    print(f"\nCtrl-C: every rank stopped {stopped:.2f} s after the interrupt")
+    assert stopped < 5
     assert {r["state"] for r in pool.status()} == {"idle"}
     assert pool.run("x = 1").ranks[0].error is None
 
@@ -93,3 +95,16 @@ def test_rank_killed_mid_cell_is_named_then_restarted_on_same_host_and_device(po
     pool.run("import torch\nt = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)")
     assert [t.item() for t in pool.pull("t")] == [3.0, 3.0]
     assert fault.recover_s is not None
+
+
+def test_rank_dying_while_idle_is_reported_without_a_cell(pool, capsys):
+    victim = pool.ranks[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not any(f.kind == "died" and f.rank == 0 and "idle" in f.first_failure for f in pool.faults):
+        assert time.monotonic() < deadline, "the idle watcher did not report the dead rank"
+        time.sleep(0.05)
+    assert "rank 0" in capsys.readouterr().out
+    assert pool.restart() == [0]
+    pool.run("import torch\nt = torch.ones(1)\ndist.all_reduce(t)")
+    assert [t.item() for t in pool.pull("t")] == [2.0, 2.0]

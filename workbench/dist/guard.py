@@ -127,7 +127,11 @@ def _sever(ports: set[int]) -> None:
 
     import psutil
 
-    for conn in psutil.Process().net_connections("tcp"):
+    try:
+        conns = psutil.Process().net_connections("tcp")
+    except OSError:  # a socket closed while psutil read /proc: once more
+        conns = psutil.Process().net_connections("tcp")
+    for conn in conns:
         if conn.status == psutil.CONN_ESTABLISHED and conn.raddr and (
                 conn.laddr.port in ports or conn.raddr.port in ports):
             try:
