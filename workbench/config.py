@@ -2,22 +2,44 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
+from typing import Any
 
-LAUNCHERS = ("local",)
+LAUNCHERS = ("local", "slurm", "mpi", "ssh")
 BACKENDS = ("auto", "gloo", "nccl")
+# Slurm's accepted time formats: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
+# "days-hours:minutes", "days-hours:minutes:seconds".
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")
 
 
 @dataclass(frozen=True, kw_only=True)
 class PoolConfig:
     """How to start a pool.
 
-    ``n``: number of engines (ranks); ``None`` means one per visible GPU, else 2.
-    ``timeout``: seconds for engines to register and for the process group to
-    form; also the process group's collective timeout.
+    ``n``: number of engines (ranks); ``None`` means one per GPU (``nodes`` x ``gpus_per_node`` on a
+    cluster, the visible GPUs on this machine), else 2 locally and one per node or host elsewhere.
+    ``timeout``: seconds for engines to register and for the process group to form; also the process
+    group's collective timeout.
+
+    Launchers: ``local`` (this machine, the default), ``slurm`` (one sbatch job: ``nodes``,
+    ``gpus_per_node``, ``partition``, ``time``, ``account``), ``mpi`` (``mpiexec``, optionally over
+    ``hosts``) and ``ssh`` (engines started over ssh on each of ``hosts``). ``launcher_options`` are
+    passed as they are to ipyparallel's engine launcher (e.g. ``{"ssh_args": [...]}``,
+    ``{"options": "--qos=high"}``).
+
+    Networking: ``address`` is where the controller, the heartbeat and metrics sockets of the kernel
+    listen; ``interface`` names a network interface instead (its IPv4 address is used, and the ranks'
+    gloo/NCCL traffic goes over the interface of the same network). Loopback is the default, which only
+    reaches engines on this machine. ``idle_release``: seconds without a cell after which the pool is
+    stopped and its nodes released (a warning comes first); ``None`` keeps it.
 
     >>> PoolConfig(n=2).backend
     'auto'
+    >>> PoolConfig(launcher="slurm", nodes=2, gpus_per_node=4).engines
+    8
+    >>> PoolConfig(launcher="ssh", hosts="a,b").hosts
+    ('a', 'b')
     >>> PoolConfig(n=0)
     Traceback (most recent call last):
     ...
@@ -29,8 +51,21 @@ class PoolConfig:
     backend: str = "auto"
     timeout: float = 60.0
     address: str = "127.0.0.1"
+    interface: str | None = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+    hosts: tuple[str, ...] = ()
+    idle_release: float | None = None
+    launcher_options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self):
+        if isinstance(self.hosts, str):
+            object.__setattr__(self, "hosts", tuple(h.strip() for h in self.hosts.split(",") if h.strip()))
+        else:
+            object.__setattr__(self, "hosts", tuple(self.hosts))
         if self.n is not None and self.n < 1:
             raise ValueError(f"n must be at least 1 (got {self.n}): the pool needs one engine per rank.")
         if self.launcher not in LAUNCHERS:
@@ -39,3 +74,38 @@ class PoolConfig:
             raise ValueError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}.")
         if not self.timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds (got {self.timeout}).")
+        for name in ("nodes", "gpus_per_node"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be at least 1 (got {value}).")
+        slurm_only = [name for name in ("nodes", "partition", "time", "account") if getattr(self, name)]
+        if slurm_only and self.launcher != "slurm":
+            raise ValueError(f"{', '.join(slurm_only)} only apply to --launcher slurm "
+                             f"(this pool's launcher is {self.launcher}).")
+        if self.hosts and self.launcher not in ("ssh", "mpi"):
+            raise ValueError(f"hosts apply to --launcher ssh or mpi (this pool's launcher is "
+                             f"{self.launcher}).")
+        if self.launcher == "ssh" and not self.hosts:
+            raise ValueError("--launcher ssh needs the hosts to start engines on: --hosts node1,node2.")
+        if self.gpus_per_node and self.launcher == "local":
+            raise ValueError("gpus-per-node is for cluster launchers; a local pool takes -n (default: one "
+                             "engine per visible GPU).")
+        if self.time is not None and not _SLURM_TIME.match(self.time):
+            raise ValueError(f"time {self.time!r} is not a Slurm time limit: write minutes ('30'), "
+                             "'HH:MM:SS' or 'D-HH:MM'.")
+        if self.idle_release is not None and not self.idle_release > 0:
+            raise ValueError(f"idle_release must be a positive number of seconds (got {self.idle_release}).")
+        if self.engines is not None and self.n is not None and self.n != self.engines:
+            raise ValueError(f"-n {self.n} does not match {self._places()} x {self.gpus_per_node} GPUs "
+                             f"= {self.engines} engines: give one of them.")
+
+    def _places(self) -> str:
+        return f"{len(self.hosts)} hosts" if self.hosts else f"{self.nodes or 1} nodes"
+
+    @property
+    def engines(self) -> int | None:
+        """Engines the cluster options imply: one per GPU on every node or host (``None``: not implied)."""
+        if not self.gpus_per_node:
+            return None
+        places = len(self.hosts) if self.hosts else (self.nodes or 1)
+        return places * self.gpus_per_node

@@ -3,7 +3,8 @@
 ``atexit`` does not run when a kernel is SIGKILLed, and orphaned ipyparallel
 engines only notice after minutes of missed heartbeats. This process watches the
 owner named in the pool's state file; when the owner is gone it stops every
-process recorded there and removes the file. When the file goes away (the pool was
+process recorded there, cancels the pool's batch jobs (engines on other nodes)
+and removes the files. When the file goes away (the pool was
 stopped normally) it exits.
 
 Run as ``python -m workbench.pool.lease STATE_FILE``.
@@ -15,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from workbench.pool.state import process_alive, read_state, terminate
+from workbench.pool.state import cancel_jobs, process_alive, read_state, remove_files, terminate
 
 POLL_SECONDS = 0.5
 
@@ -26,9 +27,9 @@ def watch(path: Path) -> None:
         if state is None:  # stopped normally
             return
         if not process_alive(state["owner"]):
+            cancel_jobs(state.get("jobs", []))
             terminate(state.get("processes", []))
-            for extra in state.get("files", []):
-                Path(extra).unlink(missing_ok=True)
+            remove_files(state)
             path.unlink(missing_ok=True)
             return
         time.sleep(POLL_SECONDS)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import psutil
@@ -61,7 +63,8 @@ def process_record(pid: int) -> dict:
 def process_alive(record: dict) -> bool:
     try:
         proc = psutil.Process(record["pid"])
-        return abs(proc.create_time() - record["create_time"]) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
+        same = abs(proc.create_time() - record["create_time"]) < 0.01
+        return same and proc.status() != psutil.STATUS_ZOMBIE
     except (psutil.Error, KeyError, TypeError):
         return False
 
@@ -87,3 +90,23 @@ def terminate(records: list[dict], grace: float = 3.0) -> None:
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=grace)
+
+
+def cancel_jobs(jobs: list[dict]) -> None:
+    """Cancel batch jobs recorded as ``{"id": "12", "cancel": ["scancel", "12"]}`` (engines on other nodes).
+
+    >>> cancel_jobs([])
+    """
+    for job in jobs:
+        try:
+            subprocess.run(job["cancel"], capture_output=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired, KeyError, TypeError):
+            pass
+
+
+def remove_files(state: dict) -> None:
+    """Remove the files and scratch folders a pool recorded."""
+    for extra in state.get("files", []):
+        Path(extra).unlink(missing_ok=True)
+    for folder in state.get("dirs", []):
+        shutil.rmtree(folder, ignore_errors=True)
