@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -22,9 +23,13 @@ import psutil
 from workbench import faults
 from workbench.config import PoolConfig
 from workbench.errors import CellTimeout, NoPoolError, PoolStartError, RankDiedError, RankError
+from workbench.pool import netif
 from workbench.pool.cluster import EnginePool
 from workbench.pool.devices import visible_gpu_count
-from workbench.pool.rankmap import EngineInfo, RankInfo, build_rank_map, parse_ranks, remap_engines
+from workbench.pool.idle import IdleRelease
+from workbench.pool.launchers import default_engines
+from workbench.pool.rankmap import (EngineInfo, RankInfo, build_rank_map, format_ranks, parse_ranks,
+                                    remap_engines)
 from workbench.pool.watch import BeaconReceiver
 
 # Called with (rank, kind, payload): kind is "stdout"/"stderr" (text) or "display" (a display_data content dict).
@@ -103,7 +108,7 @@ class Session:
     """
 
     def __init__(self, config: PoolConfig | None = None, **kwargs):
-        self.config = config or PoolConfig(**kwargs)
+        self.config = netif.resolve(config or PoolConfig(**kwargs))  # --interface -> its address
         self.ranks: list[RankInfo] = []
         self.backend: str | None = None
         self.start_seconds: float | None = None
@@ -118,6 +123,7 @@ class Session:
         self._busy = threading.Lock()
         self._gloo_ports: list[int] = []  # where gloo listens, on every rank: what an abort cuts
         self.metrics = None  # the kernel-side metrics collector (workbench.metrics), once started
+        self._idle: IdleRelease | None = None  # config.idle_release: stops a pool nobody uses
 
     # -- lifecycle -----------------------------------------------------------------
     @property
@@ -142,9 +148,12 @@ class Session:
         if self.running:
             raise ValueError("this session is already running: stop it first, or use it as it is.")
         t0 = time.perf_counter()
-        n = self.config.n or visible_gpu_count() or 2
+        n = default_engines(self.config, visible_gpu_count() if self.local else 0)
+        if not netif.is_loopback(self.config.address):
+            warnings.warn(netif.UNAUTHENTICATED.format(address=self.config.address),
+                          netif.UnauthenticatedNetworkWarning, stacklevel=2)
         self._pool = EnginePool(n=n, launcher=self.config.launcher, address=self.config.address,
-                                timeout=self.config.timeout, env=self._engine_env(n))
+                                timeout=self.config.timeout, env=self._engine_env(n), config=self.config)
         client = self._pool.start(progress)
         try:
             progress("forming the process group")
@@ -161,6 +170,9 @@ class Session:
         progress(f"ready: {n} ranks, backend {self.backend}, {self.start_seconds:.1f} s")
         atexit.register(self.stop)  # kernel shutdown and restart end the pool too
         self._start_watcher()
+        if self.config.idle_release:
+            self._idle = IdleRelease(self.config.idle_release, warn=self._idle_warning,
+                                     release=self._idle_stop, busy=self._busy.locked)
         _current = self
         return self
 
@@ -181,7 +193,8 @@ class Session:
         pool = EnginePool.attach(pool_id)
         state = pool.state
         self = cls(PoolConfig(n=state["n"], launcher=state["launcher"],
-                              backend=state.get("backend_requested", "auto")))
+                              backend=state.get("backend_requested", "auto"),
+                              address=state.get("address", "127.0.0.1")))
         self._pool = pool
         self.ranks = [RankInfo(**r) for r in state.get("ranks", [])]
         if len(self.ranks) != state["n"]:
@@ -207,12 +220,20 @@ class Session:
         per_host = max(sum(r.host == h for r in self.ranks) for h in {r.host for r in self.ranks})
         threads = max(1, (os.cpu_count() or 1) // per_host)
         root = self.ranks[0]
-        port = client[root.engine_id].apply_sync(engine.open_store, self.config.address, self.config.timeout)
+        # Off this machine each rank talks over the interface that reaches the kernel's address, and rank 0
+        # binds the store on its own address there (never on all interfaces).
+        routes = {}
+        if not self.local:
+            found = client[[r.engine_id for r in self.ranks]].apply_sync(netif.route_to, self.config.address)
+            routes = {r.rank: route for r, route in zip(self.ranks, found, strict=True)}
+        store_address = routes[root.rank]["address"] if routes else self.config.address
+        port = client[root.engine_id].apply_sync(engine.open_store, store_address, self.config.timeout)
         futures = [
             client[r.engine_id].apply_async(
                 engine.join, rank=r.rank, local_rank=r.local_rank, world_size=len(self.ranks),
-                address=self.config.address, port=port, backend=self.config.backend, device=r.device,
-                timeout_s=self.config.timeout, threads=threads, ifname="lo" if self.local else None,
+                address=store_address, port=port, backend=self.config.backend, device=r.device,
+                timeout_s=self.config.timeout, threads=threads,
+                ifname="lo" if self.local else routes[r.rank]["ifname"],
                 beacon=self._beacons.url if self._beacons else None)
             for r in self.ranks
         ]
@@ -235,6 +256,9 @@ class Session:
         """Stop every engine and the controller; nothing of the pool is left running."""
         global _current
         watcher, self._watcher = self._watcher, None
+        if self._idle is not None:
+            self._idle.close()
+            self._idle = None
         if self._pending_fault is not None:
             faults.append(self._pending_fault)
             self._pending_fault = None
@@ -369,11 +393,60 @@ class Session:
         self._reform(since=t0)
         return dead
 
+    def scale(self, n: int, progress: Callable[[str], None] = lambda msg: None) -> list[RankInfo]:
+        """Grow or shrink the pool to ``n`` ranks and re-form the process group at that world size.
+
+        Growing starts engines through the pool's launcher; shrinking stops the highest ranks. Ranks
+        stay contiguous per host; the ranks that remain keep their Python state (a training run then
+        resumes from its checkpoint at the new world size). Returns the new rank map.
+
+        >>> s.scale(4, progress=print)        # doctest: +SKIP
+        starting 2 engines
+        re-forming the process group at world size 4
+        """
+        if n < 1:
+            raise ValueError(f"a pool needs at least one rank (got {n}).")
+        if not self.running:
+            raise NoPoolError("scale")
+        with self._busy:
+            dead = self.dead_ranks()
+            if dead:
+                raise RankDiedError(f"rank {min(dead)} is dead: `%dist restart` it (or stop and start the "
+                                    "pool) before scaling.")
+            t0 = time.perf_counter()
+            keep = [r.engine_id for r in self.ranks[:n]]
+            if n > self.world_size:
+                progress(f"starting {n - self.world_size} engines")
+                keep += self._pool.start_more(n - self.world_size, set(self._pool.client.ids))
+            elif n < self.world_size:
+                progress(f"stopping rank {format_ranks(range(n, self.world_size))}")
+                self._pool.stop_engines([r.engine_id for r in self.ranks[n:]])
+            else:
+                return list(self.ranks)
+            self.ranks = build_rank_map(self._describe(keep))
+            self._pool.n = n
+            self._dead.clear()
+            progress(f"re-forming the process group at world size {n}")
+            self._reform(since=t0)
+        return list(self.ranks)
+
+    def _idle_warning(self, seconds_left: float) -> None:
+        print(f"workbench: pool {self.pool_id} has been idle; it stops in {seconds_left:.0f} s to release "
+              "its nodes. Run a cell on it to keep it.", flush=True)
+
+    def _idle_stop(self) -> None:
+        n = self.world_size
+        self.stop()
+        print(f"workbench: stopped the idle pool ({n} ranks) after {self.config.idle_release:g} s without "
+              "a cell; its nodes are released. `%dist start` starts a new one.", flush=True)
+
     # -- rank helpers --------------------------------------------------------------
     def targets(self, ranks=None) -> list[RankInfo]:
         """Resolve ``None`` (all), a rank, a list of ranks or a spec like ``"0,2-3"``."""
         if not self.running:
             raise NoPoolError()
+        if self._idle is not None:
+            self._idle.touch()  # every cell, push, pull and apply comes through here
         if ranks is None:
             return list(self.ranks)
         if isinstance(ranks, str):

@@ -36,11 +36,13 @@ def open_store(address: str, timeout_s: float) -> int:
     sock.bind((address, 0))
     sock.listen(128)
     port = sock.getsockname()[1]
-    _state["store_socket"] = sock
     _state["store"] = dist.TCPStore(
         address, port, is_master=True, master_listen_fd=sock.fileno(),
         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
     )
+    # The store owns the listening fd now and closes it when it is destroyed (an aborted group may keep
+    # it alive a while): closing it here too would later close whatever socket reused the number.
+    sock.detach()
     return port
 
 
@@ -84,9 +86,6 @@ def close() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     _state.pop("store", None)
-    sock = _state.pop("store_socket", None)
-    if sock is not None:
-        sock.close()
 
 
 def _user_namespace() -> dict:
