@@ -148,7 +148,14 @@ def resume(directory, trainer) -> int:
     >>> resume("ckpt", trainer)         # doctest: +SKIP
     20
     """
-    trainer.load_state_dict(load_state(directory, trainer.state_dict()))
+    template = trainer.state_dict()
+    path = latest(directory)
+    if path is not None and "rng" in template:
+        # at another world size a rank may have no RNG state of its own saved: it keeps its own
+        saved = SafeReader(path).read_metadata().state_dict_metadata
+        if not any(k.startswith(f"rng.{key}.") for key in template["rng"] for k in saved):
+            del template["rng"]
+    trainer.load_state_dict(load_state(directory, template))
     return trainer.step
 
 
