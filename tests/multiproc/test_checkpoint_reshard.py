@@ -10,7 +10,6 @@ pytestmark = pytest.mark.timeout(90)
 
 
 def _train_save(rank, world, directory):
-    import torch
     from torch.utils.data import TensorDataset
 
     import workbench as wb
