@@ -247,10 +247,10 @@ class Dashboard:
                           legend={"orientation": "h", "y": -0.25}, template="plotly_white")
         self._fig = go.FigureWidget(fig)
         self._bar = go.FigureWidget(layout={
-            "barmode": "stack", "height": 60 + 28 * max(1, len(ranks)), "template": "plotly_white",
-            "title": {"text": "where step time goes (mean of recent steps)", "font": {"size": 13}},
-            "margin": {"l": 60, "r": 20, "t": 40, "b": 30}, "xaxis": {"title": {"text": "seconds"}},
-            "legend": {"orientation": "h", "y": -0.4}})
+            "barmode": "stack", "height": 110 + 26 * max(1, len(ranks)), "template": "plotly_white",
+            "title": {"text": "where step time goes (seconds, mean of recent steps)", "font": {"size": 13}},
+            "margin": {"l": 60, "r": 20, "t": 60, "b": 30},
+            "legend": {"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1.0, "xanchor": "right"}})
         colours = {"compute": "#1f77b4", "communication": "#d62728", "data wait": "#ff7f0e",
                    "other": "#bbbbbb"}
         labels = [f"rank {r}" for r in ranks]
@@ -266,7 +266,7 @@ class Dashboard:
             fw.observe(self._count, names=[n for n in fw.trait_names() if n.startswith("_py2js_")])
         for h in (self._header, self._devices):
             h.observe(self._count, names="value")
-        self.widget.children = [self._header, self._fig, W.HBox([self._devices, self._bar])]
+        self.widget.children = [self._header, self._fig, self._devices, self._bar]
         self._built = True
 
     def _count(self, change) -> None:
@@ -442,7 +442,7 @@ def _device_table(ranks, devices, infos, status, data) -> str:
                 f"<td>{_fmt(d.get('temp_c'), '.0f', ' °C')}</td>"
                 f"<td>{_fmt(d.get('clock_mhz'), '.0f', ' MHz')}</td>"
                 f"<td>{int(step[-1]) if len(step) else '–'}</td></tr>")
-    note = "" if any_gpu else ("<div style='color:#666;font-size:90%'>no GPU detected: util is each engine's "
-                               "CPU share, memory its resident size</div>")
-    return (f"<div class='workbench-devices'><b>devices</b>{note}<table style='border-collapse:collapse' "
-            f"cellpadding='3'>{head}{''.join(rows)}</table></div>")
+    note = "" if any_gpu else ("<span style='color:#666;font-size:90%'>· no GPU detected: util is each "
+                               "engine's CPU share, memory its resident size</span>")
+    return (f"<div class='workbench-devices'><b>devices</b> {note}<table style='border-collapse:collapse;"
+            f"white-space:nowrap' cellpadding='4'>{head}{''.join(rows)}</table></div>")
