@@ -1,7 +1,8 @@
 """environment.yml mirrors pyproject.toml (conda cannot be exercised here, so this keeps them honest)."""
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
