@@ -8,30 +8,19 @@ build/ui/dashboard.png.
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, run_lab
+
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "build" / "ui"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-]
 STEPS = 300
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium"),
+    needs_chromium,
 ]
 
 TRAIN = f"""%%distributed
@@ -55,58 +44,11 @@ NOTEBOOK = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def lab(tmp_path):
-    """A JupyterLab server with its own dirs; the venv's python3 kernel (which has workbench)."""
-    work, settings = tmp_path / "work", tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
-    for d in (work, settings, tmp_path / "home"):
-        d.mkdir(parents=True)
-    # the news toast covers screenshots: turn it off through its setting
-    (settings / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    (work / "train.ipynb").write_text(json.dumps(NOTEBOOK))
-    env = dict(os.environ, HOME=str(tmp_path / "home"), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
-               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               WORKBENCH_STATE_DIR=str(tmp_path / "pool-state"))
-    port, token = _free_port(), secrets.token_hex(16)
-    log = open(tmp_path / "lab.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
-         "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
-         "--LabApp.news_url=None", "--LabApp.expose_app_in_browser=True",
-         f"--LabApp.user_settings_dir={tmp_path / 'settings'}", f"--LabApp.workspaces_dir={tmp_path / 'ws'}"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("JupyterLab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
-                time.sleep(0.3)
-        yield {"base": base, "token": token, "log": tmp_path / "lab.log"}
-    finally:
-        proc.terminate()  # shuts its kernels down; the kernel's Session stops its pool at exit
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        from workbench.pool import state as pool_state
-
-        for path in (tmp_path / "pool-state").glob("pool-*.json"):  # anything left over: end it
-            pool_state.terminate((pool_state.read_state(path) or {}).get("processes", []))
+    """A JupyterLab server; the venv's python3 kernel (which has workbench)."""
+    with run_lab(tmp_path, {"train.ipynb": NOTEBOOK}) as server:
+        yield server
 
 
 @pytest.mark.timeout(240)

@@ -8,31 +8,22 @@ the pool from the sidebar and see it (and its processes) gone. Screenshots go to
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import shutil
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
+
+from tests.conftest import alive
+from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, run_lab
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "build" / "ui"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-    "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-]
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian chromium: apt-get install chromium"),
+    needs_chromium,
 ]
 
 NOTEBOOK = {
@@ -48,76 +39,11 @@ NOTEBOOK = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _alive(pids) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 @pytest.fixture
 def lab(tmp_path):
-    """A JupyterLab server (its own config, data, runtime, settings dirs), the workbench kernel installed."""
-    home = tmp_path / "home"
-    work = tmp_path / "work"
-    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
-    for d in (home, work, settings):
-        d.mkdir(parents=True)
-    # the news toast covers screenshots: turn it off through its setting
-    (settings / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    (work / "distributed.ipynb").write_text(json.dumps(NOTEBOOK))
-    env = dict(os.environ, HOME=str(home), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
-               JUPYTER_DATA_DIR=str(tmp_path / "data"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               WORKBENCH_STATE_DIR=str(tmp_path / "pool-state"))
-    subprocess.run([sys.executable, "-m", "workbench.cli", "kernels", "install", "--user", "workbench-cpu"],
-                   env=env, check=True, capture_output=True, timeout=60)
-    port, token = _free_port(), secrets.token_hex(16)
-    log = open(tmp_path / "lab.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
-         "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
-         "--LabApp.news_url=None", "--LabApp.expose_app_in_browser=True",
-         f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
-         f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("JupyterLab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
-                time.sleep(0.3)
-        yield {"base": base, "token": token, "state_dir": tmp_path / "pool-state", "work": work,
-               "log": tmp_path / "lab.log"}
-    finally:
-        proc.terminate()  # the server stops the pools it started and its kernels
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        from workbench.pool import state as pool_state
-
-        for path in (tmp_path / "pool-state").glob("pool-*.json"):  # anything left: end it
-            state = pool_state.read_state(path) or {}
-            pool_state.terminate(state.get("processes", []))
+    """A JupyterLab server with the workbench CPU kernel installed."""
+    with run_lab(tmp_path, {"distributed.ipynb": NOTEBOOK}, install_kernel="workbench-cpu") as server:
+        yield server
 
 
 def _api(lab, path: str) -> dict:
@@ -169,7 +95,7 @@ def test_start_use_and_stop_a_pool_from_the_sidebar(lab, tmp_path):
 
             state = pool_state.read_state(lab["state_dir"] / f"pool-{pool_id}.json")
             pids = [rec["pid"] for rec in state["processes"]] + [r["pid"] for r in state["ranks"]]
-            assert len(_alive(pids)) >= 4, state  # controller, 2 engines, lease
+            assert len(alive(pids)) >= 4, state  # controller, 2 engines, lease
 
             # the notebook on the workbench kernel: attach via "Use in notebook", run the cell
             expect(page.locator(".jp-Notebook")).to_be_visible(timeout=30_000)
@@ -214,9 +140,9 @@ def test_start_use_and_stop_a_pool_from_the_sidebar(lab, tmp_path):
             failed.get_by_role("button", name="Dismiss").click()
             expect(panel.locator(".wb-Card")).to_have_count(0, timeout=10_000)
             deadline = time.monotonic() + 15
-            while _alive(pids) and time.monotonic() < deadline:
+            while alive(pids) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            assert not _alive(pids), f"still running after stop: {_alive(pids)}"
+            assert not alive(pids), f"still running after stop: {alive(pids)}"
             assert not (lab["state_dir"] / f"pool-{pool_id}.json").exists()
             assert not [line for line in console if line.startswith("error:") and "workbench" in line]
         except Exception:
