@@ -48,3 +48,18 @@ lint-js: setup
 
 clean:
 	rm -rf build .pytest_cache
+
+# Benchmarks against the tools users would pick instead (issue 9): bench/results/*.json and
+# bench/results/RESULTS.md. The anchors (nbdistributed, accelerate) get their own environment,
+# torch pinned first; if they cannot be installed, the table says so. BENCH_ARGS: e.g. --only cells
+ANCHORS_VENV := bench/.venv-anchors
+BENCH_ARGS   ?=
+.PHONY: bench
+bench: $(STAMP)
+	@test -f $(ANCHORS_VENV)/.installed-stamp -a $(ANCHORS_VENV)/.installed-stamp -nt bench/requirements-anchors.txt || \
+	  { { test -x $(ANCHORS_VENV)/bin/python || python3 -m venv $(ANCHORS_VENV); } && \
+	    $(ANCHORS_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)" numpy && \
+	    $(ANCHORS_VENV)/bin/python -m pip install -q -r bench/requirements-anchors.txt && \
+	    touch $(ANCHORS_VENV)/.installed-stamp; } || \
+	  echo "bench: the anchors could not be installed into $(ANCHORS_VENV); the table will say so"
+	$(PY) -m bench.run $(BENCH_ARGS)

@@ -79,8 +79,10 @@ def main() -> None:
         print(f"samples/s  off: {off:,.0f}  on: {on:,.0f}  on/off: {on / off:.3f}")
         print("  runs off: " + ", ".join(f"{r:,.0f}" for r in rates["off"]))
         print("  runs on:  " + ", ".join(f"{r:,.0f}" for r in rates["on"]))
-        print(f"step end -> widget delay over {len(delays)} points: p50 {q[49]:.3f} s, p95 {q[94]:.3f} s, "
-              f"max {max(delays):.3f} s")
+        print(
+            f"step end -> widget delay over {len(delays)} points: p50 {q[49]:.3f} s, p95 {q[94]:.3f} s, "
+            f"max {max(delays):.3f} s"
+        )
     finally:
         s.stop()
 

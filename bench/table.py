@@ -1,0 +1,238 @@
+"""The Markdown table of ``bench/results/*.json`` (``python -m bench.table [DIR]`` prints it)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from bench.common import RESULTS, fmt
+
+
+def _load(folder: Path) -> dict:
+    out = {}
+    for f in sorted(folder.glob("*.json")):
+        try:
+            out[f.stem] = json.loads(f.read_text())
+        except ValueError:
+            pass
+    return out
+
+
+def _mmm(s: dict | None, unit: str = "") -> str:
+    if not s or s.get("median") is None:
+        return "-"
+    return f"{fmt(s['median'], unit)} ({fmt(s['min'])}-{fmt(s['max'])})"
+
+
+def _x(ours, theirs) -> str:
+    """How many times ours' time theirs is (above 1: ours is faster)."""
+    if not ours or theirs is None or ours.get("median") in (None, 0) or theirs.get("median") is None:
+        return "-"
+    return f"{theirs['median'] / ours['median']:.2f}"
+
+
+def render(folder: Path = RESULTS) -> str:
+    r = _load(folder)
+    if not r:
+        return "no results yet: run `make bench`.\n"
+    any_rec = next(iter(r.values()))
+    m = any_rec["machine"]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Measured {any_rec['date']} on {m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB, "
+        f"Python {m['python']}; torch {any_rec['versions']['workbench env'].get('torch')}, "
+        f"ipyparallel {any_rec['versions']['workbench env'].get('ipyparallel')}. "
+        f"Anchors: {any_rec['anchors']}"
+        + (f" ({_anchor_versions(any_rec)})" if any_rec["anchors"] == "ok" else "")
+        + ".",
+        "Load average (1/5/15 min) per benchmark, start -> end: "
+        + "; ".join(
+            f"{k} {v['load_average']['start'][0]}->{v['load_average']['end'][0]}" for k, v in r.items()
+        )
+        + ". Medians, (min-max); reproduce with `make bench`.",
+        "",
+    ]
+    if any_rec.get("quick"):
+        lines += ["**Quick run (smoke test sizes): not figures to quote.**", ""]
+    if "cells" in r:
+        lines += _cells(r["cells"])
+    if "ready" in r:
+        lines += _ready(r["ready"])
+    if "training" in r:
+        lines += _training(r["training"])
+    if "dashboard" in r:
+        lines += _dashboard(r["dashboard"])
+    if "allreduce" in r:
+        lines += _allreduce(r["allreduce"])
+    if "memory" in r:
+        lines += _memory(r["memory"])
+    if "recovery" in r:
+        lines += _recovery(r["recovery"])
+    return "\n".join(lines) + "\n"
+
+
+def _anchor_versions(rec) -> str:
+    v = rec["versions"].get("anchors env")
+    return ", ".join(f"{k} {x}" for k, x in v.items() if k != "torch") if isinstance(v, dict) else ""
+
+
+def _error(rec) -> list[str]:
+    return (
+        [f"_failed: {rec['data']['error'].strip().splitlines()[-1]}_", ""] if "error" in rec["data"] else []
+    )
+
+
+def _cells(rec) -> list[str]:
+    d = rec["data"]
+    out = [
+        "## Trivial cell (`x = 1`) on 2 ranks, ms",
+        "",
+        "| path | median (min-max) | runs | x ours |",
+        "| --- | --- | --- | --- |",
+    ] + _error(rec)
+    for group, ours_key in (
+        ("in_process", "workbench %%distributed"),
+        ("ipykernel", "workbench %%distributed (ipykernel)"),
+    ):
+        if group not in d:
+            continue
+        res = d[group]["results"]
+        ours = res.get(ours_key)
+        for name, s in res.items():
+            out.append(f"| `{name}` | {_mmm(s)} | {s['n']} | {_x(ours, s)} |")
+        for name, note in d[group].get("notes", {}).items():
+            out.append(f"| `{name}` | {note} | - | - |")
+    out += [
+        "",
+        "_x ours: their median / ours (above 1: ours is faster). In-process: an IPython shell in the "
+        "benchmark process; ipykernel: a real kernel driven by jupyter_client, request to reply + idle._",
+        "",
+    ]
+    return out
+
+
+def _ready(rec) -> list[str]:
+    d = rec["data"]
+    out = [
+        "## Time to ready (nothing -> 2-rank group, all_reduce verified) and to stop, s",
+        "",
+        "| tool | ready | of which import | stop | x ours (ready) | leftover processes |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ] + _error(rec)
+    ours = d.get("workbench", {}).get("ready_s")
+    for name, row in d.items() if isinstance(d, dict) and "error" not in d else ():
+        err = f" ({len(row['errors'])} failed: {row['errors'][0][:80]})" if row.get("errors") else ""
+        out.append(
+            f"| {name} | {_mmm(row['ready_s'])}{err} | {_mmm(row.get('import_s'))} | {_mmm(row['stop_s'])} | "
+            f"{_x(ours, row['ready_s'])} | {row['leftover_processes']} |"
+        )
+    marks = d.get("workbench", {}).get("marks") if isinstance(d, dict) else None
+    if marks:
+        out += [
+            "",
+            "Where one workbench start went (s since `import workbench`): "
+            + ", ".join(f"{m} {t}" for m, t in marks)
+            + ".",
+        ]
+    return out + [""]
+
+
+def _training(rec) -> list[str]:
+    d = rec["data"]
+    out = [
+        "## Training throughput, DDP on 2 CPU ranks (gloo, 1 thread each), samples/s",
+        "",
+        "| model | how | median (min-max) | x torchrun |",
+        "| --- | --- | --- | --- |",
+    ] + _error(rec)
+    for model, res in d.items() if "error" not in d else ():
+        for name, s in res.items():
+            if isinstance(s, dict) and "median" in s:
+                out.append(f"| {model} | {name} | {_mmm(s)} | {res['ratio_to_torchrun'].get(name, '-')} |")
+    out += [
+        "",
+        '_The same loop (`bench/loop.py`) timed on rank 0 on both sides; "end to end" divides by the '
+        "cell's wall time in the kernel instead (cell overhead included)._",
+        "",
+    ]
+    return out
+
+
+def _dashboard(rec) -> list[str]:
+    d = rec["data"]
+    if "error" in d:
+        return ["## Live dashboard on vs off", ""] + _error(rec)
+    lat = d["loss_point_to_widget_s"]
+    return [
+        "## Live dashboard on vs off (MLP, samples/s)",
+        "",
+        "| dashboard | median (min-max) |",
+        "| --- | --- |",
+        f"| off | {_mmm(d['off'])} |",
+        f"| on | {_mmm(d['on'])} |",
+        "",
+        f"On / off: **{d['ratio_on_to_off']}**. A loss point reaches the widget in {_mmm(lat, 's')}, "
+        f"p95 {lat.get('p95', '-')} s ({lat['n']} points).",
+        "",
+    ]
+
+
+def _allreduce(rec) -> list[str]:
+    d = rec["data"]
+    out = [
+        "## all_reduce, 2 ranks, gloo on loopback: algorithm bandwidth GB/s",
+        "",
+        "| size | workbench | raw gloo (2 processes) | x raw | latency us (wb / raw) |",
+        "| --- | --- | --- | --- | --- |",
+    ] + _error(rec)
+    for size, row in d.get("sizes", {}).items():
+        lat = row["latency_us"]
+        out.append(
+            f"| {size} | {_mmm(row['workbench'])} | {_mmm(row['raw gloo'])} | {row['ratio_to_raw']} | "
+            f"{lat['workbench']} / {lat['raw gloo']} |"
+        )
+    return out + [""]
+
+
+def _memory(rec) -> list[str]:
+    d = rec["data"]
+    if "error" in d:
+        return ["## Memory", ""] + _error(rec)
+    e, b = d["workbench engine (each rank)"][0], d["bare python + import torch"]
+    return [
+        "## Memory of one rank, MiB",
+        "",
+        "| process | RSS | USS | PSS |",
+        "| --- | --- | --- | --- |",
+        f"| workbench engine (torch, group formed, metrics on) | {e['rss_mib']} | {e['uss_mib']} "
+        f"| {e['pss_mib']} |",
+        f"| bare python + `import torch` | {b['rss_mib']} | {b['uss_mib']} | {b['pss_mib']} |",
+        "",
+    ]
+
+
+def _recovery(rec) -> list[str]:
+    d = rec["data"]
+    if "error" in d:
+        return ["## Recovery", ""] + _error(rec)
+    ph = d["phases"]
+    return [
+        "## Recovery: kill -9 of rank 1 during training, s",
+        "",
+        "| phase | median (min-max) |",
+        "| --- | --- |",
+        f"| kill -> cell fails naming rank 1 (survivor stopped) | {_mmm(ph['detected_s'])} |",
+        f"| `Session.restart()` (new engine, group re-formed) | {_mmm(ph['restart_s'])} |",
+        f"| rebuild trainer + load checkpoint + first step | {_mmm(ph['resume_s'])} |",
+        f"| **kill -> training resumed** | {_mmm(ph['total_s'])} |",
+        "",
+        f"_Resumed from step {d['resumed_from_step']} (checkpoint every {d['checkpoint_every']} steps)._"
+        + (f" Notes: {'; '.join(d['notes'])}" if d["notes"] else ""),
+        "",
+    ]
+
+
+if __name__ == "__main__":
+    print(render(Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS))

@@ -1,0 +1,277 @@
+"""Training throughput (DDP, 2 CPU ranks) driven from ``%%distributed`` vs ``torchrun``, and the live
+dashboard on vs off; all_reduce bandwidth through the workbench vs raw gloo; engine memory.
+
+Everything in rounds that alternate the sides (and their order), on one pool started here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from bench.common import BENCH, ROOT, reap, shell, summary
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+RANK_ENV = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "BENCH_THREADS": "1"}
+SIZES = [1 << 10, 1 << 14, 1 << 18, 1 << 22, 1 << 26]  # 1 KiB .. 64 MiB
+
+
+class Pool:
+    """A 2-rank pool driven through ``%%distributed`` in an IPython shell; ``bench/`` on the ranks' path."""
+
+    def __init__(self):
+        from IPython.utils.capture import capture_output
+
+        from workbench import session as session_mod
+
+        self.capture = capture_output
+        self.ip = shell()
+        self.cell("%dist start -n 2", check=False)
+        self.s = session_mod.current()
+        self.cell(f"%%distributed\nimport sys\nsys.path.insert(0, {str(BENCH)!r})\nimport loop")
+
+    def cell(self, code: str, check: bool = True) -> float:
+        """Run a cell through the magic; its wall time in the kernel."""
+        with self.capture() as cap:
+            t0 = time.perf_counter()
+            result = self.ip.run_cell(code if code.startswith("%") else f"%%distributed\n{code}")
+            seconds = time.perf_counter() - t0
+        if check and not result.success:
+            raise RuntimeError(f"cell failed: {code[:80]!r}: {result.error_in_exec}\n{cap.stdout[-1500:]}")
+        return seconds
+
+    def stop(self) -> None:
+        self.cell("%dist stop", check=False)
+
+
+def _torchrun(args: list[str], timeout: float = 300) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="wb-bench-")) / "out.json"
+    cmd = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(BENCH / "rank_main.py"),
+        *args,
+        str(out),
+    ]
+    return _launch([cmd], out, timeout)
+
+
+def _raw_pair(args: list[str], timeout: float = 300) -> dict:
+    """Two plain processes joined by gloo through a TCPStore: no launcher, no workbench."""
+    out = Path(tempfile.mkdtemp(prefix="wb-bench-")) / "out.json"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmds = [[sys.executable, str(BENCH / "rank_main.py"), *args, str(out)] for _ in range(2)]
+    envs = [
+        {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        for r in range(2)
+    ]
+    return _launch(cmds, out, timeout, envs)
+
+
+def _launch(cmds, out: Path, timeout: float, envs=None) -> dict:
+    procs = [
+        subprocess.Popen(
+            c,
+            env={**os.environ, **RANK_ENV, **(envs[i] if envs else {})},
+            cwd=str(ROOT),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i, c in enumerate(cmds)
+    ]
+    tree: dict = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            for p in procs:
+                try:
+                    for c in psutil.Process(p.pid).children(recursive=True):
+                        tree.setdefault(c.pid, c)
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            try:
+                tree.setdefault(p.pid, psutil.Process(p.pid))
+            except psutil.NoSuchProcess:
+                pass
+        reap(list(tree.values()))
+    if not out.exists():
+        err = procs[0].stderr.read()[-1500:] if procs[0].stderr else ""
+        raise RuntimeError(f"{cmds[0][:3]} wrote no result: {err}")
+    data = json.loads(out.read_text())
+    out.unlink()
+    out.parent.rmdir()
+    return data
+
+
+def throughput(pool: Pool, rounds: int, steps: dict[str, int], per_cell_steps: int) -> dict:
+    """Samples/s of the same loop: in one ``%%distributed`` cell, one step per cell, and under torchrun."""
+    out: dict = {}
+    for model, n in steps.items():
+        pool.cell(f"trainer_{model} = loop.build({model!r})")
+        rates: dict[str, list[float]] = {
+            "workbench %%distributed (one cell)": [],
+            "torchrun": [],
+            "workbench, one step per cell (end to end)": [],
+        }
+        cell_rates = []
+        for i in range(rounds):
+            order = ["ours", "torchrun"] if i % 2 == 0 else ["torchrun", "ours"]
+            for side in order:
+                if side == "ours":
+                    wall = pool.cell(f"r = loop.measure(trainer_{model}, steps={n})")
+                    r = pool.s.pull("r", rank=0)
+                    rates["workbench %%distributed (one cell)"].append(r["samples_per_s"])
+                    cell_rates.append(r["samples_per_s"] * r["seconds"] / wall)  # includes cell overhead
+                else:
+                    rates["torchrun"].append(_torchrun(["train", model, str(n)])["samples_per_s"])
+            # the interactive way: one step per cell, timed end to end in the kernel
+            samples_per_step = pool.s.pull(f"trainer_{model}.history[-1].samples", rank=0)
+            t0 = time.perf_counter()
+            for _ in range(per_cell_steps):
+                pool.cell(f"trainer_{model}.run(steps=1)")
+            rates["workbench, one step per cell (end to end)"].append(
+                per_cell_steps * samples_per_step / (time.perf_counter() - t0)
+            )
+        pool.cell(f"del trainer_{model}")
+        res = {k: summary(v, 1, 1) for k, v in rates.items()}
+        res["workbench %%distributed (one cell, end to end)"] = summary(cell_rates, 1, 1)
+        tr = res["torchrun"]["median"]
+        res["ratio_to_torchrun"] = {
+            k: round(v["median"] / tr, 3)
+            for k, v in res.items()
+            if isinstance(v, dict) and "median" in v and tr
+        }
+        res["steps_per_round"] = n
+        out[model] = res
+    return out
+
+
+def dashboard(pool: Pool, rounds: int, steps: int) -> dict:
+    """MLP samples/s with the live dashboard on (publisher on every rank + widget refreshing here) vs off."""
+    from workbench.metrics import remote
+    from workbench.widgets.dashboard import Dashboard
+
+    s = pool.s
+    if s.metrics is None:
+        return {"error": "this pool has no metrics collector"}
+    pool.cell("trainer_d = loop.build('mlp')")
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    delays: list[float] = []
+    try:
+        for i in range(rounds):
+            for side in ["off", "on"] if i % 2 == 0 else ["on", "off"]:
+                dash = None
+                if side == "on":
+                    s.apply(remote.connect, s.metrics.url)
+                    pool.cell("loop.set_metrics(trainer_d, True)")
+                    dash = Dashboard(s.metrics, run="latest")
+                    dash.refresh()
+                    dash.delays.clear()  # only this round's points count
+                else:
+                    pool.cell("loop.set_metrics(trainer_d, False)")
+                    s.apply(remote.disconnect)
+                pool.cell(f"r = loop.measure(trainer_d, steps={steps})")
+                rates[side].append(s.pull("r", rank=0)["samples_per_s"])
+                if dash is not None:
+                    time.sleep(0.6)  # the last points reach the widget
+                    dash.refresh()
+                    delays += list(dash.delays)
+                    dash.close()
+    finally:
+        s.apply(remote.connect, s.metrics.url)  # as the pool had it
+        pool.cell("del trainer_d", check=False)
+    res = {k: summary(v, 1, 1) for k, v in rates.items()}
+    res["ratio_on_to_off"] = (
+        round(res["on"]["median"] / res["off"]["median"], 3) if res["off"]["median"] else None
+    )
+    res["loss_point_to_widget_s"] = summary(delays, 1, 3)
+    if delays:
+        ordered = sorted(delays)
+        res["loss_point_to_widget_s"]["p95"] = round(ordered[int(0.95 * (len(ordered) - 1))], 3)
+    res["steps_per_round"] = steps
+    return res
+
+
+def allreduce(pool: Pool, rounds: int) -> dict:
+    """Algorithm bandwidth of all_reduce (bytes / seconds per op) from 1 KiB to 64 MiB."""
+    per: dict[str, dict[int, list[float]]] = {
+        "workbench": {n: [] for n in SIZES},
+        "raw gloo": {n: [] for n in SIZES},
+    }
+    for i in range(rounds):
+        for side in ["workbench", "raw gloo"] if i % 2 == 0 else ["raw gloo", "workbench"]:
+            if side == "workbench":
+                pool.cell(f"ar = loop.allreduce_sweep({SIZES!r})")
+                got = {int(k): v for k, v in pool.s.pull("ar", rank=0).items()}
+            else:
+                got = {
+                    int(k): v
+                    for k, v in _raw_pair(["allreduce", ",".join(map(str, SIZES))])["seconds"].items()
+                }
+            for n in SIZES:
+                per[side][n].append(got[n])
+    out = {}
+    for n in SIZES:
+        row = {side: summary([n / t / 1e9 for t in per[side][n]], 1, 3) for side in per}
+        row["latency_us"] = {
+            side: round(sorted(per[side][n])[len(per[side][n]) // 2] * 1e6, 1) for side in per
+        }
+        rg = row["raw gloo"]["median"]
+        row["ratio_to_raw"] = round(row["workbench"]["median"] / rg, 3) if rg else None
+        out[_size(n)] = row
+    return {"unit": "GB/s (algorithm bandwidth)", "sizes": out}
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def memory(pool: Pool) -> dict:
+    """Resident memory of each engine (torch loaded, group formed) vs a bare Python that imported torch."""
+
+    def mem(p: psutil.Process) -> dict:
+        m = p.memory_full_info()
+        return {
+            "rss_mib": round(m.rss / 2**20, 1),
+            "uss_mib": round(m.uss / 2**20, 1),
+            "pss_mib": round(getattr(m, "pss", 0) / 2**20, 1),
+        }
+
+    engines = [mem(psutil.Process(r.pid)) for r in pool.s.ranks]
+    code = (
+        "import json, psutil, torch\nm = psutil.Process().memory_full_info()\n"
+        "print(json.dumps({'rss_mib': round(m.rss / 2**20, 1), 'uss_mib': round(m.uss / 2**20, 1), "
+        "'pss_mib': round(getattr(m, 'pss', 0) / 2**20, 1)}))"
+    )
+    bare = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **RANK_ENV},
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    return {
+        "workbench engine (each rank)": engines,
+        "bare python + import torch": bare,
+        "ratio_rss": round(engines[0]["rss_mib"] / bare["rss_mib"], 2),
+    }
