@@ -79,8 +79,9 @@ def _tools(anchors: bool) -> dict:
     return tools
 
 
-def run(reps: int = 3, anchors: bool = True) -> dict:
-    tools = _tools(anchors)
+def run(reps: int = 3, anchors: bool = True, only: tuple[str, ...] | None = None) -> dict:
+    """``reps`` trials of every tool (``only``: just these), a different tool first each round."""
+    tools = {k: v for k, v in _tools(anchors).items() if only is None or k in only}
     trials: dict[str, list[dict]] = {k: [] for k in tools}
     names = list(tools)
     for i in range(reps):

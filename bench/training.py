@@ -52,18 +52,10 @@ class Pool:
         self.cell("%dist stop", check=False)
 
 
-def _torchrun(args: list[str], timeout: float = 300) -> dict:
+def _torchrun(args: list[str], timeout: float = 300, nproc: int = 2, env: dict | None = None) -> dict:
     out = Path(tempfile.mkdtemp(prefix="wb-bench-")) / "out.json"
-    cmd = [
-        str(TORCHRUN),
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(BENCH / "rank_main.py"),
-        *args,
-        str(out),
-    ]
-    return _launch([cmd], out, timeout)
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc), str(BENCH / "rank_main.py"), *args]
+    return _launch([[*cmd, str(out)]], out, timeout, [env or {}])
 
 
 def _raw_pair(args: list[str], timeout: float = 300) -> dict:

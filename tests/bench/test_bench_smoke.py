@@ -1,0 +1,136 @@
+"""Each benchmark runs briefly, so that none rots: shapes of the results, no timings asserted.
+
+The figures themselves come from ``make bench`` (bench/results/); nothing here compares speeds.
+The anchors (nbdistributed, accelerate) are exercised only where ``bench/.venv-anchors`` exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.conftest import alive
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def _anchors() -> bool:
+    from bench.run import anchors_status
+
+    return anchors_status()[0]
+
+
+def _has_summary(s: dict) -> bool:
+    return s["n"] >= 1 and s["min"] <= s["median"] <= s["max"]
+
+
+def test_cells_in_process_and_through_ipykernels():
+    from bench import cells
+
+    anchors = _anchors()
+    got = cells.in_process(runs=2, block=1, anchors=anchors)
+    res = got["results"]
+    assert {
+        "workbench %%distributed",
+        "workbench Session.run",
+        "ipyparallel DirectView.execute",
+        "ipyparallel %%px",
+    } <= set(res)
+    assert all(_has_summary(s) for s in res.values()), res
+    if anchors:
+        assert "nbdistributed %%distributed" in res, got["notes"]
+    kern = cells.through_kernels(runs=1, block=1, anchors=False)
+    assert set(kern["results"]) == {"workbench %%distributed (ipykernel)", "ipyparallel %%px (ipykernel)"}
+    assert kern["leftover"] == 0
+
+
+def test_time_to_ready_of_workbench_and_torchrun():
+    from bench import ready
+
+    got = ready.run(reps=1, anchors=False, only=("workbench", "torchrun"))
+    for name in ("workbench", "torchrun"):
+        assert "errors" not in got[name], got[name]
+        assert _has_summary(got[name]["ready_s"]) and _has_summary(got[name]["stop_s"])
+        assert got[name]["leftover_processes"] == 0, got[name]
+    assert [m for m, _ in got["workbench"]["marks"]][0] == "starting controller"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    from bench.training import Pool
+
+    p = Pool()
+    pids = p.s.pids()
+    yield p
+    p.stop()
+    assert alive(pids) == []
+
+
+def test_memory(pool):
+    from bench import training
+
+    got = training.memory(pool)
+    assert len(got["workbench engine (each rank)"]) == 2
+    assert got["bare python + import torch"]["rss_mib"] > 0
+
+
+def test_allreduce_sweep(pool):
+    from bench import training
+
+    got = training.allreduce(pool, rounds=1)
+    assert list(got["sizes"]) == ["1 KiB", "16 KiB", "256 KiB", "4 MiB", "64 MiB"]
+    assert all(
+        row["workbench"]["median"] > 0 and row["raw gloo"]["median"] > 0 for row in got["sizes"].values()
+    )
+
+
+def test_throughput_against_torchrun(pool):
+    from bench import training
+
+    got = training.throughput(pool, rounds=1, steps={"mlp": 2, "gpt": 1}, per_cell_steps=1)
+    for model in ("mlp", "gpt"):
+        assert _has_summary(got[model]["torchrun"]) and _has_summary(
+            got[model]["workbench %%distributed (one cell)"]
+        )
+        assert got[model]["ratio_to_torchrun"]["torchrun"] == 1.0
+
+
+def test_dashboard_on_and_off(pool):
+    from bench import training
+
+    got = training.dashboard(pool, rounds=2, steps=3)
+    assert _has_summary(got["on"]) and _has_summary(got["off"])
+    assert got["ratio_on_to_off"] > 0
+
+
+def test_recovery_after_kill_9():
+    from bench import recovery
+
+    got = recovery.run(reps=1, steps_before=2, every=1)
+    assert got["notes"] == []
+    assert _has_summary(got["phases"]["total_s"]) and got["resumed_from_step"] >= 2
+
+
+def test_anchors_side():
+    if not _anchors():
+        pytest.skip("bench/.venv-anchors is not installed (`make bench` makes it)")
+    from bench.common import ANCHORS_PY, BENCH, run_json
+
+    env = {"PATH": f"{ANCHORS_PY.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for what in ("ready-accelerate", "ready-nbdistributed"):
+        got = run_json([str(ANCHORS_PY), str(BENCH / "anchors_side.py"), what], timeout=240, env=env)
+        assert "error" not in got and got["ready_s"] > 0 and got["leftover"] == 0, got
+
+
+def test_run_writes_json_and_table(tmp_path):
+    from bench import run
+
+    assert run.main(["--quick", "--no-anchors", "--only", "memory", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "memory.json").read_text())
+    assert (
+        record["machine"]["cores"] and record["load_average"]["start"] and record["versions"]["workbench env"]
+    )
+    table = (tmp_path / "RESULTS.md").read_text()
+    assert "## Memory of one rank" in table and "Quick run" in table
