@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 
 from workbench.config import BACKENDS, LAUNCHERS
 
-SUBCOMMANDS = ("start", "status", "stop", "restart", "push", "pull", "auto", "attach")
+SUBCOMMANDS = ("start", "status", "stop", "restart", "scale", "check", "push", "pull", "auto", "attach")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,7 +28,8 @@ def _positive_int(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value}): the pool needs one engine per rank")
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value}): the pool needs one engine "
+                                         "per rank")
     return value
 
 
@@ -51,9 +52,28 @@ def _dist_parser() -> _Parser:
     start.add_argument("--launcher", choices=LAUNCHERS, default="local")
     start.add_argument("--backend", choices=BACKENDS, default="auto")
     start.add_argument("--timeout", type=_seconds, default=60.0)
+    # cluster launchers (see workbench.pool.launchers)
+    start.add_argument("--nodes", type=_positive_int, default=None, help="Slurm: nodes to run engines on")
+    start.add_argument("--gpus-per-node", dest="gpus_per_node", type=_positive_int, default=None,
+                       help="one engine per GPU on every node or host, each pinned to its GPU")
+    start.add_argument("--partition", default=None, help="Slurm partition")
+    start.add_argument("--time", default=None, help="Slurm time limit, e.g. 30 or 2:00:00")
+    start.add_argument("--account", default=None, help="Slurm account")
+    start.add_argument("--hosts", default=None, help="ssh/mpi: hosts to start engines on, e.g. node1,node2")
+    net = start.add_mutually_exclusive_group()
+    net.add_argument("--interface", default=None,
+                     help="network interface the engines reach this kernel on (default: loopback)")
+    net.add_argument("--address", default=None, help="IP address to listen on instead of an interface name")
+    start.add_argument("--idle-release", dest="idle_release", type=_seconds, default=None,
+                       help="stop the pool (release its nodes) after this many idle seconds")
     sub.add_parser("status", prog="%dist status", add_help=False, allow_abbrev=False)
     sub.add_parser("stop", prog="%dist stop", add_help=False, allow_abbrev=False)
     sub.add_parser("restart", prog="%dist restart", add_help=False, allow_abbrev=False)
+    scale = sub.add_parser("scale", prog="%dist scale", add_help=False, allow_abbrev=False)
+    scale.add_argument("n", type=_positive_int, help="the new number of ranks")
+    check = sub.add_parser("check", prog="%dist check", add_help=False, allow_abbrev=False)
+    check.add_argument("--size-mb", dest="size_mb", type=_seconds, default=4.0,
+                       help="all_reduce message size for the bandwidth figure")
     push = sub.add_parser("push", prog="%dist push", add_help=False, allow_abbrev=False)
     push.add_argument("names", nargs="+")
     push.add_argument("--ranks", default=None)
@@ -87,6 +107,11 @@ def parse_dist(line: str) -> argparse.Namespace:
 
     >>> parse_dist("start -n 4 --backend gloo").n
     4
+    >>> a = parse_dist("start --launcher slurm --nodes 2 --gpus-per-node 4 --partition gpu --interface ib0")
+    >>> a.nodes, a.gpus_per_node, a.partition, a.interface
+    (2, 4, 'gpu', 'ib0')
+    >>> parse_dist("scale 3").n
+    3
     >>> parse_dist("launch")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...

@@ -24,7 +24,8 @@ STATUS_COLUMNS = ["rank", "host", "pid", "device", "state"]
 
 @magics_class
 class DistributedMagics(Magics):
-    """``%dist start|status|stop|push|pull|auto``, ``%%distributed`` and ``%%local``."""
+    """``%dist start|status|stop|restart|scale|check|push|pull|auto|attach``, ``%%distributed``,
+    ``%%local``."""
 
     def __init__(self, shell):
         super().__init__(shell)
@@ -34,9 +35,16 @@ class DistributedMagics(Magics):
     # -- %dist -------------------------------------------------------------------------
     @line_magic
     def dist(self, line: str):
-        """Control the pool: ``%dist start [-n N] [--launcher local] [--backend auto|gloo|nccl] [--timeout S]``,
-        ``%dist status``, ``%dist stop``, ``%dist restart``, ``%dist push NAME...``, ``%dist pull NAME [--rank R]``,
-        ``%dist auto on|off``, ``%dist attach [POOL_ID]``."""
+        """Control the pool.
+
+        ``%dist start [-n N] [--launcher local|slurm|mpi|ssh] [--backend auto|gloo|nccl] [--timeout S]
+        [--nodes K] [--gpus-per-node G] [--partition P] [--time T] [--account A] [--hosts a,b]
+        [--interface IF | --address IP] [--idle-release S]``, ``%dist status``, ``%dist stop``,
+        ``%dist restart``, ``%dist scale N``, ``%dist check [--size-mb M]``, ``%dist push NAME...``,
+        ``%dist pull NAME [--rank R]``, ``%dist auto on|off``, ``%dist attach [POOL_ID]``.
+
+        Example: ``%dist start --launcher slurm --nodes 2 --gpus-per-node 4 --partition gpu --interface ib0``.
+        """
         args = parse_dist(line)
         return getattr(self, f"_dist_{args.command}")(args)
 
@@ -50,8 +58,15 @@ class DistributedMagics(Magics):
         s = session_mod._current
         if s is not None and s.running:
             raise UsageError(f"a pool of {s.world_size} ranks is already running: `%dist stop` it first.")
+        options = dict(n=args.n, launcher=args.launcher, backend=args.backend, timeout=args.timeout,
+                       nodes=args.nodes, gpus_per_node=args.gpus_per_node, partition=args.partition,
+                       time=args.time, account=args.account, hosts=args.hosts or (),
+                       interface=args.interface, idle_release=args.idle_release)
+        if args.address:
+            options["address"] = args.address
         try:
-            config = PoolConfig(n=args.n, launcher=args.launcher, backend=args.backend, timeout=args.timeout)
+            config = PoolConfig(**options)
+            s = Session(config)  # resolves --interface: a wrong name is a usage error too
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         handle = display({"text/plain": "starting pool"}, raw=True, display_id=True)
@@ -62,7 +77,10 @@ class DistributedMagics(Magics):
             else:
                 print(message)
 
-        s = Session(config).start(progress=progress)
+        try:
+            s.start(progress=progress)
+        except ValueError as exc:  # e.g. loopback with engines on other machines: nothing was started
+            raise UsageError(str(exc)) from None
         print(format_table(s.status(), STATUS_COLUMNS))
 
     def _dist_attach(self, args):
@@ -105,6 +123,22 @@ class DistributedMagics(Magics):
         what = f"restarted rank {', '.join(map(str, restarted))}" if restarted else "no rank was dead"
         print(f"{what}; the process group is re-formed.")
         print(format_table(s.status(), STATUS_COLUMNS))
+
+    def _dist_scale(self, args):
+        s = self._session("%dist scale")
+        before = s.world_size
+        s.scale(args.n, progress=print)
+        print(f"scaled from {before} to {s.world_size} ranks; the process group is re-formed "
+              "(resume training from its checkpoint at the new world size).")
+        print(format_table(s.status(), STATUS_COLUMNS))
+
+    def _dist_check(self, args):
+        from workbench.preflight import run_check
+
+        s = self._session("%dist check")
+        report = run_check(s, size_mb=args.size_mb)
+        print(report.format())
+        return None
 
     def _dist_push(self, args):
         s = self._session("%dist push")

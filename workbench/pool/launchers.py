@@ -11,12 +11,11 @@ gives the keyword arguments for ``Cluster.start_engines`` (they become the launc
 - ``ssh``: ``SSHEngineSetLauncher`` with ``engines={host: count}``; the remote Python is this kernel's
   interpreter path (a shared file system or the same install on every host).
 
-Pure functions over the config (no processes), except ``find_spec`` for mpi4py.
+Pure functions over the config (no processes).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -172,8 +171,8 @@ def engine_set_kwargs(config: PoolConfig, n: int, *, work_dir: str, env: dict[st
         kwargs["mpi_args"] = mpi_args
         # Open MPI refuses root without these (MPICH ignores them)
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        if importlib.util.find_spec("mpi4py") is None:
-            args.append("--IPEngine.use_mpi=False")  # ipyparallel's --mpi needs mpi4py; torch does not
+        # ipyparallel's MPI launcher always passes --mpi, which needs mpi4py; torch.distributed does not
+        kwargs["engine_cmd"] = [sys.executable, "-m", "workbench.pool.mpiengine"]
     elif config.launcher == "ssh":
         kwargs.update(engines=spread(n, list(config.hosts)), remote_python=sys.executable)
     kwargs.update(config.launcher_options)

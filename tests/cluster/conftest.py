@@ -1,0 +1,83 @@
+"""Fixtures for real clusters on one machine: a Slurm box and "hosts" made of network namespaces.
+
+Each fixture checks what it needs (root, namespaces, the Debian packages) and skips with the reason only
+where that is missing; `.ci/run` installs the packages, so in CI these tests run. Every fixture stops
+what it started, by pid, and deletes its namespaces, also when the test fails.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+
+import pytest
+
+from tests.cluster import infra
+
+
+@pytest.fixture(scope="session")
+def namespaces_ok():
+    reason = infra.why_no_namespaces()
+    if reason:
+        pytest.skip(reason)
+
+
+def need(*commands: str) -> None:
+    gone = infra.missing(*commands)
+    if gone:
+        pytest.skip(f"not installed: {', '.join(gone)} (see .ci/run for the Debian packages)")
+
+
+@pytest.fixture
+def workdir():
+    path = infra.scratch("wb-cluster-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm_box(namespaces_ok, workdir):
+    """A one-node Slurm in its own namespace; yields (box, namespace)."""
+    need("slurmctld", "slurmd", "munged", "mungekey", "sbatch", "squeue", "scancel", "sinfo")
+    ns = infra.Netns.create(f"wbslurm{secrets.token_hex(3)}")
+    box = infra.SlurmBox(ns, workdir / "slurm")
+    (workdir / "slurm").mkdir()
+    try:
+        box.start()
+        yield box, ns
+    finally:
+        box.stop()
+        ns.delete()
+
+
+@pytest.fixture
+def lo_host(namespaces_ok):
+    """A namespace with loopback only: a machine of its own for local-only launchers (mpiexec)."""
+    ns = infra.Netns.create(f"wblo{secrets.token_hex(3)}")
+    try:
+        yield ns
+    finally:
+        ns.delete()
+
+
+@pytest.fixture
+def three_hosts(namespaces_ok, workdir):
+    """head (10.77.0.1, runs the kernel and controller), n1 (10.77.0.11) and n2 (10.77.0.12) on one
+    bridge, each with its interface named wb0 and its own hostname; sshd on n1 and n2."""
+    need("ssh", "sshd", "ssh-keygen", "scp")
+    tag = f"wb{secrets.token_hex(2)}"
+    hosts = {}
+    sshds = []
+    try:
+        hosts = infra.make_hosts(tag, ["head", "n1", "n2"])
+        for name in ("n1", "n2"):
+            ns, address = hosts[name]
+            sshds.append(infra.Sshd(ns, address, workdir, hostname=name).start())
+        for sshd in sshds:
+            sshd.wait(hosts["head"][0])
+        yield hosts
+    finally:
+        for sshd in sshds:
+            sshd.stop()
+        for ns, _ in hosts.values():
+            ns.delete()

@@ -1,0 +1,228 @@
+"""The "notebook" of a cluster test: runs on the head node (inside a test namespace), drives the
+workbench through its magics in a real IPython shell, and writes what it saw as JSON.
+
+Usage: ``python tests/cluster/driver.py SCENARIO SPEC_JSON RESULT_FILE`` (see tests/cluster/infra.py).
+Whatever happens, the pool is stopped before the result is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+
+import psutil
+
+
+def run(ip, cell: str) -> str:
+    """Run a cell like a notebook would; raise with its output if it failed."""
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as cap:
+        result = ip.run_cell(cell)
+    shown = cap.stdout + cap.stderr + "".join(o.data.get("text/plain", "") + "\n" for o in cap.outputs)
+    print(shown, flush=True)
+    if not result.success:
+        raise RuntimeError(f"cell failed: {cell.splitlines()[0]}\n{shown}\n{result.error_in_exec!r}")
+    return shown
+
+
+def listening(pids: set[int] | None = None) -> list[list]:
+    """TCP/UDP sockets listening in this network namespace: [ip, port, pid]."""
+    out = []
+    for c in psutil.net_connections(kind="inet"):
+        if (c.status == psutil.CONN_LISTEN or (c.type == 2 and not c.raddr)) and c.laddr:
+            if pids is None or c.pid in pids:
+                out.append([c.laddr.ip, c.laddr.port, c.pid])
+    return out
+
+
+ALL_REDUCE = """%%distributed
+import os, socket, torch
+t = torch.ones(4) * (rank + 1)
+dist.all_reduce(t)
+where = {"rank": rank, "host": socket.gethostname(), "sum": t[0].item(),
+         "ifname": os.environ.get("GLOO_SOCKET_IFNAME"), "master": os.environ.get("MASTER_ADDR"),
+         "slurm_job": os.environ.get("SLURM_JOB_ID"), "slurm_procid": os.environ.get("SLURM_PROCID"),
+         "mpi_rank": os.environ.get("OMPI_COMM_WORLD_RANK"), "pid": os.getpid()}
+"""
+
+
+def scenario_slurm(ip, spec: dict) -> dict:
+    from workbench import session
+
+    t0 = time.perf_counter()
+    run(ip, "%dist start --launcher slurm -n 2 --interface lo --partition debug --time 10 --timeout 120")
+    start_s = time.perf_counter() - t0
+    s = session.current()
+    jobs = s._pool.jobs()
+    state = subprocess.run(["squeue", "-h", "-o", "%i %T %D %C"], capture_output=True, text=True).stdout
+    run(ip, ALL_REDUCE)
+    where = s.pull("where")
+    check = run(ip, "%dist check --size-mb 1")
+    pids = s.pids()
+    run(ip, "%dist stop")
+    t1 = time.perf_counter()
+    queue = "?"
+    while time.perf_counter() - t1 < 30:
+        queue = subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip()
+        if not queue:
+            break
+        time.sleep(0.2)
+    return {"start_s": start_s, "ready_s": s.start_seconds, "jobs": jobs, "squeue_running": state,
+            "where": where, "check": check, "squeue_after_stop": queue,
+            "release_s": time.perf_counter() - t1,
+            "left": [p for p in pids if psutil.pid_exists(p)]}
+
+
+def scenario_mpi(ip, spec: dict) -> dict:
+    from workbench import session
+
+    t0 = time.perf_counter()
+    run(ip, f"%dist start --launcher mpi -n 2 --idle-release {spec['idle']} --timeout 120")
+    start_s = time.perf_counter() - t0
+    s = session.current()
+    pids = s.pids()
+    names = [psutil.Process(p).name() for p in pids if psutil.pid_exists(p)]
+    run(ip, ALL_REDUCE)
+    where = s.pull("where")
+    # the idle timer prints from its own thread: catch what it prints, as the notebook would show it
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        deadline = time.monotonic() + spec["idle"] + 20
+        while "stopped the idle pool" not in printed.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return {"start_s": start_s, "where": where, "process_names": names, "idle_output": printed.getvalue(),
+            "running_after_idle": s.running, "left": [p for p in pids if psutil.pid_exists(p)]}
+
+
+DDP_TRAIN = """%%distributed
+import torch, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from workbench.train import checkpoint as ckpt
+torch.manual_seed(0)
+model = DDP(nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+g = torch.Generator().manual_seed(1)
+X = torch.randn(96, 8, generator=g); Y = X @ torch.randn(8, 1, generator=g)
+def train(steps):
+    out = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = ((model(X[rank::world_size]) - Y[rank::world_size]) ** 2).mean()
+        loss.backward(); opt.step(); out.append(loss.item())
+    return out
+first = train(20)
+ckpt.save(CKPT, model=model, optimizer=opt, step=20)
+flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+every = [torch.zeros_like(flat) for _ in range(world_size)]
+dist.all_gather(every, flat)
+same = all(torch.equal(every[0], e) for e in every)
+"""
+
+DDP_RESUME = """%%distributed
+import torch, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from workbench.train import checkpoint as ckpt
+torch.manual_seed(123)  # different init: the checkpoint must overwrite it
+model = DDP(nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+g = torch.Generator().manual_seed(1)
+X = torch.randn(96, 8, generator=g); Y = X @ torch.randn(8, 1, generator=g)
+step = ckpt.load(CKPT, model=model, optimizer=opt)
+def train(steps):
+    out = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = ((model(X[rank::world_size]) - Y[rank::world_size]) ** 2).mean()
+        loss.backward(); opt.step(); out.append(loss.item())
+    return out
+second = train(10)
+flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+every = [torch.zeros_like(flat) for _ in range(world_size)]
+dist.all_gather(every, flat)
+same = all(torch.equal(every[0], e) for e in every)
+"""
+
+LISTEN = """%%distributed
+import psutil
+listen = [[c.laddr.ip, c.laddr.port, c.pid] for c in psutil.net_connections(kind="inet")
+          if c.status == psutil.CONN_LISTEN]
+"""
+
+
+def scenario_ssh(ip, spec: dict) -> dict:
+    from workbench import PoolConfig, Session, session
+    from workbench.preflight import run_check
+
+    opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"]}
+    config = PoolConfig(launcher="ssh", hosts=spec["hosts"], interface=spec["interface"], timeout=120,
+                        launcher_options=opts)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s = Session(config).start(progress=lambda m: print(m, flush=True))
+    start_s = time.perf_counter() - t0
+    out: dict = {"start_s": start_s, "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
+                 "address": s.config.address, "ranks": [r.__dict__ for r in s.ranks]}
+    run(ip, ALL_REDUCE)
+    out["where"] = s.pull("where")
+    s.push({"CKPT": spec["ckpt"]})
+    run(ip, DDP_TRAIN)
+    out["ddp_first"] = s.pull("first")
+    out["ddp_same"] = s.pull("same")
+    # who listens where, on every "host", while the process group is up and has trained
+    run(ip, LISTEN)
+    out["listen_engines"] = {r["host"]: v for r, v in zip(out["where"], s.pull("listen"), strict=True)}
+    out["listen_head"] = listening()
+    report = run_check(s, size_mb=4)
+    print(report, flush=True)
+    out["check"] = report.format()
+    out["check_ok"] = report.ok
+    out["check_probe"] = {k: v for k, v in report.probes[0].items() if k != "versions"}
+    # elastic: a third rank (on the first host), then resume from the checkpoint at world size 3
+    t1 = time.perf_counter()
+    run(ip, "%dist scale 3")
+    out["scale_s"] = time.perf_counter() - t1
+    out["ranks_after_scale"] = [r.__dict__ for r in s.ranks]
+    s.push({"CKPT": spec["ckpt"]})
+    run(ip, DDP_RESUME)
+    out["resumed_step"] = s.pull("step")
+    out["ddp_second"] = s.pull("second")
+    out["ddp_same_after"] = s.pull("same")
+    run(ip, "%dist stop")
+    out["running_after_stop"] = session._current is not None and session._current.running
+    return out
+
+
+SCENARIOS = {"slurm": scenario_slurm, "mpi": scenario_mpi, "ssh": scenario_ssh}
+
+
+def main() -> None:
+    scenario, spec, result_file = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    result: dict = {"scenario": scenario, "host": os.uname().nodename}
+    try:
+        from IPython.testing.globalipapp import start_ipython
+
+        ip = start_ipython()
+        ip.run_line_magic("load_ext", "workbench")
+        result.update(SCENARIOS[scenario](ip, spec))
+    except BaseException:
+        result["error"] = traceback.format_exc()
+    finally:
+        from workbench import session
+
+        if session._current is not None:
+            session._current.stop()
+    with open(result_file, "w") as f:
+        json.dump(result, f, default=str)
+
+
+if __name__ == "__main__":
+    main()

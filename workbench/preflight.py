@@ -1,0 +1,274 @@
+"""The preflight check (``%dist check``): can these ranks train together, and how fast do they talk?
+
+One table a person can read before a workshop starts: every rank sees its device, the ranks can
+all_reduce (and get the right sum), the measured all_reduce latency and bandwidth (across the whole
+pool, and between nodes where there are several), each rank's clock offset from the kernel, and the
+versions of Python, torch, CUDA/NCCL and the workbench on every rank, with any skew named.
+
+Kernel side: :func:`run_check`. Engine side: :func:`probe` (imports torch only when it runs, on the
+engines; this module imports no torch, so the kernel never touches CUDA).
+
+>>> report = run_check(session)          # doctest: +SKIP
+>>> print(report)                        # doctest: +SKIP
+rank  host  device  device ok  all_reduce  latency us  busbw GB/s  clock ms  torch
+0     vm    cpu     yes        ok          85          1.92        +0.1      2.13.0
+...
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+# Versions compared across ranks: a difference in any of them is reported as skew.
+VERSION_KEYS = ("python", "torch", "cuda", "nccl", "workbench", "ipyparallel", "numpy")
+# Clock offsets beyond this (between any two ranks) are flagged: logs and traces stop lining up.
+CLOCK_SKEW_WARN_MS = 100.0
+COLUMNS = ["rank", "host", "device", "device ok", "all_reduce", "latency us", "busbw GB/s", "clock ms",
+           "torch", "python"]
+
+
+def _time_all_reduce(tensor, iters: int, group=None) -> float:
+    """Seconds per all_reduce of ``tensor`` (median of ``iters``, after a warm-up), in step on all ranks."""
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(2):
+        dist.all_reduce(tensor, group=group)
+    times = []
+    for _ in range(iters):
+        dist.barrier(group=group)
+        if tensor.is_cuda:
+            torch.cuda.synchronize(tensor.device)
+        t0 = time.perf_counter()
+        dist.all_reduce(tensor, group=group)
+        if tensor.is_cuda:
+            torch.cuda.synchronize(tensor.device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bus_bandwidth(nbytes: int, seconds: float, world: int) -> float:
+    """all_reduce bus bandwidth in GB/s (the nccl-tests convention: ``algbw * 2 (n - 1) / n``).
+
+    >>> round(bus_bandwidth(1_000_000_000, 1.0, 2), 3)
+    1.0
+    >>> bus_bandwidth(100, 0.0, 1)
+    0.0
+    """
+    if world < 2 or seconds <= 0:
+        return 0.0
+    return nbytes / seconds / 1e9 * 2 * (world - 1) / world
+
+
+def versions() -> dict:
+    """The versions this process runs, for the skew check (engine side: imports torch)."""
+    import platform
+
+    import torch
+
+    import workbench
+
+    out = {"python": platform.python_version(), "torch": torch.__version__,
+           "cuda": torch.version.cuda or "-", "nccl": "-"}
+    if torch.cuda.is_available():
+        try:
+            out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:
+            pass
+    for name in ("ipyparallel", "numpy"):
+        try:
+            out[name] = __import__(name).__version__
+        except Exception:
+            out[name] = "-"
+    try:
+        from importlib.metadata import version
+
+        out["workbench"] = version("distributed-workbench")
+    except Exception:
+        out["workbench"] = getattr(workbench, "__version__", "-")
+    return out
+
+
+def probe(device, size_mb: float = 4.0, iters: int = 10) -> dict:
+    """Engine side, on every rank at once (inside the process group): device, all_reduce, timings.
+
+    Collective: every rank must call it together (``%dist check`` does).
+    """
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device(device)
+    out: dict = {"rank": rank, "host": socket.gethostname(), "device": str(dev), "versions": versions()}
+    try:
+        if dev.type == "cuda":
+            ok = torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count()
+            out["device_name"] = torch.cuda.get_device_name(dev) if ok else "not visible"
+        else:
+            ok = True
+            out["device_name"] = "cpu"
+        (torch.ones(2, device=dev) * 2).sum().item()  # the device really runs work
+        out["device_ok"] = bool(ok)
+    except Exception as exc:  # a device that is listed but broken
+        out["device_ok"], out["device_error"] = False, f"{type(exc).__name__}: {exc}"
+    if not out["device_ok"]:
+        dev = torch.device("cpu")  # still take part in the collectives, so the others do not hang
+
+    t = torch.full((4,), float(rank + 1), device=dev)
+    dist.all_reduce(t)
+    expected = world * (world + 1) / 2
+    out["all_reduce_ok"] = bool(torch.allclose(t.cpu(), torch.full((4,), expected)))
+
+    small = torch.ones(1, device=dev)
+    out["latency_s"] = _time_all_reduce(small, iters)
+    numel = max(1, int(size_mb * 2**20) // 4)
+    big = torch.ones(numel, dtype=torch.float32, device=dev)
+    seconds = _time_all_reduce(big, max(3, iters // 2))
+    out["bytes"], out["bandwidth_s"] = numel * 4, seconds
+    out["busbw_gbps"] = bus_bandwidth(numel * 4, seconds, world)
+
+    # Between nodes: one rank per host, so the figure is the network's, not shared memory's.
+    hosts: list = [None] * world
+    dist.all_gather_object(hosts, out["host"])
+    leaders = sorted({hosts.index(h) for h in hosts})
+    out["nodes"] = len(leaders)
+    if len(leaders) > 1:
+        group = dist.new_group(ranks=leaders)  # every rank takes part in creating it
+        if rank in leaders:
+            s_lat = _time_all_reduce(torch.ones(1, device=dev), iters, group=group)
+            s_bw = _time_all_reduce(big, max(3, iters // 2), group=group)
+            out["internode"] = {"ranks": leaders, "latency_s": s_lat,
+                                "busbw_gbps": bus_bandwidth(numel * 4, s_bw, len(leaders))}
+        dist.barrier()
+        dist.destroy_process_group(group)
+    return out
+
+
+def clock_offsets(client, engine_ids: list[int], samples: int = 3) -> dict[int, float]:
+    """Each engine's clock minus the kernel's, in seconds (the sample with the shortest round trip).
+
+    The error of each offset is at most half that round trip (a few ms on a LAN).
+    """
+    offsets = {}
+    for eid in engine_ids:
+        best = None
+        for _ in range(samples):
+            t0 = time.time()
+            remote = client[eid].apply_sync(time.time)
+            t1 = time.time()
+            if best is None or t1 - t0 < best[0]:
+                best = (t1 - t0, remote - (t0 + t1) / 2)
+        offsets[eid] = best[1]
+    return offsets
+
+
+def version_skew(per_rank: dict[int, dict]) -> dict[str, dict[str, list[int]]]:
+    """The versions that differ across ranks: ``{"torch": {"2.13.0": [0, 1], "2.12.0": [2]}}``.
+
+    >>> version_skew({0: {"torch": "2.13.0"}, 1: {"torch": "2.13.0"}})
+    {}
+    >>> version_skew({0: {"torch": "2.13.0"}, 1: {"torch": "2.12.0"}})
+    {'torch': {'2.13.0': [0], '2.12.0': [1]}}
+    """
+    skew = {}
+    for key in VERSION_KEYS:
+        seen: dict[str, list[int]] = {}
+        for rank, vers in sorted(per_rank.items()):
+            if key in vers:
+                seen.setdefault(vers[key], []).append(rank)
+        if len(seen) > 1:
+            skew[key] = seen
+    return skew
+
+
+@dataclass
+class CheckReport:
+    """What ``%dist check`` found: one row per rank plus summary lines; ``ok`` when nothing failed."""
+
+    rows: list[dict]
+    summary: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    probes: list[dict] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def format(self) -> str:
+        from workbench.magics.output import format_table
+
+        lines = [format_table(self.rows, COLUMNS), "", *self.summary]
+        lines += [f"PROBLEM: {p}" for p in self.problems] or ["all checks passed."]
+        return "\n".join(lines)
+
+    __str__ = format
+
+
+def _fmt_bw(gbps: float) -> str:
+    return f"{gbps:.2f}"
+
+
+def run_check(session, *, size_mb: float = 4.0, iters: int = 10, timeout: float | None = None) -> CheckReport:
+    """Run the preflight check on every rank of ``session`` at once and collect the table.
+
+    ``size_mb``: the all_reduce message for the bandwidth figure (a few MB shows the link's bandwidth;
+    raise it on fast GPU links). Raises what :meth:`Session.run` raises when a rank fails or hangs.
+
+    >>> report = run_check(session, size_mb=16)    # doctest: +SKIP
+    >>> report.ok, report.summary[0]              # doctest: +SKIP
+    (True, 'all_reduce over 4 ranks on 2 nodes: latency 180 us, bus bandwidth 1.10 GB/s (16 MiB)')
+    """
+    timeout = timeout if timeout is not None else max(60.0, session.config.timeout)
+    session.run("from workbench.preflight import probe as _wb_probe\n"
+                f"_wb_check = _wb_probe(device, size_mb={float(size_mb)!r}, iters={int(iters)})\n"
+                "del _wb_probe", timeout=timeout)
+    probes = session.pull("_wb_check")
+    session.run("del _wb_check", timeout=timeout)
+    offsets = clock_offsets(session.client, [r.engine_id for r in session.ranks])
+    rows, problems = [], []
+    for info, p in zip(session.ranks, probes, strict=True):
+        offset_ms = offsets[info.engine_id] * 1e3
+        rows.append({
+            "rank": info.rank, "host": p["host"], "device": p["device"],
+            "device ok": "yes" if p["device_ok"] else "NO",
+            "all_reduce": "ok" if p["all_reduce_ok"] else "WRONG",
+            "latency us": f"{p['latency_s'] * 1e6:.0f}", "busbw GB/s": _fmt_bw(p["busbw_gbps"]),
+            "clock ms": f"{offset_ms:+.1f}", "torch": p["versions"]["torch"],
+            "python": p["versions"]["python"],
+        })
+        if not p["device_ok"]:
+            problems.append(f"rank {info.rank} ({p['host']}) cannot use {p['device']}: "
+                            f"{p.get('device_error') or p.get('device_name')}.")
+        if not p["all_reduce_ok"]:
+            problems.append(f"rank {info.rank} ({p['host']}) got a wrong all_reduce sum.")
+    p0 = probes[0]
+    world = len(probes)
+    summary = [f"all_reduce over {world} ranks on {p0['nodes']} node{'s' * (p0['nodes'] > 1)}: latency "
+               f"{max(p['latency_s'] for p in probes) * 1e6:.0f} us, bus bandwidth "
+               f"{min(p['busbw_gbps'] for p in probes):.2f} GB/s ({p0['bytes'] / 2**20:g} MiB)"]
+    inter = [p["internode"] for p in probes if "internode" in p]
+    if inter:
+        leaders = ", ".join(map(str, inter[0]["ranks"]))
+        summary.append(f"between nodes (ranks {leaders}, one per node): latency "
+                       f"{max(i['latency_s'] for i in inter) * 1e6:.0f} us, bus bandwidth "
+                       f"{min(i['busbw_gbps'] for i in inter):.2f} GB/s")
+    spread_ms = (max(offsets.values()) - min(offsets.values())) * 1e3
+    summary.append(f"clocks: ranks within {spread_ms:.1f} ms of each other, "
+                   f"{max(abs(v) for v in offsets.values()) * 1e3:.1f} ms at most from the kernel")
+    if spread_ms > CLOCK_SKEW_WARN_MS:
+        problems.append(f"clock skew of {spread_ms:.0f} ms across ranks: timestamps in logs and traces will "
+                        "not line up; run NTP (chrony) on the nodes.")
+    skew = version_skew({p["rank"]: p["versions"] for p in probes})
+    if skew:
+        for key, seen in skew.items():
+            problems.append(f"{key} differs across ranks: " + "; ".join(
+                f"{v} on rank{'s' * (len(r) > 1)} {','.join(map(str, r))}" for v, r in seen.items()) + ".")
+    else:
+        v = p0["versions"]
+        summary.append(f"versions: the same on every rank (python {v['python']}, torch {v['torch']}, "
+                       f"cuda {v['cuda']}, nccl {v['nccl']}, workbench {v['workbench']})")
+    return CheckReport(rows=rows, summary=summary, problems=problems, probes=probes)
