@@ -1,0 +1,88 @@
+"""Our launcher options -> ipyparallel's launchers, and the options' validation (pure: no processes)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from IPython.core.error import UsageError
+
+from workbench.config import PoolConfig
+from workbench.magics.args import parse_dist
+from workbench.pool import launchers, netif
+from workbench.pool.rankmap import EngineInfo, build_rank_map, remap_engines
+
+
+def kwargs(config, n):
+    return launchers.engine_set_kwargs(config, n, work_dir="/scratch", env={"A": "1"}, engine_args=["--x"])
+
+
+def test_slurm_one_engine_per_gpu_on_every_node():
+    config = PoolConfig(launcher="slurm", nodes=2, gpus_per_node=4, partition="gpu", time="1:00:00",
+                        account="proj", interface="lo")
+    assert launchers.default_engines(config) == 8
+    kw = kwargs(config, 8)
+    script = kw["batch_template"]
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
+                 "#SBATCH --partition=gpu", "#SBATCH --time=1:00:00", "#SBATCH --account=proj",
+                 "#SBATCH --export=ALL", "srun --kill-on-bad-exit=0 {program_and_args}"):
+        assert line in script.splitlines()
+    assert kw["batch_file_name"] == "/scratch/slurm_engine.sbatch", "never into the notebook's folder"
+    assert kw["environment"] == {"A": "1"} and kw["engine_args"] == ["--x"]
+    # every engine sees its node's GPUs; the rank map pins local rank i to cuda:i, ranks contiguous per node
+    engines = [EngineInfo(i, f"node{i % 2}", 100 + i, gpus=4) for i in range(8)]
+    ranks = build_rank_map(engines)
+    assert [(r.host, r.local_rank, r.device) for r in ranks[:4]] == [("node0", i, f"cuda:{i}") for i in range(4)]
+    assert [r.node_rank for r in ranks] == [0] * 4 + [1] * 4
+    # an engine-set restart: new engine ids, same ranks on the same host and device
+    again = remap_engines(ranks, [EngineInfo(20 + i, f"node{i % 2}", 200 + i, gpus=4) for i in range(8)])
+    assert [(r.rank, r.host, r.device) for r in again] == [(r.rank, r.host, r.device) for r in ranks]
+    assert {r.engine_id for r in again}.isdisjoint({r.engine_id for r in ranks})
+
+
+def test_slurm_cpu_tasks_and_user_options():
+    kw = kwargs(PoolConfig(launcher="slurm", launcher_options={"options": "--qos=high"}), 3)
+    assert "#SBATCH --ntasks=3" in kw["batch_template"] and kw["options"] == "--qos=high"
+
+
+def test_mpi_and_ssh():
+    kw = kwargs(PoolConfig(launcher="mpi", hosts="a,b"), 4)
+    assert kw["mpi_args"] == ["--host", "a:2,b:2"]
+    assert kw["engine_cmd"] == [sys.executable, "-m", "workbench.pool.mpiengine"]
+    assert kw["environment"]["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
+    kw = kwargs(PoolConfig(launcher="ssh", hosts=("n1", "n2"), gpus_per_node=2), 4)
+    assert kw["engines"] == {"n1": 2, "n2": 2} and kw["remote_python"] == sys.executable
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"launcher": "ssh"}, "needs the hosts"),
+    ({"launcher": "local", "nodes": 2}, "only apply to --launcher slurm"),
+    ({"launcher": "local", "hosts": "a"}, "hosts apply to"),
+    ({"launcher": "slurm", "time": "soon"}, "not a Slurm time limit"),
+    ({"launcher": "slurm", "nodes": 2, "gpus_per_node": 2, "n": 3}, "does not match"),
+    ({"launcher": "local", "gpus_per_node": 2}, "for cluster launchers"),
+    ({"idle_release": 0}, "idle_release"),
+])
+def test_config_rejects(options, message):
+    with pytest.raises(ValueError, match=message):
+        PoolConfig(**options)
+
+
+def test_loopback_refused_where_engines_are_elsewhere():
+    with pytest.raises(ValueError, match="cannot reach this kernel on loopback.*interfaces here: .*lo 127.0.0.1"):
+        launchers.check_address(PoolConfig(launcher="ssh", hosts="n1,n2"), "127.0.0.1")
+    launchers.check_address(PoolConfig(launcher="ssh", hosts="localhost"), "127.0.0.1")
+    launchers.check_address(PoolConfig(launcher="slurm", interface="lo"), "127.0.0.1")  # one-node box
+    assert netif.resolve(PoolConfig(interface="lo")).address == "127.0.0.1"
+    with pytest.raises(ValueError, match="no network interface 'nope0'"):
+        netif.resolve(PoolConfig(interface="nope0"))
+
+
+def test_start_options_parse():
+    a = parse_dist("start --launcher ssh --hosts n1,n2 --interface wb0 --idle-release 600 -n 2")
+    assert (a.launcher, a.hosts, a.interface, a.idle_release, a.n) == ("ssh", "n1,n2", "wb0", 600.0, 2)
+    with pytest.raises(UsageError, match="not allowed with argument"):
+        parse_dist("start --interface lo --address 127.0.0.1")
+    with pytest.raises(UsageError, match="invalid choice"):
+        parse_dist("start --launcher k8s")
+    assert parse_dist("check --size-mb 16").size_mb == 16.0
