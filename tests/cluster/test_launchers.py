@@ -32,7 +32,8 @@ def test_slurm_one_engine_per_gpu_on_every_node():
     # every engine sees its node's GPUs; the rank map pins local rank i to cuda:i, ranks contiguous per node
     engines = [EngineInfo(i, f"node{i % 2}", 100 + i, gpus=4) for i in range(8)]
     ranks = build_rank_map(engines)
-    assert [(r.host, r.local_rank, r.device) for r in ranks[:4]] == [("node0", i, f"cuda:{i}") for i in range(4)]
+    node0 = [(r.host, r.local_rank, r.device) for r in ranks[:4]]
+    assert node0 == [("node0", i, f"cuda:{i}") for i in range(4)]
     assert [r.node_rank for r in ranks] == [0] * 4 + [1] * 4
     # an engine-set restart: new engine ids, same ranks on the same host and device
     again = remap_engines(ranks, [EngineInfo(20 + i, f"node{i % 2}", 200 + i, gpus=4) for i in range(8)])
@@ -69,7 +70,7 @@ def test_config_rejects(options, message):
 
 
 def test_loopback_refused_where_engines_are_elsewhere():
-    with pytest.raises(ValueError, match="cannot reach this kernel on loopback.*interfaces here: .*lo 127.0.0.1"):
+    with pytest.raises(ValueError, match="cannot reach this kernel on loopback.*here: .*lo 127.0.0.1"):
         launchers.check_address(PoolConfig(launcher="ssh", hosts="n1,n2"), "127.0.0.1")
     launchers.check_address(PoolConfig(launcher="ssh", hosts="localhost"), "127.0.0.1")
     launchers.check_address(PoolConfig(launcher="slurm", interface="lo"), "127.0.0.1")  # one-node box
