@@ -10,7 +10,7 @@ LABEXT     := workbench/labextension/package.json
 EXT_SRC    := $(wildcard extension/src/*.ts extension/src/*.tsx extension/style/*) extension/package.json extension/yarn.lock
 JLPM       := $(abspath $(VENV))/bin/jlpm
 
-.PHONY: setup demo test test-js lab lint lint-js clean
+.PHONY: setup demo notebooks test test-js lab lint lint-js clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +28,10 @@ setup: $(STAMP) $(LABEXT)
 
 demo: setup
 	$(PY) -m workbench.demo
+
+# every walkthrough, executed on a local 2-engine CPU pool, then rendered to build/notebooks/*.html
+notebooks: setup
+	$(PY) -m workbench.demo --html --out build/notebooks $(sort $(wildcard notebooks/*.ipynb))
 
 test: setup test-js
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,7 +1,9 @@
-"""``python -m workbench.demo``: run a walkthrough notebook headless on a local CPU pool.
+"""``python -m workbench.demo``: run walkthrough notebooks headless on a local CPU pool.
 
 Prints each cell as it runs, writes the executed notebook under ``build/`` and ends
-with the notebook's ``summary`` (ranks, steps, final loss). ``make demo`` runs this.
+with the notebook's ``summary`` (ranks, steps, final loss). ``make demo`` runs this on
+the quickstart; ``make notebooks`` runs every walkthrough and renders it to HTML
+(``--html``). Cells tagged ``gpu`` run only where a GPU is visible.
 """
 
 from __future__ import annotations
@@ -19,10 +21,19 @@ from nbclient.exceptions import CellExecutionError
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = ROOT / "notebooks" / "01_quickstart.ipynb"
+GPU_TAG = "gpu"  # cells that need a GPU: skipped where there is none
 
 
-def run_notebook(path: Path, out_dir: Path, timeout: int = 600, log=print) -> dict | None:
-    """Execute ``path`` cell by cell, save it to ``out_dir``; return its ``summary`` variable if any."""
+def run_notebook(path: Path, out_dir: Path, timeout: int = 600, log=print,
+                 gpu: bool | None = None) -> dict | None:
+    """Execute ``path`` cell by cell, save it to ``out_dir``; return its ``summary`` variable if any.
+
+    ``gpu``: run the cells tagged ``gpu`` (default: only where a GPU is visible).
+    """
+    if gpu is None:
+        from workbench.pool.devices import visible_gpu_count
+
+        gpu = visible_gpu_count() > 0
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
@@ -36,6 +47,9 @@ def run_notebook(path: Path, out_dir: Path, timeout: int = 600, log=print) -> di
                 cell = nb.cells[index]
                 lines = cell.source.strip().splitlines() or [""]
                 first = lines[0] if len(lines) == 1 else f"{lines[0]}  {lines[1]}"
+                if not gpu and GPU_TAG in cell.metadata.get("tags", []):
+                    log(f"[{n}/{len(code_cells)}] skipped (needs a GPU)  {first[:50]}")
+                    continue
                 t0 = time.perf_counter()
                 client.execute_cell(cell, index)
                 log(f"[{n}/{len(code_cells)}] {time.perf_counter() - t0:5.1f} s  {first[:70]}")
@@ -50,21 +64,35 @@ def run_notebook(path: Path, out_dir: Path, timeout: int = 600, log=print) -> di
     return summary
 
 
+def to_html(executed: Path) -> Path:
+    """Render an executed notebook to a standalone HTML file next to it."""
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4))
+    out = executed.with_suffix(".html")
+    out.write_text(body, encoding="utf-8")
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("notebook", nargs="?", type=Path, default=DEFAULT)
+    parser.add_argument("notebooks", nargs="*", type=Path, default=[DEFAULT])
     parser.add_argument("--out", type=Path, default=ROOT / "build")
+    parser.add_argument("--html", action="store_true", help="also render each executed notebook to HTML")
     args = parser.parse_args(argv)
-    print(f"running {args.notebook.name} on a local 2-engine CPU pool")
-    t0 = time.perf_counter()
-    try:
-        summary = run_notebook(args.notebook, args.out)
-    except CellExecutionError as exc:
-        print(f"\nthe notebook failed:\n{exc}", file=sys.stderr)
-        return 1
-    print(f"\nexecuted notebook: {args.out / args.notebook.name}  ({time.perf_counter() - t0:.1f} s)")
-    if summary:
-        print("summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
+    for notebook in args.notebooks:
+        print(f"running {notebook.name} on a local 2-engine CPU pool")
+        t0 = time.perf_counter()
+        try:
+            summary = run_notebook(notebook, args.out)
+        except CellExecutionError as exc:
+            print(f"\nthe notebook failed:\n{exc}", file=sys.stderr)
+            return 1
+        print(f"\nexecuted notebook: {args.out / notebook.name}  ({time.perf_counter() - t0:.1f} s)")
+        if args.html:
+            print(f"rendered: {to_html(args.out / notebook.name)}")
+        if summary:
+            print("summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
     return 0
 
 
