@@ -170,7 +170,8 @@ def scenario_ssh(ip, spec: dict) -> dict:
         s = Session(config).start(progress=lambda m: print(m, flush=True))
     start_s = time.perf_counter() - t0
     out: dict = {"start_s": start_s, "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
-                 "address": s.config.address, "ranks": [r.__dict__ for r in s.ranks]}
+                 "address": s.config.address, "ranks": [r.__dict__ for r in s.ranks],
+                 "state_remote": json.load(open(s._pool.state_file)).get("remote")}
     run(ip, ALL_REDUCE)
     out["where"] = s.pull("where")
     s.push({"CKPT": spec["ckpt"]})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -87,3 +88,26 @@ def test_start_options_parse():
     with pytest.raises(UsageError, match="invalid choice"):
         parse_dist("start --launcher k8s")
     assert parse_dist("check --size-mb 16").size_mb == 16.0
+
+
+def test_lease_cancels_jobs_and_remote_engines_of_a_dead_owner(tmp_path):
+    """A kernel that is SIGKILLed runs no atexit: its lease cancels the Slurm job and ends ssh engines."""
+    import subprocess
+
+    from workbench.pool import lease
+    from workbench.pool import state as pool_state
+
+    owner = subprocess.Popen(["sleep", "30"])
+    record = pool_state.process_record(owner.pid)
+    owner.kill()
+    owner.wait()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    state = {"owner": record, "processes": [], "dirs": [str(scratch)],
+             "jobs": [{"id": "7", "cancel": ["touch", str(tmp_path / "scancel-7")]}],
+             "remote": [{"id": "n1:42", "cancel": ["touch", str(tmp_path / "kill-n1-42")]}]}
+    path = tmp_path / "pool-x.json"
+    path.write_text(json.dumps(state))
+    lease.watch(path)
+    assert (tmp_path / "scancel-7").exists() and (tmp_path / "kill-n1-42").exists()
+    assert not scratch.exists() and not path.exists()

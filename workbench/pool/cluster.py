@@ -72,7 +72,7 @@ class EnginePool:
             controller_ip=self.address,
             controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}"],
             delay=0,  # engines wait for the controller's connection info anyway
-            log_level=logging.WARNING,
+            log_level=logging.ERROR,  # our own messages name failures; ipyparallel would dump whole logs
         )
         try:
             progress("starting controller")
@@ -251,6 +251,11 @@ class EnginePool:
             "n": self.n,
             # what the lease cancels if the owner dies: engines on other nodes are not our processes
             "jobs": [{"id": job, "cancel": [*self._cancel_command(), job]} for job in self.jobs()],
+            # engines started over ssh: what the lease runs to end them if the owner dies (stop() ends
+            # them through ipyparallel)
+            "remote": [{"id": f"{el.location}:{el.pid}",
+                        "cancel": [*el.ssh_cmd, *el.ssh_args, el.location, "kill", str(el.pid)]}
+                       for el in self._launchers() if isinstance(el, SSHLauncher) and el.pid > 0],
             "dirs": [self.work_dir] if self.work_dir else [],
             "cluster_file": self.cluster.cluster_file if self.cluster else None,
             "processes": records,

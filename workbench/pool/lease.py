@@ -27,7 +27,7 @@ def watch(path: Path) -> None:
         if state is None:  # stopped normally
             return
         if not process_alive(state["owner"]):
-            cancel_jobs(state.get("jobs", []))
+            cancel_jobs(state.get("jobs", []) + state.get("remote", []))
             terminate(state.get("processes", []))
             remove_files(state)
             path.unlink(missing_ok=True)
