@@ -42,3 +42,11 @@ def test_named_strategies_resolve_to_degrees():
     assert ParallelConfig.from_args(4, None, dp=2, pp=2).degrees == {"pp": 2, "dp": 2}
     assert ParallelConfig.from_args(4, None, dp=2, pp=2).data_parallel == "fsdp"
     assert ParallelConfig.from_args(2, "ddp").data_parallel == "ddp"
+
+
+def test_1f1b_with_fewer_microbatches_than_stages_is_refused_up_front():
+    from workbench.strategies.config import ParallelConfig
+
+    with pytest.raises(ValueError, match="microbatches=1 < pp=2"):
+        ParallelConfig(dp=1, pp=2, microbatches=1, schedule="1f1b").check(world_size=2, n_layers=4)
+    ParallelConfig(dp=1, pp=2, microbatches=1, schedule="gpipe").check(world_size=2, n_layers=4)

@@ -91,6 +91,9 @@ class ParallelConfig:
         if n_layers is not None and self.pp > n_layers:
             problems.append(f"pp={self.pp} is more than the model's {n_layers} layers: each pipeline stage "
                             "needs at least one layer.")
+        if self.pp > 1 and self.schedule.lower() == "1f1b" and self.microbatches < self.pp:
+            problems.append(f"schedule 1f1b needs at least as many microbatches as stages: microbatches="
+                            f"{self.microbatches} < pp={self.pp}; use microbatches >= {self.pp} or 'gpipe'.")
         for what, size in (tp_divisors or {}).items():
             if self.tp > 1 and size % self.tp:
                 problems.append(f"tp={self.tp} does not divide {what}={size}.")

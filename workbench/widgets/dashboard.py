@@ -48,6 +48,10 @@ def warm_up() -> None:
     _warmed.set()
 
     def load():
+        try:  # pandas half-imported here while a cell asks for history.dataframe() would break both
+            import pandas  # noqa: F401
+        except ImportError:
+            pass
         import plotly.graph_objects as go
         import plotly.subplots  # noqa: F401
 
