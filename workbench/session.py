@@ -40,6 +40,9 @@ OutputCallback = Callable[[int, str, Any], None]
 AFTER_FAILURE = ((0.3, "abort"), (0.8, "sigint"), (3.0, "sigterm"), (5.0, "sigkill"))
 # After a timeout or Ctrl-C the ranks running Python are interrupted first.
 AFTER_INTERRUPT = ((0.0, "sigint"), (0.3, "abort"), (3.0, "sigterm"), (5.0, "sigkill"))
+# While a cell runs, dead ranks are looked for at most this often (each look reads /proc for every
+# rank): a trivial cell then costs no look at all, and a death is still seen within 0.1 s.
+DEAD_CHECK_S = 0.05
 # Silence after which a rank on another node counts as dead.
 REMOTE_SILENCE_S = 3.0
 
@@ -566,6 +569,7 @@ class _CellWatch:
             child.iopub_callbacks.append(lambda msg: wake.set())
         ar.add_done_callback(lambda f: wake.set())
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        self._checked, self._dead_seen = time.monotonic(), dict(self.s._dead)  # run() just checked
         while True:
             try:
                 wake.wait(0.05)
@@ -604,12 +608,21 @@ class _CellWatch:
             raise RankError([(f.rank, f.error) for f in failures], result)
         return result
 
+    def _dead(self, now: float | None = None) -> dict[int, str]:
+        """Dead ranks, looked for (psutil reads /proc for every rank) at most every DEAD_CHECK_S."""
+        now = time.monotonic() if now is None else now
+        if now - self._checked >= DEAD_CHECK_S:
+            self._checked, self._dead_seen = now, self.s.dead_ranks()
+        return self._dead_seen
+
     def _finished(self) -> bool:
-        dead = self.s.dead_ranks()
+        if all(c.done() for _, c in self.children):
+            return True
+        dead = self._dead()
         return all(c.done() or r.rank in dead for r, c in self.children)
 
     def _detect(self, now: float) -> None:
-        dead = self.s.dead_ranks()
+        dead = self._dead(now)
         for r, c in self.children:
             if r.rank in dead:
                 self._start_fault(now, "died", r, f"rank {r.rank} {dead[r.rank]}", AFTER_FAILURE)
