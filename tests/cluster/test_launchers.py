@@ -91,23 +91,37 @@ def test_start_options_parse():
 
 
 def test_lease_cancels_jobs_and_remote_engines_of_a_dead_owner(tmp_path):
-    """A kernel that is SIGKILLed runs no atexit: its lease cancels the Slurm job and ends ssh engines."""
+    """A kernel that is SIGKILLed runs no atexit: its lease (a real ``python -m workbench.pool.lease``,
+    recorded among the pool's processes as the pool does) stops the engines, cancels the Slurm job, ends
+    ssh engines and removes the files."""
     import subprocess
+    import time
 
-    from workbench.pool import lease
     from workbench.pool import state as pool_state
 
-    owner = subprocess.Popen(["sleep", "30"])
-    record = pool_state.process_record(owner.pid)
-    owner.kill()
-    owner.wait()
+    owner = subprocess.Popen(["sleep", "60"])
+    engine = subprocess.Popen(["sleep", "60"])
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    state = {"owner": record, "processes": [], "dirs": [str(scratch)],
+    path = tmp_path / "pool-x.json"
+    state = {"owner": pool_state.process_record(owner.pid), "dirs": [str(scratch)],
+             "processes": [pool_state.process_record(engine.pid)],
              "jobs": [{"id": "7", "cancel": ["touch", str(tmp_path / "scancel-7")]}],
              "remote": [{"id": "n1:42", "cancel": ["touch", str(tmp_path / "kill-n1-42")]}]}
-    path = tmp_path / "pool-x.json"
     path.write_text(json.dumps(state))
-    lease.watch(path)
-    assert (tmp_path / "scancel-7").exists() and (tmp_path / "kill-n1-42").exists()
-    assert not scratch.exists() and not path.exists()
+    lease = subprocess.Popen([sys.executable, "-m", "workbench.pool.lease", str(path)])
+    try:
+        state["processes"].append(pool_state.process_record(lease.pid))
+        path.write_text(json.dumps(state))
+        time.sleep(0.2)
+        owner.kill()
+        owner.wait()
+        assert lease.wait(20) == 0
+        assert engine.wait(10) is not None
+        assert (tmp_path / "scancel-7").exists() and (tmp_path / "kill-n1-42").exists()
+        assert not scratch.exists() and not path.exists()
+    finally:
+        for proc in (owner, engine, lease):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

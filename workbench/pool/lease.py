@@ -12,6 +12,7 @@ Run as ``python -m workbench.pool.lease STATE_FILE``.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,9 @@ def watch(path: Path) -> None:
             return
         if not process_alive(state["owner"]):
             cancel_jobs(state.get("jobs", []) + state.get("remote", []))
-            terminate(state.get("processes", []))
+            # the pool records this lease among its processes: stopping ourselves first would leave
+            # the rest running and the files behind
+            terminate([rec for rec in state.get("processes", []) if rec.get("pid") != os.getpid()])
             remove_files(state)
             path.unlink(missing_ok=True)
             return
