@@ -1,7 +1,7 @@
 """Run the benchmarks side by side and write ``bench/results/*.json`` and ``bench/results/RESULTS.md``.
 
     make bench                                  # sets up .venv and bench/.venv-anchors, then this
-    .venv/bin/python -m bench.run               # everything (about 6-10 minutes on 2 busy cores)
+    .venv/bin/python -m bench.run               # everything (about 10 minutes on 2 busy cores)
     .venv/bin/python -m bench.run --only cells,ready --quick --out /tmp/wb-bench
 
 Numbers are medians with min and max; every comparison runs in the same process tree, in
@@ -25,10 +25,10 @@ FULL = {
     "cells_runs": 200,
     "ready_reps": 3,
     "train_rounds": 3,
-    "train_steps": {"mlp": 150, "gpt": 30},
-    "per_cell_steps": 10,
+    "train_steps": {"mlp": 80, "gpt": 15},
+    "per_cell_steps": 5,
     "dash_rounds": 4,
-    "dash_steps": 150,
+    "dash_steps": 60,
     "ar_rounds": 3,
     "recovery_reps": 2,
 }
