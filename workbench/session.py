@@ -269,6 +269,7 @@ class Session:
             self.metrics.close()
             self.metrics = None
         if self._pool is not None:
+            self._end_local_engines()
             self._pool.stop()
         self._pool = None
         if self._beacons is not None:
@@ -278,6 +279,26 @@ class Session:
             watcher.join(2)
         if _current is self:
             _current = None
+
+    def _end_local_engines(self, grace: float = 0.5) -> None:
+        """Ask the engines to shut down; SIGKILL local ones still exiting after ``grace``.
+
+        Once torch._dynamo is imported (FSDP and pipelining import it) an engine spends about
+        3 s in interpreter exit; its state is being thrown away, so we do not wait for that.
+        """
+        if not self.local or self._pool.client is None or self._pool.attached:
+            return
+        procs = [p for p in self._procs.values() if p.is_running()]
+        try:
+            self._pool.client.shutdown(targets="all", block=True)
+        except Exception:
+            pass  # an engine already gone: the pool's stop cleans up the rest
+        _, slow = psutil.wait_procs(procs, timeout=grace)
+        for proc in slow:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
 
     def __enter__(self) -> Session:
         return self if self.running else self.start()
