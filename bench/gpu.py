@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 from bench.common import BENCH, RESULTS, load_now, machine, summary, versions
 from bench.training import _torchrun
 
-NCCL_ENV = {"BENCH_BACKEND": "nccl", "OMP_NUM_THREADS": "4", "BENCH_THREADS": "4"}
+# the same CPU threads as the workbench gives a lone rank (every core of the host)
+_THREADS = str(os.cpu_count() or 1)
+NCCL_ENV = {"BENCH_BACKEND": "nccl", "OMP_NUM_THREADS": _THREADS, "BENCH_THREADS": _THREADS}
 
 
 def throughput(s, rounds: int, steps: dict[str, int]) -> dict:

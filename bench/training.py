@@ -32,14 +32,17 @@ class Pool:
 
         from workbench import session as session_mod
 
-        self.capture = capture_output
+        self.capture, self._sessions = capture_output, session_mod
         self.ip = shell()
-        self.cell("%dist start -n 2", check=False)
+        session_mod._current = None  # a pool that another Pool drives stays its own: this one is new
+        self.cell("%dist start -n 2")
         self.s = session_mod.current()
         self.cell(f"%%distributed\nimport sys\nsys.path.insert(0, {str(BENCH)!r})\nimport loop")
 
     def cell(self, code: str, check: bool = True) -> float:
-        """Run a cell through the magic; its wall time in the kernel."""
+        """Run a cell through the magic on this pool; its wall time in the kernel."""
+        if getattr(self, "s", None) is not None:
+            self._sessions._current = self.s  # another Session started since (recovery) took the magics over
         with self.capture() as cap:
             t0 = time.perf_counter()
             result = self.ip.run_cell(code if code.startswith("%") else f"%%distributed\n{code}")
@@ -49,7 +52,7 @@ class Pool:
         return seconds
 
     def stop(self) -> None:
-        self.cell("%dist stop", check=False)
+        self.s.stop()
 
 
 def _torchrun(args: list[str], timeout: float = 300, nproc: int = 2, env: dict | None = None) -> dict:
