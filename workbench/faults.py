@@ -47,7 +47,9 @@ def is_secondary(ename: str, evalue: str) -> bool:
     >>> is_secondary("ValueError", "bad shape")
     False
     """
-    return ename in ("DistBackendError", "DistNetworkError") or any(m in evalue for m in SECONDARY_MARKERS)
+    # KeyboardInterrupt on a rank is our own escalation's SIGINT (Ctrl-C in the notebook raises in the kernel)
+    return (ename in ("DistBackendError", "DistNetworkError", "KeyboardInterrupt")
+            or any(m in evalue for m in SECONDARY_MARKERS))
 
 
 def log_path():

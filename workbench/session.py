@@ -290,7 +290,7 @@ class Session:
             return
         procs = [p for p in self._procs.values() if p.is_running()]
         try:
-            self._pool.client.shutdown(targets="all", block=True)
+            self._pool.client.shutdown(targets="all", block=False)  # no reply to wait for at exit
         except Exception:
             pass  # an engine already gone: the pool's stop cleans up the rest
         _, slow = psutil.wait_procs(procs, timeout=grace)

@@ -50,7 +50,7 @@ def test_slurm_cpu_tasks_and_user_options():
 def test_mpi_and_ssh():
     kw = kwargs(PoolConfig(launcher="mpi", hosts="a,b"), 4)
     assert kw["mpi_args"] == ["--host", "a:2,b:2"]
-    assert kw["engine_cmd"] == [sys.executable, "-m", "workbench.pool.mpiengine"]
+    assert kw["engine_cmd"] == [sys.executable, "-m", "workbench.pool.engine_main"]
     assert kw["environment"]["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
     kw = kwargs(PoolConfig(launcher="ssh", hosts=("n1", "n2"), gpus_per_node=2), 4)
     assert kw["engines"] == {"n1": 2, "n2": 2} and kw["remote_python"] == sys.executable

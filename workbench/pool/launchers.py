@@ -161,6 +161,10 @@ def engine_set_kwargs(config: PoolConfig, n: int, *, work_dir: str, env: dict[st
     env = dict(env)
     args = list(engine_args)
     kwargs: dict = {}
+    if config.launcher in ("local", "mpi"):
+        # our entry point starts importing torch before the engine registers, and drops the --mpi
+        # that ipyparallel's MPI launcher always passes where mpi4py is missing (see engine_main)
+        kwargs["engine_cmd"] = [sys.executable, "-m", "workbench.pool.engine_main"]
     if config.launcher == "slurm":
         kwargs.update(batch_template=slurm_script(config, n),
                       batch_file_name=os.path.join(work_dir, "slurm_engine.sbatch"))
@@ -171,8 +175,6 @@ def engine_set_kwargs(config: PoolConfig, n: int, *, work_dir: str, env: dict[st
         kwargs["mpi_args"] = mpi_args
         # Open MPI refuses root without these (MPICH ignores them)
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        # ipyparallel's MPI launcher always passes --mpi, which needs mpi4py; torch.distributed does not
-        kwargs["engine_cmd"] = [sys.executable, "-m", "workbench.pool.mpiengine"]
     elif config.launcher == "ssh":
         kwargs.update(engines=spread(n, list(config.hosts)), remote_python=sys.executable)
     kwargs.update(config.launcher_options)

@@ -1,14 +1,37 @@
 """Training: tiny models, local data and loaders, the Trainer, events and export.
 
 >>> from workbench.train import MLP, Trainer, make_loader, regression_data   # doctest: +SKIP
+
+Names load on first use: the metrics publisher needs only ``events`` on every engine at
+start, and importing the trainer (and with it FSDP and pipelining) costs each engine as
+much as torch itself.
 """
 
-from workbench.train.data import TEXT, char_dataset, char_vocab, decode, encode, make_loader, regression_data
-from workbench.train.events import Callback, StepStats, default_callbacks
-from workbench.train.export import export, full_state_dict, generate, load_model, predict
-from workbench.train.models import MLP, GPTConfig, MLPConfig, TinyGPT
-from workbench.train.trainer import RunResult, TrainConfig, Trainer
+import importlib
 
-__all__ = ["MLP", "TEXT", "Callback", "GPTConfig", "MLPConfig", "RunResult", "StepStats", "TinyGPT",
-           "TrainConfig", "Trainer", "char_dataset", "char_vocab", "decode", "default_callbacks", "encode",
-           "export", "full_state_dict", "generate", "load_model", "make_loader", "predict", "regression_data"]
+_WHERE = {
+    "data": ("TEXT", "char_dataset", "char_vocab", "decode", "encode", "make_loader", "regression_data"),
+    "events": ("Callback", "StepStats", "default_callbacks"),
+    "export": ("export", "full_state_dict", "generate", "load_model", "predict"),
+    "models": ("MLP", "GPTConfig", "MLPConfig", "TinyGPT"),
+    "trainer": ("RunResult", "TrainConfig", "Trainer"),
+}
+_MODULE = {name: module for module, names in _WHERE.items() for name in names}
+
+__all__ = sorted(_MODULE)
+
+
+def __getattr__(name: str):
+    module = _MODULE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'workbench.train' has no attribute {name!r}")
+    loaded = importlib.import_module(f"workbench.train.{module}")
+    # bind every name of that module here: importing workbench.train.export has just bound the
+    # *module* to the package's name ``export``, which must stay the function
+    for other in _WHERE[module]:
+        globals()[other] = getattr(loaded, other)
+    return globals()[name]
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_MODULE))
