@@ -502,7 +502,7 @@ class Session:
 
     # -- cells ---------------------------------------------------------------------------
     def run(self, code: str, *, ranks=None, timeout: float | None = None,
-            on_output: OutputCallback | None = None) -> CellResult:
+            on_output: OutputCallback | None = None, on_tick: Callable[[], None] | None = None) -> CellResult:
         """Run ``code`` on the target ranks at once, streaming output as it comes.
 
         Raises :class:`RankError` naming the rank that failed first (an exception, or a
@@ -513,7 +513,7 @@ class Session:
         targets = self.targets(ranks)
         with self._busy:
             self._ensure_group()
-            return _CellWatch(self, targets, timeout, on_output).run(code)
+            return _CellWatch(self, targets, timeout, on_output, on_tick).run(code)
 
     def submit(self, code: str, *, ranks=None, timeout: float | None = None,
                on_output: OutputCallback | None = None) -> RunHandle:
@@ -570,8 +570,9 @@ class Session:
 class _CellWatch:
     """One cell on its ranks: streams output, watches for failures, stops the rest when one fails."""
 
-    def __init__(self, session: Session, targets: list[RankInfo], timeout, on_output):
+    def __init__(self, session: Session, targets: list[RankInfo], timeout, on_output, on_tick=None):
         self.s, self.targets, self.timeout = session, targets, timeout
+        self.on_tick = on_tick  # called on the kernel's main thread at every wake-up (the dashboard)
         self.relay = _OutputRelay(on_output)
         self.ladder: tuple = ()
         self.fault_at: float | None = None
@@ -596,6 +597,8 @@ class _CellWatch:
                 wake.wait(0.05)
                 wake.clear()
                 self.relay.forward(self.children)
+                if self.on_tick is not None:
+                    self.on_tick()
                 if self._finished():
                     break
                 now = time.monotonic()

@@ -210,7 +210,7 @@ class DistributedMagics(Magics):
         if args.async_:
             return submit_cell(s, cell, ranks=ranks, timeout=args.timeout, monitor=monitor)
         try:
-            result = s.run(cell, ranks=ranks, timeout=args.timeout, on_output=on_output)
+            result = s.run(cell, ranks=ranks, timeout=args.timeout, on_output=on_output, on_tick=monitor.tick)
         except RankError as exc:
             monitor.finish(exc)
             if merger:

@@ -1,9 +1,9 @@
 """The dashboard of one ``%%distributed`` cell: hidden until a training run starts in it.
 
-The magic calls :func:`monitor_cell` before it runs the cell and :meth:`CellMonitor.finish`
-after. Without ``--monitor`` the placeholder is an empty, hidden box that becomes the dashboard
-when a run starts; when the cell ends without one it is closed and its output emptied, so a
-cell that does not train shows (and saves) nothing extra.
+The magic calls :func:`monitor_cell` before it runs the cell, :meth:`CellMonitor.tick` from the
+cell's wait loop and :meth:`CellMonitor.finish` after. Without ``--monitor`` the dashboard is
+created and displayed only when a training run starts in the cell, so a cell that does not
+train costs nothing and shows (and saves) nothing extra.
 
 >>> mon = monitor_cell(None)      # no session, no collector: nothing to show
 >>> mon.finish()
@@ -15,45 +15,63 @@ import sys
 
 
 class CellMonitor:
-    """What :func:`monitor_cell` shows for one cell; ``finish`` once the cell (or its run) ends."""
+    """The dashboard of one cell. ``tick`` while the cell runs; ``finish`` once it (or its run) ends.
 
-    def __init__(self, dashboard=None, always: bool = False, handle=None):
-        self.dashboard = dashboard
+    Without ``always`` nothing is created or displayed until a run starts in this cell: a cell
+    that does not train pays one dictionary look-up per tick, and shows and saves nothing extra.
+    """
+
+    def __init__(self, collector=None, always: bool = False):
+        self.collector = collector
         self.always = always
-        self.handle = handle  # the DisplayHandle of the placeholder
+        self.dashboard = None
+        self.handle = None  # the DisplayHandle of the dashboard
         self._finished = False
+        latest = collector.latest_run() if collector is not None else None
+        self._after = latest.id if latest else 0
+        if collector is not None and always:
+            self._show(run="next")
+
+    def _show(self, run) -> None:
+        from IPython.display import display
+
+        from workbench.widgets.dashboard import Dashboard
+
+        self.dashboard = Dashboard(self.collector, run=run)
+        self.handle = display(self.dashboard, display_id=True)
+
+    def tick(self) -> None:
+        """Called from the cell's wait loop (the kernel's main thread): show the dashboard once a run starts."""
+        if self.dashboard is not None or self.collector is None or self._finished:
+            return
+        latest = self.collector.latest_run()
+        if latest is not None and latest.id > self._after:
+            self._show(run=latest.id)
 
     def finish(self, error=None, keep: bool = False) -> None:
         """The cell ended (``error``: its RankError, if any). ``keep``: the run goes on (``--async``)."""
-        dash = self.dashboard
-        if dash is None or self._finished:
+        if self._finished:
             return
+        self.tick()  # a run that started at the very end
         self._finished = True
+        dash = self.dashboard
+        if dash is None:
+            return
         for info, _ in getattr(error, "failures", None) or []:
             dash.collector.mark_failed(info.rank, "the cell raised")
-        if keep or self.always:
-            return
-        if not dash.pinned:
-            dash.refresh()  # a run that started at the very end
-        if not dash.pinned:
-            dash.close()
-            if self.handle is not None:
-                self.handle.update({"text/plain": ""}, raw=True)
+        if not keep:
+            dash.refresh()
 
 
 def monitor_cell(session, always: bool = False) -> CellMonitor:
-    """Show a dashboard for the cell about to run (hidden until its run starts, unless ``always``)."""
+    """The dashboard for the cell about to run: at once with ``always``, else when its run starts."""
     collector = getattr(session, "metrics", None)
     if collector is None or collector.closed or not _has_widgets():
         return CellMonitor()
-    from IPython.display import display
-
-    from workbench.widgets.dashboard import Dashboard, warm_up
+    from workbench.widgets.dashboard import warm_up
 
     warm_up()
-    dash = Dashboard(collector, run="next", hidden=not always)
-    handle = display(dash, display_id=True)
-    return CellMonitor(dash, always, handle)
+    return CellMonitor(collector, always)
 
 
 def submit_cell(session, code: str, *, ranks=None, timeout=None, monitor: CellMonitor | None = None):
