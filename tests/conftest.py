@@ -21,8 +21,8 @@ def alive(pids: list[int]) -> list[int]:
 @pytest.fixture(scope="session")
 def ipshell():
     """The IPython shell the magics run in, with ``%load_ext workbench`` done."""
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing.globalipapp import get_ipython
 
-    ip = start_ipython()
+    ip = get_ipython()  # start_ipython() returns None once another test has started the shell
     ip.run_line_magic("load_ext", "workbench")
     return ip

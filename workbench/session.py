@@ -295,10 +295,16 @@ class Session:
             pass  # an engine already gone: the pool's stop cleans up the rest
         _, slow = psutil.wait_procs(procs, timeout=grace)
         for proc in slow:
-            try:
-                proc.kill()
+            try:  # its helpers too (ipyparallel's nanny): they would wait for a parent that is gone
+                doomed = [*proc.children(recursive=True), proc]
             except psutil.Error:
-                pass
+                continue
+            for p in doomed:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(doomed, timeout=grace)
 
     def __enter__(self) -> Session:
         return self if self.running else self.start()
