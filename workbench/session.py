@@ -245,6 +245,8 @@ class Session:
         except Exception as exc:
             raise PoolStartError(f"the process group did not form: {exc}") from exc
         self.backend = joined[0]["backend"]
+        if self._beacons is not None:
+            self._beacons.expect(r.rank for r in self.ranks)
         self._gloo_ports = sorted({p for j in joined for p in j.get("gloo_ports", [])})
         self._procs = {r.rank: psutil.Process(r.pid) for r in self.ranks} if self.local else {}
         self._group_ok = True

@@ -78,11 +78,13 @@ def start_beacon(address: str, rank: int) -> None:
     sock.connect(address)
 
     def beat():
-        while not stop.wait(BEACON_PERIOD_S):
+        while True:  # the first beat at once, then one a period
             try:
                 sock.send(json.dumps(snapshot(_beacon["rank"])).encode(), zmq.NOBLOCK)
             except zmq.Again:
                 pass
+            if stop.wait(BEACON_PERIOD_S):
+                break
         sock.close()
 
     _beacon.update(rank=rank, stop=stop, thread=threading.Thread(target=beat, name="workbench-beacon",

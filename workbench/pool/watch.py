@@ -39,6 +39,12 @@ class BeaconReceiver:
                 self.seen[beat["rank"]] = time.monotonic()
         self._sock.close()
 
+    def expect(self, ranks) -> None:
+        """Start each rank's silence clock now (a group was just formed: beacons are on their way)."""
+        now = time.monotonic()
+        for rank in ranks:
+            self.seen[rank] = now
+
     def silent_for(self, rank: int) -> float:
         """Seconds since the last beacon of ``rank`` (infinite if none came)."""
         seen = self.seen.get(rank)
