@@ -17,6 +17,8 @@ from pathlib import Path
 
 import psutil
 
+from workbench.pool.state import end
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 RESULTS = BENCH / "results"
@@ -109,18 +111,7 @@ def reap(procs: list[psutil.Process], grace: float = 3.0, patience: float = 2.0)
     while alive and time.monotonic() < deadline:
         time.sleep(0.05)
         alive = _running(alive)
-    for p in alive:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, still = psutil.wait_procs(alive, timeout=grace)
-    for p in still:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(still, timeout=grace)
+    end(alive, grace)
     return len(alive)
 
 

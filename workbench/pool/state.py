@@ -78,6 +78,11 @@ def terminate(records: list[dict], grace: float = 3.0) -> None:
                 procs.append(psutil.Process(rec["pid"]))
             except psutil.Error:
                 pass
+    end(procs, grace)
+
+
+def end(procs: list[psutil.Process], grace: float = 3.0) -> None:
+    """SIGTERM ``procs``, then SIGKILL those still running after ``grace`` seconds, and reap them."""
     for p in procs:
         try:
             p.terminate()
