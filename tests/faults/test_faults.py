@@ -10,19 +10,10 @@ import time
 import pytest
 
 from tests.conftest import alive
-from workbench import CellTimeout, RankError, Session
+from workbench import CellTimeout, RankError
 from workbench.errors import RankDiedError
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def pool():
-    s = Session(n=2, timeout=30).start()
-    pids = s.pids()
-    yield s
-    s.stop()
-    assert alive(pids) == []
 
 
 def engine_pids(s):

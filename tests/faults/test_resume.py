@@ -8,7 +8,6 @@ import time
 import pytest
 import torch
 
-from tests.conftest import alive
 from workbench import RankError, Session, faults
 
 pytestmark = pytest.mark.timeout(180)
@@ -39,14 +38,9 @@ def params(s):
     return s.pull("flat")
 
 
-@pytest.fixture(scope="module")
-def pool():
-    s = Session(n=2, timeout=30).start()
-    pids = s.pids()
-    s.run(SETUP)
-    yield s
-    s.stop()
-    assert alive(pids + s.pids()) == []
+@pytest.fixture(scope="module", autouse=True)
+def _setup(pool):
+    pool.run(SETUP)
 
 
 def test_kill_at_step_30_restart_resume_equals_run_without_fault(pool, tmp_path):
