@@ -621,7 +621,8 @@ class _CellWatch:
                     raise
                 self.interrupted = True
                 self._start_fault(time.monotonic(), "interrupt", None, "Ctrl-C in the notebook", AFTER_INTERRUPT)
-        ar.wait_for_output(0 if self.fault_at else 5) if all(c.done() for _, c in self.children) else None
+        if all(c.done() for _, c in self.children):  # a dead rank's output never completes
+            ar.wait_for_output(0 if self.fault_at else 5)
         self.relay.forward(self.children)
         result = CellResult([self._rank_result(r, c) for r, c in self.children], time.perf_counter() - t0)
         if self.fault is not None:
@@ -655,7 +656,7 @@ class _CellWatch:
 
     def _detect(self, now: float) -> None:
         dead = self._dead(now)
-        for r, c in self.children:
+        for r, _ in self.children:
             if r.rank in dead:
                 self._start_fault(now, "died", r, f"rank {r.rank} {dead[r.rank]}", AFTER_FAILURE)
                 return
