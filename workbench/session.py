@@ -209,15 +209,15 @@ class Session:
         return self
 
     def _describe(self, engine_ids) -> list[EngineInfo]:
-        from workbench.dist import engine
+        from workbench.engine import rendezvous
 
         view = self._pool.client[list(engine_ids)]
-        infos = view.apply_async(engine.describe).get(timeout=self.config.timeout)
+        infos = view.apply_async(rendezvous.describe).get(timeout=self.config.timeout)
         return [EngineInfo(eid, i["host"], i["pid"], i["gpus"]) for eid, i in zip(view.targets, infos)]
 
     def _join_all(self) -> None:
         """Form (or re-form) the process group on every rank at once."""
-        from workbench.dist import engine
+        from workbench.engine import rendezvous
 
         client = self._pool.client
         per_host = max(sum(r.host == h for r in self.ranks) for h in {r.host for r in self.ranks})
@@ -230,10 +230,10 @@ class Session:
             found = client[[r.engine_id for r in self.ranks]].apply_sync(netif.route_to, self.config.address)
             routes = {r.rank: route for r, route in zip(self.ranks, found, strict=True)}
         store_address = routes[root.rank]["address"] if routes else self.config.address
-        port = client[root.engine_id].apply_sync(engine.open_store, store_address, self.config.timeout)
+        port = client[root.engine_id].apply_sync(rendezvous.open_store, store_address, self.config.timeout)
         futures = [
             client[r.engine_id].apply_async(
-                engine.join, rank=r.rank, local_rank=r.local_rank, world_size=len(self.ranks),
+                rendezvous.join, rank=r.rank, local_rank=r.local_rank, world_size=len(self.ranks),
                 address=store_address, port=port, backend=self.config.backend, device=r.device,
                 timeout_s=self.config.timeout, threads=threads,
                 ifname="lo" if self.local else routes[r.rank]["ifname"],
@@ -384,7 +384,7 @@ class Session:
 
     def _reform(self, since: float | None = None) -> None:
         """Abort what is left of the old group on every rank (never destroy), then join anew."""
-        from workbench.dist import guard
+        from workbench.engine import guard
 
         t0 = time.perf_counter() if since is None else since
         alive = [r.engine_id for r in self.ranks if r.rank not in self._dead]
@@ -533,7 +533,7 @@ class Session:
         return RunHandle(self, code, ranks=ranks, timeout=timeout, on_output=on_output)
 
     def _abort_on(self, infos: list[RankInfo]) -> None:
-        from workbench.dist import guard
+        from workbench.engine import guard
 
         alive = [r for r in infos if r.rank not in self._dead]
         if alive:

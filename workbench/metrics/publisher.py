@@ -241,15 +241,16 @@ def connect(url: str, *, rank: int | None = None, device: str | None = None,
     """Start this engine's publisher and device sampler, and register it with every new Trainer.
 
     Called by the Session on every rank each time the process group is formed; rank and device
-    default to this engine's (``workbench.dist.engine``). A publisher already sending to ``url``
+    default to this engine's (``workbench.engine.rendezvous``). A publisher already sending to ``url``
     is kept (Trainers made earlier hold it), taking the new rank if it changed.
     """
     global _publisher
     if rank is None or device is None:
-        from workbench.dist import engine
+        from workbench.engine import rendezvous
 
-        rank = engine._state.get("rank", 0) if rank is None else rank
-        device = str(engine._state.get("device", "cpu")) if device is None else device
+        here = rendezvous.identity()
+        rank = here["rank"] if rank is None else rank
+        device = str(here["device"]) if device is None else device
     pub = _publisher
     if pub is not None and pub.url == url and pub.alive and pub.device == str(device):
         if pub.rank != rank:

@@ -30,7 +30,7 @@ HEARTBEAT_MS = 100
 # Engines import torch in the background while they register: that import is most of the
 # time to a ready pool, and it overlaps with the controller's registration round trip.
 PRELOAD = ("import threading; "
-           "threading.Thread(target=__import__, args=('workbench.dist.engine',), daemon=True).start()")
+           "threading.Thread(target=__import__, args=('workbench.engine.rendezvous',), daemon=True).start()")
 
 Progress = Callable[[str], None]
 

@@ -28,7 +28,7 @@ def engine_argv(argv: list[str], have_mpi4py: bool) -> list[str]:
 
 
 if __name__ == "__main__":
-    threading.Thread(target=__import__, args=("workbench.dist.engine",), daemon=True).start()
+    threading.Thread(target=__import__, args=("workbench.engine.rendezvous",), daemon=True).start()
     sys.argv = engine_argv(sys.argv, importlib.util.find_spec("mpi4py") is not None)
     from ipyparallel.engine.app import main
 

@@ -13,7 +13,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from workbench.dist import guard
+from workbench.engine import guard
 
 # Objects that must outlive one call: rank 0's store (its listening socket) and the rank's facts.
 _state: dict = {}
@@ -78,6 +78,11 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
     store_port = port if rank == 0 else None
     return {"rank": rank, "backend": dist.get_backend(),
             "gloo_ports": guard.listening_ports(exclude={store_port} if store_port else set())}
+
+
+def identity() -> dict:
+    """This engine's rank and device in the current group (rank 0 on the CPU before any join)."""
+    return {"rank": _state.get("rank", 0), "device": _state.get("device", "cpu")}
 
 
 def close() -> None:

@@ -56,7 +56,7 @@ def snapshot(rank: int) -> dict:
     where = None
     while frame is not None:  # the innermost frame of user code or a library, not ours
         code = frame.f_code
-        if "workbench/dist/guard" not in code.co_filename:
+        if "workbench/engine/guard" not in code.co_filename:
             cell = "ipykernel_" in code.co_filename and code.co_name == "<module>"
             where = f"cell line {frame.f_lineno}" if cell else f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
             break
