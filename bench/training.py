@@ -34,7 +34,7 @@ class Pool:
 
         self.capture, self._sessions = capture_output, session_mod
         self.ip = shell()
-        session_mod._current = None  # a pool that another Pool drives stays its own: this one is new
+        session_mod.use(None)  # a pool that another Pool drives stays its own: this one is new
         self.cell("%dist start -n 2")
         self.s = session_mod.current()
         self.cell(f"%%distributed\nimport sys\nsys.path.insert(0, {str(BENCH)!r})\nimport loop")
@@ -42,7 +42,7 @@ class Pool:
     def cell(self, code: str, check: bool = True) -> float:
         """Run a cell through the magic on this pool; its wall time in the kernel."""
         if getattr(self, "s", None) is not None:
-            self._sessions._current = self.s  # another Session started since (recovery) took the magics over
+            self._sessions.use(self.s)  # another Session started since (recovery) took the magics over
         with self.capture() as cap:
             t0 = time.perf_counter()
             result = self.ip.run_cell(code if code.startswith("%") else f"%%distributed\n{code}")

@@ -199,7 +199,7 @@ class CheckReport:
         return not self.problems
 
     def format(self) -> str:
-        from workbench.magics.output import format_table
+        from workbench.tables import format_table
 
         lines = [format_table(self.rows, COLUMNS), "", *self.summary]
         lines += [f"PROBLEM: {p}" for p in self.problems] or ["all checks passed."]

@@ -61,7 +61,7 @@ def scenario_slurm(ip, spec: dict) -> dict:
     run(ip, "%dist start --launcher slurm -n 2 --interface lo --partition debug --time 10 --timeout 120")
     start_s = time.perf_counter() - t0
     s = session.current()
-    jobs = s._pool.jobs()
+    jobs = s.pool.jobs()
     state = subprocess.run(["squeue", "-h", "-o", "%i %T %D %C"], capture_output=True, text=True).stdout
     run(ip, ALL_REDUCE)
     where = s.pull("where")
@@ -171,7 +171,7 @@ def scenario_ssh(ip, spec: dict) -> dict:
     start_s = time.perf_counter() - t0
     out: dict = {"start_s": start_s, "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
                  "address": s.config.address, "ranks": [r.__dict__ for r in s.ranks],
-                 "state_remote": json.load(open(s._pool.state_file)).get("remote")}
+                 "state_remote": json.load(open(s.pool.state_file)).get("remote")}
     run(ip, ALL_REDUCE)
     out["where"] = s.pull("where")
     s.push({"CKPT": spec["ckpt"]})
@@ -198,7 +198,7 @@ def scenario_ssh(ip, spec: dict) -> dict:
     out["ddp_second"] = s.pull("second")
     out["ddp_same_after"] = s.pull("same")
     run(ip, "%dist stop")
-    out["running_after_stop"] = session._current is not None and session._current.running
+    out["running_after_stop"] = session.current_or_none() is not None
     return out
 
 
@@ -219,8 +219,8 @@ def main() -> None:
     finally:
         from workbench import session
 
-        if session._current is not None:
-            session._current.stop()
+        if session.current_or_none() is not None:
+            session.current().stop()
     with open(result_file, "w") as f:
         json.dump(result, f, default=str)
 

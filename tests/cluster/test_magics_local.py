@@ -32,7 +32,7 @@ def test_start_mistakes_start_nothing(ipshell, line, message):
     with pytest.raises(UsageError, match=message):
         ipshell.run_line_magic("dist", line.removeprefix("%dist "))
     assert {s["id"] for s in pool_state.list_states()} == before
-    assert session._current is None or not session._current.running
+    assert session.current_or_none() is None
 
 
 def test_check_and_scale_local_pool(ipshell):

@@ -14,10 +14,9 @@ from workbench import session as session_mod
 from workbench.config import PoolConfig
 from workbench.errors import RankError
 from workbench.magics.args import parse_cell, parse_dist
-from workbench.magics.output import LineMerger, format_table, print_stream
-from workbench.pool import state as pool_state
-from workbench.pool.rankmap import format_ranks
-from workbench.session import Session
+from workbench.magics.output import LineMerger, print_stream
+from workbench.session import Session, format_ranks
+from workbench.tables import format_table
 
 STATUS_COLUMNS = ["rank", "host", "pid", "device", "state"]
 
@@ -49,14 +48,14 @@ class DistributedMagics(Magics):
         return getattr(self, f"_dist_{args.command}")(args)
 
     def _session(self, what: str) -> Session:
-        s = session_mod._current
-        if s is None or not s.running:
+        s = session_mod.current_or_none()
+        if s is None:
             raise UsageError(f"{what} needs a running pool: start one first with `%dist start -n 2`.")
         return s
 
     def _dist_start(self, args):
-        s = session_mod._current
-        if s is not None and s.running:
+        s = session_mod.current_or_none()
+        if s is not None:
             raise UsageError(f"a pool of {s.world_size} ranks is already running: `%dist stop` it first.")
         options = dict(n=args.n, launcher=args.launcher, backend=args.backend, timeout=args.timeout,
                        nodes=args.nodes, gpus_per_node=args.gpus_per_node, partition=args.partition,
@@ -84,12 +83,12 @@ class DistributedMagics(Magics):
         print(format_table(s.status(), STATUS_COLUMNS))
 
     def _dist_attach(self, args):
-        s = session_mod._current
-        if s is not None and s.running:
+        s = session_mod.current_or_none()
+        if s is not None:
             raise UsageError(f"this notebook already drives pool {s.pool_id}: `%dist stop` it first.")
         pool_id = args.pool_id
         if pool_id is None:
-            running = [st["id"] for st in pool_state.list_states()]
+            running = [st["id"] for st in session_mod.running_pools()]
             if len(running) != 1:
                 raise UsageError(f"name the pool to attach to; running pools: {', '.join(running) or 'none'}.")
             pool_id = running[0]
@@ -101,16 +100,16 @@ class DistributedMagics(Magics):
         print(format_table(s.status(), STATUS_COLUMNS))
 
     def _dist_status(self, args):
-        s = session_mod._current
-        if s is None or not s.running:
+        s = session_mod.current_or_none()
+        if s is None:
             print("no pool is running: start one with `%dist start -n 2`.")
             return
         print(f"pool {s.pool_id}: {s.world_size} ranks, backend {s.backend}, launcher {s.config.launcher}")
         print(format_table(s.status(), STATUS_COLUMNS))
 
     def _dist_stop(self, args):
-        s = session_mod._current
-        if s is None or not s.running:
+        s = session_mod.current_or_none()
+        if s is None:
             print("no pool is running.")
             return
         n = s.world_size

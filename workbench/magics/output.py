@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from workbench.pool.rankmap import format_ranks
 
@@ -71,16 +71,3 @@ class LineMerger:
 
 def print_stream(stream: str, text: str) -> None:
     (sys.stderr if stream == "stderr" else sys.stdout).write(text)
-
-
-def format_table(rows: list[dict], columns: list[str]) -> str:
-    """A plain-text table that reads the same in a terminal and a notebook.
-
-    >>> print(format_table([{"rank": 0, "host": "a"}], ["rank", "host"]))
-    rank  host
-    0     a
-    """
-    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
-    lines += ["  ".join(str(r.get(c, "")).ljust(w) for c, w in zip(columns, widths)).rstrip() for r in rows]
-    return "\n".join(lines)

@@ -350,25 +350,3 @@ class Collector:
                 devices += s.records(rank=rank, host=self.ranks[rank].host)
             events = [e for e in self.events if run is None or e.get("run") == run]
         return History(steps, devices, list(events))
-
-
-def attach(session, collector: Collector | None = None) -> Collector | None:
-    """Connect every rank's publisher to ``collector`` (a new one when None or closed).
-
-    Called by :class:`workbench.session.Session` each time the process group has formed (a
-    restarted rank gets a publisher too). Metrics never stop a pool from starting: on failure
-    this logs and returns None.
-    """
-    from workbench.metrics import remote
-
-    try:
-        if collector is None or collector.closed:
-            collector = Collector(address=session.config.address)
-        collector.set_ranks(session.ranks)
-        session.apply(remote.connect, collector.url)
-        return collector
-    except Exception:
-        log.warning("live metrics are off for this pool: the collector could not connect", exc_info=True)
-        if collector is not None:
-            collector.close()
-        return None

@@ -1,0 +1,183 @@
+"""Which ranks are alive, and the record of every fault.
+
+A watcher thread notices a death as it happens and pushes it: a local engine's exit wakes the thread
+through a pidfd (no /proc reads per cell), a rank on another node is dead once its beacon has been
+silent for ``REMOTE_SILENCE_S``. The cell path only reads :attr:`Health.dead`; listeners (a running
+cell's wait loop) are woken. A death while no cell runs is reported at once, with what to do.
+
+>>> h = Health(pool_id="demo", busy=threading.Lock())   # doctest: +SKIP
+>>> h.watch(ranks, local=True)                          # doctest: +SKIP
+>>> h.dead                                              # doctest: +SKIP
+{1: 'exited'}
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+from collections.abc import Callable
+
+import psutil
+
+from workbench import faults
+from workbench.pool.rankmap import RankInfo
+from workbench.pool.watch import BeaconReceiver
+
+# Silence after which a rank on another node counts as dead.
+REMOTE_SILENCE_S = 3.0
+# How often the watcher looks at beacons (and, without pidfds, at local processes).
+LOOK_S = 0.05
+
+
+class Health:
+    """Dead ranks (pushed by a watcher thread) and the fault log of one pool.
+
+    ``busy``: the lock a running cell holds; a death seen while it is free is reported at once
+    through ``report`` (a cell reports the deaths it sees itself).
+    """
+
+    def __init__(self, *, pool_id: str | None, busy: threading.Lock, beacons: BeaconReceiver | None = None,
+                 report: Callable[[str], None] = lambda text: print(text, flush=True)):
+        self.pool_id = pool_id
+        self.beacons = beacons
+        self.dead: dict[int, str] = {}  # rank -> how it died
+        self.faults: list[faults.FaultEvent] = []
+        self._busy, self._report = busy, report
+        self._pending: faults.FaultEvent | None = None  # written to the log once recovered (or at close)
+        self._ranks: list[RankInfo] = []
+        self._local: dict[int, int | psutil.Process] = {}  # rank -> pidfd (or a Process without pidfds)
+        self._announced: set[int] = set()
+        self._listeners: list[Callable[[], None]] = []
+        self._changed = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="workbench-health", daemon=True)
+        self._thread.start()
+
+    # -- what is watched ---------------------------------------------------------------
+    def watch(self, ranks: list[RankInfo], local: bool) -> None:
+        """Watch these ranks from now on (after the group formed); deaths seen before are forgotten."""
+        old, self._local = self._local, {}
+        for handle in old.values():
+            _close(handle)
+        self._ranks, self.dead, self._announced = list(ranks), {}, set()
+        if local:
+            for r in ranks:
+                try:
+                    self._local[r.rank] = _open(r.pid)
+                except psutil.NoSuchProcess:
+                    self.dead[r.rank] = "exited"
+        if self.beacons is not None:
+            self.beacons.expect(r.rank for r in ranks)
+        self._changed.set()
+
+    def add_listener(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` (from the watcher thread) whenever a rank is found dead."""
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[], None]) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._changed.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(2)
+        for handle in self._local.values():
+            _close(handle)
+        self._local = {}
+        self.flush()
+
+    # -- the watcher -------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._changed.clear()
+            fds = {h: rank for rank, h in self._local.items() if isinstance(h, int) and rank not in self.dead}
+            if fds:
+                poller = select.poll()
+                for fd in fds:
+                    poller.register(fd, select.POLLIN)
+                for fd, _ in poller.poll(LOOK_S * 1000):
+                    self._found(fds[fd], "exited")
+            else:
+                self._changed.wait(LOOK_S)
+            self._look()
+
+    def _look(self) -> None:
+        for r in list(self._ranks):
+            if r.rank in self.dead:
+                continue
+            handle = self._local.get(r.rank)
+            if isinstance(handle, psutil.Process) and _gone(handle):
+                self._found(r.rank, "exited")
+            elif handle is None and self.beacons is not None \
+                    and self.beacons.silent_for(r.rank) > REMOTE_SILENCE_S:
+                self._found(r.rank, f"sent no heartbeat for {REMOTE_SILENCE_S:g} s")
+        if self.dead.keys() - self._announced and self._busy.acquire(blocking=False):
+            try:  # no cell runs: nobody else will say it
+                for rank in sorted(self.dead.keys() - self._announced):
+                    info = self._ranks[rank]
+                    self.record("died", info, f"rank {rank} {self.dead[rank]} while idle", abort_s=0.0)
+                    self._report(f"workbench: rank {rank} ({info.host}, {info.device}) died while the pool "
+                                 "was idle; `%dist restart` brings it back.")
+            finally:
+                self._busy.release()
+
+    def _found(self, rank: int, how: str) -> None:
+        if rank in self.dead:
+            return
+        self.dead[rank] = how
+        for fn in list(self._listeners):
+            fn()
+
+    # -- the fault log -----------------------------------------------------------------
+    def record(self, kind: str, info: RankInfo | None, text: str, detect_s: float | None = None,
+               abort_s: float | None = None) -> faults.FaultEvent:
+        """A new fault; it goes to ``faults.jsonl`` once recovered from (or when the pool stops)."""
+        self.flush()
+        event = faults.FaultEvent(pool=self.pool_id, kind=kind, rank=info.rank if info else None,
+                                  host=info.host if info else None, device=info.device if info else None,
+                                  first_failure=text, time=faults.now(), detect_s=detect_s, abort_s=abort_s)
+        if kind == "died" and info is not None:
+            self._announced.add(info.rank)
+        self.faults.append(event)
+        self._pending = event
+        return event
+
+    def recovered(self, seconds: float) -> None:
+        """The pending fault was recovered from in ``seconds`` (the group re-formed)."""
+        if self._pending is not None:
+            self._pending.recover_s = seconds
+        self.flush()
+
+    def flush(self) -> None:
+        if self._pending is not None:
+            faults.append(self._pending)
+            self._pending = None
+
+
+def _open(pid: int) -> int | psutil.Process:
+    """A pidfd for ``pid`` (readable once it exits), or a Process to poll where pidfds do not exist."""
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise psutil.NoSuchProcess(pid) from None
+    except (AttributeError, OSError):
+        return psutil.Process(pid)
+
+
+def _close(handle) -> None:
+    if isinstance(handle, int):
+        os.close(handle)
+
+
+def _gone(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+__all__ = ["Health", "REMOTE_SILENCE_S"]
+

@@ -1,0 +1,454 @@
+"""The one joint between the engine pool and the process group.
+
+A :class:`Session` wires the rooms for a pool it started or one it attached to, the same way for
+both: the pool (:mod:`workbench.pool`: processes), the process group (:mod:`.group`), health
+(:mod:`.health`: dead ranks, beacons, the fault log) and the cell (:mod:`.cell`). It adds what a
+notebook does with ranks: run a cell, push, pull, apply.
+
+>>> from workbench import Session
+>>> with Session(n=2).start() as s:                        # doctest: +SKIP
+...     s.run("import torch; t = torch.ones(1) * rank; dist.all_reduce(t)")
+...     s.pull("t")
+[tensor([1.]), tensor([1.])]
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Callable
+
+import psutil
+
+from workbench.config import PoolConfig
+from workbench.errors import NoPoolError, PoolStartError, RankDiedError
+from workbench.pool import netif
+from workbench.pool import state as pool_state
+from workbench.pool.cluster import EnginePool
+from workbench.pool.devices import visible_gpu_count
+from workbench.pool.idle import IdleRelease
+from workbench.pool.launchers import default_engines
+from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks, remap_engines
+from workbench.pool.watch import BeaconReceiver
+from workbench.session.cell import CellRun, OutputCallback, RunHandle
+from workbench.session.group import ProcessGroup
+from workbench.session.health import Health
+from workbench.session.results import CellResult
+
+log = logging.getLogger(__name__)
+
+_current: Session | None = None
+
+
+def current() -> Session:
+    """The session that the magics drive in this process (the one started or attached last)."""
+    if _current is None or not _current.running:
+        raise NoPoolError()
+    return _current
+
+
+def current_or_none() -> Session | None:
+    """Like :func:`current`, but ``None`` when no pool is running here."""
+    return _current if _current is not None and _current.running else None
+
+
+def use(session: Session | None) -> None:
+    """Make ``session`` the one the magics drive (``None``: none, so ``%dist start`` starts a new one)."""
+    global _current
+    _current = session
+
+
+def running_pools() -> list[dict]:
+    """The pools of this machine's Jupyter runtime folder whose owner is alive: ``[{"id": ..., ...}]``."""
+    return pool_state.list_states()
+
+
+class Session:
+    """A pool of engines joined into one torch.distributed process group.
+
+    >>> s = Session(n=2, timeout=30)     # doctest: +SKIP
+    >>> s.start(progress=print)          # doctest: +SKIP
+    >>> s.run("x = rank * 10")           # doctest: +SKIP
+    >>> s.pull("x")                      # doctest: +SKIP
+    [0, 10]
+    >>> s.stop()                         # doctest: +SKIP
+    """
+
+    def __init__(self, config: PoolConfig | None = None, **kwargs):
+        self.config = netif.resolve(config or PoolConfig(**kwargs))  # --interface -> its address
+        self.start_seconds: float | None = None
+        self.metrics = None  # the kernel-side metrics collector (workbench.metrics), once started
+        self._pool: EnginePool | None = None
+        self._group: ProcessGroup | None = None
+        self._health: Health | None = None
+        self._beacons: BeaconReceiver | None = None
+        self._busy = threading.Lock()  # held while a cell, a restart or a scale runs
+        self._idle: IdleRelease | None = None  # config.idle_release: stops a pool nobody uses
+
+    # -- what it is ---------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._pool is not None and self._pool.client is not None
+
+    @property
+    def ranks(self) -> list[RankInfo]:
+        return self._group.ranks if self._group else []
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def backend(self) -> str | None:
+        return self._group.backend if self._group else None
+
+    @property
+    def faults(self) -> list:
+        """Every fault this session saw (:class:`workbench.faults.FaultEvent`), oldest first."""
+        return self._health.faults if self._health else []
+
+    @property
+    def pool(self) -> EnginePool | None:
+        return self._pool
+
+    @property
+    def pool_id(self) -> str | None:
+        return self._pool.pool_id if self._pool else None
+
+    @property
+    def local(self) -> bool:
+        return self.config.launcher == "local"
+
+    @property
+    def client(self):
+        if not self.running:
+            raise NoPoolError()
+        return self._pool.client
+
+    def pids(self) -> list[int]:
+        """Every process the pool started (controller, engines, lease)."""
+        return self._pool.pids() if self._pool else []
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self, progress: Callable[[str], None] = lambda msg: None) -> Session:
+        """Start the engines and form the process group; returns self once every rank is ready."""
+        if self.running:
+            raise ValueError("this session is already running: stop it first, or use it as it is.")
+        t0 = time.perf_counter()
+        n = default_engines(self.config, visible_gpu_count() if self.local else 0)
+        if not netif.is_loopback(self.config.address):
+            warnings.warn(netif.UNAUTHENTICATED.format(address=self.config.address),
+                          netif.UnauthenticatedNetworkWarning, stacklevel=2)
+        pool = EnginePool(n=n, launcher=self.config.launcher, address=self.config.address,
+                          timeout=self.config.timeout, env=self._engine_env(n), config=self.config)
+        self._pool = pool
+        client = pool.start(progress)
+        try:
+            progress("forming the process group")
+            self._connect(pool)
+            self._group.ranks = build_rank_map(self._group.describe(client.ids))
+            self._form()
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.perf_counter() - t0
+        progress(f"ready: {n} ranks, backend {self.backend}, {self.start_seconds:.1f} s")
+        atexit.register(self.stop)  # kernel shutdown and restart end the pool too
+        if self.config.idle_release:
+            self._idle = IdleRelease(self.config.idle_release, warn=self._idle_warning,
+                                     release=self._idle_stop, busy=self._busy.locked)
+        use(self)
+        return self
+
+    def _engine_env(self, n: int) -> dict[str, str]:
+        import os
+
+        if not self.local:
+            return {"OMP_NUM_THREADS": "1"}
+        return {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))}
+
+    @classmethod
+    def attach(cls, pool_id: str) -> Session:
+        """Drive a pool that another notebook or the JupyterLab panel started.
+
+        The ranks keep their process group and their state.
+
+        >>> s = Session.attach("1a2b3c4d")      # doctest: +SKIP
+        """
+        pool = EnginePool.attach(pool_id)
+        state = pool.state
+        self = cls(PoolConfig(n=state["n"], launcher=state["launcher"],
+                              backend=state.get("backend_requested", "auto"),
+                              address=state.get("address", "127.0.0.1")))
+        ranks = [RankInfo(**r) for r in state.get("ranks", [])]
+        if len(ranks) != state["n"]:
+            pool.client.close()
+            raise PoolStartError(f"pool {pool_id} has not finished starting: try again in a moment.")
+        self._pool = pool
+        self._connect(pool)
+        self._group.ranks, self._group.backend, self._group.ok = ranks, state.get("backend"), True
+        self._health.watch(ranks, local=self.local)
+        use(self)
+        return self
+
+    def _connect(self, pool: EnginePool) -> None:
+        """Wire the rooms over ``pool`` (started here or attached)."""
+        if not pool.attached:  # the engines send their beacons to the kernel that formed the group
+            self._beacons = BeaconReceiver(self.config.address)
+        self._group = ProcessGroup(pool, self.config)
+        self._health = Health(pool_id=pool.pool_id, busy=self._busy, beacons=self._beacons)
+
+    def _form(self, reform: bool = False) -> None:
+        """(Re-)form the group on every rank, then watch the ranks and (re)connect their metrics."""
+        url = self._beacons.url if self._beacons else None
+        if reform:
+            self._group.reform(self.ranks, url)
+        else:
+            self._group.form(url)
+        self._health.watch(self.ranks, local=self.local)
+        self._pool.update_state(ranks=[r.__dict__ for r in self.ranks], backend=self.backend,
+                                backend_requested=self.config.backend)
+        self._connect_metrics()
+
+    def _connect_metrics(self) -> None:
+        """Every rank's publisher (re)connects to this kernel's collector. Metrics never stop a pool."""
+        from workbench.metrics import remote
+        from workbench.metrics.collector import Collector
+
+        try:
+            if self.metrics is None or self.metrics.closed:
+                self.metrics = Collector(address=self.config.address)
+            self.metrics.set_ranks(self.ranks)
+            self.apply(remote.connect, self.metrics.url)
+        except Exception:
+            log.warning("live metrics are off for this pool: the collector could not connect", exc_info=True)
+            if self.metrics is not None:
+                self.metrics.close()
+            self.metrics = None
+
+    def stop(self) -> None:
+        """Stop every engine and the controller; nothing of the pool is left running."""
+        global _current
+        if self._idle is not None:
+            self._idle.close()
+            self._idle = None
+        if self._health is not None:
+            self._health.close()  # writes a pending fault to the log
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+        if self._pool is not None:
+            self._end_local_engines()
+            self._pool.stop()
+        self._pool = None
+        if self._beacons is not None:
+            self._beacons.close()
+            self._beacons = None
+        if _current is self:
+            _current = None
+
+    def _end_local_engines(self, grace: float = 0.5) -> None:
+        """Ask the engines to shut down; SIGKILL local ones still exiting after ``grace``.
+
+        Once torch._dynamo is imported (FSDP and pipelining import it) an engine spends about
+        3 s in interpreter exit; its state is being thrown away, so we do not wait for that.
+        """
+        if not self.local or self._pool.client is None or self._pool.attached:
+            return
+        procs = []
+        for r in self.ranks:
+            try:
+                procs.append(psutil.Process(r.pid))
+            except psutil.Error:
+                pass
+        try:
+            self._pool.client.shutdown(targets="all", block=False)  # no reply to wait for at exit
+        except Exception:
+            pass  # an engine already gone: the pool's stop cleans up the rest
+        _, slow = psutil.wait_procs(procs, timeout=grace)
+        for proc in slow:
+            try:  # its helpers too (ipyparallel's nanny): they would wait for a parent that is gone
+                doomed = [*proc.children(recursive=True), proc]
+            except psutil.Error:
+                continue
+            pool_state.end(doomed, grace=0)
+
+    def __enter__(self) -> Session:
+        return self if self.running else self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- recovery ------------------------------------------------------------------------
+    def dead_ranks(self) -> dict[int, str]:
+        """Ranks whose engine is gone, with how (the health watcher notices at once)."""
+        return dict(self._health.dead) if self._health else {}
+
+    def _ensure_group(self) -> None:
+        """Before a cell: refuse with dead ranks, re-form a process group that a fault aborted."""
+        dead = self.dead_ranks()
+        if dead:
+            rank = min(dead)
+            raise RankDiedError(f"{self.ranks[rank].label()} is dead ({dead[rank]}): `%dist restart` "
+                                "(Session.restart()) starts a new engine for it and re-forms the process "
+                                "group.")
+        if not self._group.ok:
+            self._reform()
+
+    def _reform(self, since: float | None = None) -> None:
+        t0 = time.perf_counter() if since is None else since
+        self._form(reform=True)
+        self._health.recovered(time.perf_counter() - t0)
+
+    def restart(self, progress: Callable[[str], None] = lambda msg: None) -> list[int]:
+        """Start a new engine for every dead rank, on the same host and device, and re-form the group.
+
+        The surviving ranks keep their Python state. Returns the ranks that were restarted.
+        """
+        if not self.running:
+            raise NoPoolError("restart")
+        with self._busy:  # keep the health watcher from reporting the ranks half-way
+            t0 = time.perf_counter()
+            dead = sorted(self.dead_ranks())
+            if dead:
+                if not self.local:
+                    raise ValueError("restarting ranks is supported for local pools; stop and start the "
+                                     "pool.")
+                progress(f"starting {len(dead)} engine(s) for rank {', '.join(map(str, dead))}")
+                new_ids = self._pool.start_more(len(dead), set(self._pool.client.ids))
+                for info in remap_engines([self.ranks[r] for r in dead], self._group.describe(new_ids)):
+                    self.ranks[info.rank] = info
+            progress("re-forming the process group")
+            self._reform(since=t0)
+            return dead
+
+    def scale(self, n: int, progress: Callable[[str], None] = lambda msg: None) -> list[RankInfo]:
+        """Grow or shrink the pool to ``n`` ranks and re-form the process group at that world size.
+
+        Growing starts engines through the pool's launcher; shrinking stops the highest ranks. Ranks
+        stay contiguous per host; the ranks that remain keep their Python state (a training run then
+        resumes from its checkpoint at the new world size). Returns the new rank map.
+
+        >>> s.scale(4, progress=print)        # doctest: +SKIP
+        starting 2 engines
+        re-forming the process group at world size 4
+        """
+        if n < 1:
+            raise ValueError(f"a pool needs at least one rank (got {n}).")
+        if not self.running:
+            raise NoPoolError("scale")
+        with self._busy:
+            dead = self.dead_ranks()
+            if dead:
+                raise RankDiedError(f"rank {min(dead)} is dead: `%dist restart` it (or stop and start the "
+                                    "pool) before scaling.")
+            t0 = time.perf_counter()
+            keep = [r.engine_id for r in self.ranks[:n]]
+            if n > self.world_size:
+                progress(f"starting {n - self.world_size} engines")
+                keep += self._pool.start_more(n - self.world_size, set(self._pool.client.ids))
+            elif n < self.world_size:
+                progress(f"stopping rank {format_ranks(range(n, self.world_size))}")
+                self._pool.stop_engines([r.engine_id for r in self.ranks[n:]])
+            else:
+                return list(self.ranks)
+            self._group.ranks = build_rank_map(self._group.describe(keep))
+            self._pool.n = n
+            progress(f"re-forming the process group at world size {n}")
+            self._reform(since=t0)
+        return list(self.ranks)
+
+    def _idle_warning(self, seconds_left: float) -> None:
+        print(f"workbench: pool {self.pool_id} has been idle; it stops in {seconds_left:.0f} s to release "
+              "its nodes. Run a cell on it to keep it.", flush=True)
+
+    def _idle_stop(self) -> None:
+        n = self.world_size
+        self.stop()
+        print(f"workbench: stopped the idle pool ({n} ranks) after {self.config.idle_release:g} s without "
+              "a cell; its nodes are released. `%dist start` starts a new one.", flush=True)
+
+    # -- ranks and data ------------------------------------------------------------------
+    def targets(self, ranks=None) -> list[RankInfo]:
+        """Resolve ``None`` (all), a rank, a list of ranks or a spec like ``"0,2-3"``."""
+        if not self.running:
+            raise NoPoolError()
+        if self._idle is not None:
+            self._idle.touch()  # every cell, push, pull and apply comes through here
+        if ranks is None:
+            return list(self.ranks)
+        if isinstance(ranks, str):
+            ranks = parse_ranks(ranks, self.world_size)
+        elif isinstance(ranks, int):
+            ranks = [ranks]
+        bad = [r for r in ranks if not 0 <= r < self.world_size]
+        if bad:
+            raise ValueError(f"rank {bad[0]} is out of range: this pool has ranks 0-{self.world_size - 1}.")
+        return [self.ranks[r] for r in sorted(set(ranks))]
+
+    def push(self, values: dict, ranks=None) -> None:
+        """Send ``{name: value}`` into the namespace of the target ranks."""
+        self._group.view(self.targets(ranks)).push(values, block=True)
+
+    def pull(self, name: str, rank: int | None = None):
+        """A value from one rank, or a list with every rank's value (in rank order)."""
+        if rank is not None:
+            return self._group.view(self.targets(rank)).pull(name, block=True)[0]
+        return self._group.view(self.targets()).pull(name, block=True)
+
+    def apply(self, fn: Callable, *args, ranks=None, **kwargs) -> list:
+        """Call ``fn(*args, **kwargs)`` on the target ranks at once; the results in rank order."""
+        return self._group.view(self.targets(ranks)).apply_sync(fn, *args, **kwargs)
+
+    # -- cells ---------------------------------------------------------------------------
+    def run(self, code: str, *, ranks=None, timeout: float | None = None,
+            on_output: OutputCallback | None = None, on_tick: Callable[[], None] | None = None) -> CellResult:
+        """Run ``code`` on the target ranks at once, streaming output as it comes.
+
+        Raises :class:`RankError` naming the rank that failed first (an exception, or a
+        dead engine), :class:`CellTimeout` naming the stalled rank when ``timeout``
+        passes, and ``KeyboardInterrupt`` after interrupting the ranks. In each case the
+        other ranks are stopped within seconds and the next cell re-forms the group.
+        """
+        targets = self.targets(ranks)
+        with self._busy:
+            self._ensure_group()
+            return CellRun(self._group, self._health, targets, timeout, on_output, on_tick).run(code)
+
+    def submit(self, code: str, *, ranks=None, timeout: float | None = None,
+               on_output: OutputCallback | None = None) -> RunHandle:
+        """Start ``code`` on the target ranks like :meth:`run`, but return at once.
+
+        >>> h = s.submit("trainer.run(steps=5000)")     # doctest: +SKIP
+        >>> h.done(), h.stop()                           # doctest: +SKIP
+        """
+        targets = self.targets(ranks)
+
+        def interrupt():
+            alive = [r for r in targets if r.rank not in self.dead_ranks()]
+            self._group.signal(alive, signal.SIGINT)
+
+        return RunHandle(lambda: self.run(code, ranks=[r.rank for r in targets], timeout=timeout,
+                                          on_output=on_output), interrupt, targets)
+
+    # -- status ----------------------------------------------------------------------
+    def status(self) -> list[dict]:
+        """One row per rank: rank, host, pid, device, state (idle, busy or dead)."""
+        if not self.running:
+            return []
+        dead = self.dead_ranks()
+        alive = set(self.client.ids)
+        queues = self.client.queue_status(targets=[r.engine_id for r in self.ranks if r.engine_id in alive])
+        rows = []
+        for r in self.ranks:
+            if r.rank in dead or r.engine_id not in alive:
+                state = "dead"
+            else:
+                q = queues.get(r.engine_id, {})
+                state = "busy" if q.get("queue", 0) or q.get("tasks", 0) else "idle"
+            rows.append({"rank": r.rank, "host": r.host, "pid": r.pid, "device": r.device, "state": state})
+        return rows
