@@ -59,7 +59,7 @@ def main() -> None:
             for mode in ("off", "on"):
                 dash = None
                 if mode == "on":
-                    s.apply(remote.connect, s.metrics.url)
+                    s.apply(remote.connect, s.pool.channel)
                     dash = Dashboard(s.metrics, run="next", interval=0.25)
                 else:
                     s.apply(remote.disconnect)

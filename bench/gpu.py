@@ -44,7 +44,7 @@ def nvml_overhead(s, rounds: int, steps: int) -> dict:
     """Samples/s with the publisher off, sampling every 1 s (default) and every 0.05 s; one NVML read."""
     from workbench.metrics import remote
 
-    url = s.metrics.url
+    url = s.pool.channel  # the side channel the publishers send up
     s.run("trainer_n = loop.build('mlp', device=device)")
     settings = {"off": None, "sampling 1 s": 1.0, "sampling 0.05 s": 0.05}
     rates: dict[str, list[float]] = {k: [] for k in settings}

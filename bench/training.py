@@ -173,7 +173,7 @@ def dashboard(pool: Pool, rounds: int, steps: int) -> dict:
             for side in ["off", "on"] if i % 2 == 0 else ["on", "off"]:
                 dash = None
                 if side == "on":
-                    s.apply(remote.connect, s.metrics.url)
+                    s.apply(remote.connect, s.pool.channel)
                     pool.cell("loop.set_metrics(trainer_d, True)")
                     dash = Dashboard(s.metrics, run="latest")
                     dash.refresh()
@@ -189,7 +189,7 @@ def dashboard(pool: Pool, rounds: int, steps: int) -> dict:
                     delays += list(dash.delays)
                     dash.close()
     finally:
-        s.apply(remote.connect, s.metrics.url)  # as the pool had it
+        s.apply(remote.connect, s.pool.channel)  # as the pool had it
         pool.cell("del trainer_d", check=False)
     res = {k: summary(v, 1, 1) for k, v in rates.items()}
     res["ratio_on_to_off"] = (

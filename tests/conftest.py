@@ -26,3 +26,27 @@ def ipshell():
     ip = get_ipython()  # start_ipython() returns None once another test has started the shell
     ip.run_line_magic("load_ext", "workbench")
     return ip
+
+
+def until(predicate, timeout: float = 10.0, every: float = 0.02) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` passes (a hard bound, never a speed check)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+    return True
+
+
+@pytest.fixture
+def channel():
+    """A pool's side channel without a pool: a real relay and its key, as ``EnginePool`` records them."""
+    from workbench import wire
+    from workbench.pool.relay import Relay
+
+    key = wire.new_key()
+    relay = Relay("127.0.0.1", key)
+    yield {"up": relay.up, "out": relay.out, "key": key, "relay": relay}
+    relay.close()

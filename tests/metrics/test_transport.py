@@ -1,8 +1,6 @@
-"""Publisher -> collector over real ZMQ sockets, in one process (threads): no loss, no blocking."""
+"""Publisher -> relay -> collector over real ZMQ sockets, in one process (threads): no loss, no blocking."""
 
 from __future__ import annotations
-
-import socket
 
 import pytest
 
@@ -13,24 +11,19 @@ from workbench.metrics.sampler import PsutilSampler
 pytestmark = pytest.mark.timeout(60)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_steps_taken_while_nobody_reads_all_arrive_once_in_order():
-    """The kernel is not there yet: steps never block, the queue holds them, all arrive later."""
-    port = _free_port()
-    pubs = [Publisher(f"tcp://127.0.0.1:{port}", rank=r, host="h", flush_interval=0.001, sample_interval=60)
-            for r in range(2)]
+def test_steps_taken_while_nobody_reads_all_arrive_once_in_order(channel):
+    """No session subscribes yet: steps never block, the relay holds them, all arrive once one does."""
+    pubs = [Publisher(channel, rank=r, host="h", flush_interval=0.001, sample_interval=60) for r in range(2)]
     collector = None
     try:
         for i in range(5000):
             for p in pubs:
                 p.step(step=i + 1, loss=1.0 / (i + 1), samples=8, step_time=0.001)
         assert all(p.dropped == 0 for p in pubs)
-        collector = Collector(port=port)
+        for p in pubs:
+            assert p.flush(10)  # handed to the relay, which holds them: nobody subscribed
+        assert channel["relay"].forwarded == 0
+        collector = Collector(channel)
         for p in pubs:
             p.on_run_end(None)
         assert collector.wait_for(lambda c: c.count("step") >= 10_000, 30)
@@ -48,9 +41,9 @@ def test_steps_taken_while_nobody_reads_all_arrive_once_in_order():
             collector.close()
 
 
-def test_device_samples_through_psutil_for_real():
-    collector = Collector()
-    pub = Publisher(collector.url, rank=0, host="h", sampler=PsutilSampler(threads=1), sample_interval=0.05)
+def test_device_samples_through_psutil_for_real(channel):
+    collector = Collector(channel)
+    pub = Publisher(channel, rank=0, host="h", sampler=PsutilSampler(threads=1), sample_interval=0.05)
     try:
         assert collector.wait_for(lambda c: c.count("device") >= 3, 20)
         samples = collector.history().records("device")

@@ -1,15 +1,13 @@
-"""Engine-side fault support: collective tracking, a status beacon, and the process-group abort.
+"""Engine-side fault support: collective tracking, this rank's state for its beacon, the abort.
 
-The beacon is a daemon thread that pushes this rank's state to the kernel four times a
-second over its own ZMQ socket, so the kernel can see a rank that is stuck inside a
-collective, or sleeping, while the engine's main thread is busy: which collective is in
-flight, the last one completed, and the line the main thread is on.
+The agent (:mod:`workbench.engine.agent`) sends :func:`snapshot` four times a second, so the kernel
+can see a rank that is stuck inside a collective, or sleeping, while the engine's main thread is
+busy: which collective is in flight, the last one completed, and the line the main thread is on.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 import threading
@@ -18,13 +16,11 @@ import time
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-BEACON_PERIOD_S = 0.25
 TRACKED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
            "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "reduce", "gather",
            "scatter", "all_to_all", "all_to_all_single", "send", "recv")
 
 _track = {"done": 0, "done_name": None, "inflight": None, "since": None}
-_beacon: dict = {}
 
 
 def _tracked(name, fn):
@@ -66,39 +62,6 @@ def snapshot(rank: int) -> dict:
             "group": dist.is_initialized(), "where": where}
 
 
-def start_beacon(address: str, rank: int) -> None:
-    """Push :func:`snapshot` to the kernel's ``address`` until :func:`stop_beacon`."""
-    import zmq
-
-    stop_beacon()
-    stop = threading.Event()
-    sock = zmq.Context.instance().socket(zmq.PUSH)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, 8)  # a slow kernel drops old beats, never blocks us
-    sock.connect(address)
-
-    def beat():
-        while True:  # the first beat at once, then one a period
-            try:
-                sock.send(json.dumps(snapshot(_beacon["rank"])).encode(), zmq.NOBLOCK)
-            except zmq.Again:
-                pass
-            if stop.wait(BEACON_PERIOD_S):
-                break
-        sock.close()
-
-    _beacon.update(rank=rank, stop=stop, thread=threading.Thread(target=beat, name="workbench-beacon",
-                                                                  daemon=True))
-    _beacon["thread"].start()
-
-
-def stop_beacon() -> None:
-    if _beacon.get("stop") is not None:
-        _beacon["stop"].set()
-        _beacon["thread"].join(2)
-    _beacon.clear()
-
-
 def listening_ports(exclude: set[int] = frozenset()) -> list[int]:
     """The TCP ports this process listens on (after joining: gloo's, plus rank 0's store)."""
     import psutil
@@ -107,24 +70,23 @@ def listening_ports(exclude: set[int] = frozenset()) -> list[int]:
                    if c.status == psutil.CONN_LISTEN} - set(exclude))
 
 
-def abort(gloo_ports: list[int] = ()) -> bool:
+def abort(gloo_ports: list[int] = ()) -> int | None:
     """Abort this rank's process group so peers blocked in a collective with it fail at once.
 
     gloo's abort alone leaves its connections open while anything still references the
     group (importing FSDP or pipelining does), so the peers would wait for the
     collective timeout. We also shut down every connection to or from a gloo port:
     each blocked peer then fails at once with "Connection closed by peer".
-    Never ``destroy_process_group``: on the error path that can block. Returns whether
-    there was a group to abort.
+    Never ``destroy_process_group``: on the error path that can block. Returns how many
+    connections were cut (None: there was no group to abort).
     """
     if not dist.is_initialized():
-        return False
+        return None
     c10d._abort_process_group()
-    _sever(set(gloo_ports))
-    return True
+    return _sever(set(gloo_ports))
 
 
-def _sever(ports: set[int]) -> None:
+def _sever(ports: set[int]) -> int:
     import socket
 
     import psutil
@@ -133,6 +95,7 @@ def _sever(ports: set[int]) -> None:
         conns = psutil.Process().net_connections("tcp")
     except OSError:  # a socket closed while psutil read /proc: once more
         conns = psutil.Process().net_connections("tcp")
+    cut = 0
     for conn in conns:
         if conn.status == psutil.CONN_ESTABLISHED and conn.raddr and (
                 conn.laddr.port in ports or conn.raddr.port in ports):
@@ -140,8 +103,10 @@ def _sever(ports: set[int]) -> None:
                 sock = socket.socket(fileno=os.dup(conn.fd))
                 sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
+                cut += 1
             except OSError:
                 pass  # closed meanwhile
+    return cut
 
 
 def group_ok() -> bool:

@@ -13,7 +13,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from workbench.engine import guard
+from workbench.engine import agent, guard
 
 # Objects that must outlive one call: rank 0's store (its listening socket) and the rank's facts.
 _state: dict = {}
@@ -48,7 +48,7 @@ def open_store(address: str, timeout_s: float) -> int:
 
 def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int,
          backend: str, device: str, timeout_s: float, threads: int, ifname: str | None,
-         beacon: str | None = None) -> dict:
+         channel: dict | None = None, generation: int = 0) -> dict:
     """Join the process group and put ``rank``, ``world_size``, ``device``... into the user namespace."""
     env = {"RANK": rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": world_size,
            "MASTER_ADDR": address, "MASTER_PORT": port}
@@ -72,8 +72,8 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
                             device_id=dev if dev.type == "cuda" else None)
     _state.update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev)
     guard.track_collectives()
-    if beacon:
-        guard.start_beacon(beacon, rank)
+    if channel:  # beacons up, commands down: the pool's side channel
+        agent.start(channel, rank, generation)
     _user_namespace().update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, dist=dist)
     store_port = port if rank == 0 else None
     return {"rank": rank, "backend": dist.get_backend(),
@@ -87,7 +87,7 @@ def identity() -> dict:
 
 def close() -> None:
     """Leave the process group and close the store (normal path only)."""
-    guard.stop_beacon()
+    agent.stop()
     if dist.is_initialized():
         dist.destroy_process_group()
     _state.pop("store", None)

@@ -1,6 +1,6 @@
 """Kernel side: receive every rank's metrics and keep the complete history.
 
-The :class:`Collector` binds a ZMQ PULL socket (random port) and reads it on its own thread, so
+The :class:`Collector` subscribes to the pool's relay and reads it on its own thread, so
 records arrive while a cell runs and between cells. Each record carries a sequence number per
 (rank, stream): a duplicate is dropped, a gap is counted in ``stats["missing"]`` — nothing is
 lost silently. Series are bounded (:class:`workbench.metrics.history.Series` downsamples long
@@ -13,9 +13,7 @@ and it began within ``JOIN_WINDOW_S``, else it opens a new run.
 
 Imports no torch.
 
->>> c = Collector()                      # doctest: +SKIP
->>> c.url                                # doctest: +SKIP
-'tcp://127.0.0.1:50123'
+>>> c = Collector(pool.channel)          # doctest: +SKIP
 >>> c.history().dataframe()              # doctest: +SKIP
 >>> c.close()                            # doctest: +SKIP
 """
@@ -70,34 +68,23 @@ class RankState:
 
 
 class Collector:
-    """Receives metric records from every rank's publisher.
+    """Receives metric records from every rank's publisher, through the pool's relay.
 
-    ``capacity``: points kept per series (per rank per run for steps, per rank for device
-    samples) before the older half is downsampled. ``stall_after``: seconds without a step in a
-    running run before a rank shows ``stalled``. ``lost_after``: seconds without any record
-    (device samples come every second) before a rank shows ``lost``. ``port``: a fixed port
-    (default: a free one).
+    ``channel``: the pool's side channel (``{"out": url, "key": hex}``); messages not signed with
+    its key are dropped and counted in ``stats["bad_messages"]``. Without a channel nothing is
+    received (records come in through :meth:`ingest`). ``capacity``: points kept per series (per
+    rank per run for steps, per rank for device samples) before the older half is downsampled.
+    ``stall_after``: seconds without a step in a running run before a rank shows ``stalled``.
+    ``lost_after``: seconds without any record (device samples come every second) before a rank
+    shows ``lost``.
     """
 
-    def __init__(self, address: str = "127.0.0.1", *, port: int | None = None, capacity: int = 8192,
+    def __init__(self, channel: dict | None = None, *, capacity: int = 8192,
                  stall_after: float = 10.0, lost_after: float = 5.0):
-        import zmq
-
         self.capacity = capacity
         self.stall_after = stall_after
         self.lost_after = lost_after
-        self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.PULL)
-        self._sock.setsockopt(zmq.RCVHWM, 10_000)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        host = f"[{address}]" if ":" in address else address
-        if ":" in address:
-            self._sock.setsockopt(zmq.IPV6, 1)
-        if port:
-            self._sock.bind(f"tcp://{host}:{port}")
-        else:
-            port = self._sock.bind_to_random_port(f"tcp://{host}")
-        self.url = f"tcp://{host}:{port}"
+        self.channel = channel
         self.ranks: dict[int, RankState] = {}
         self.runs: list[Run] = []
         self.steps: dict[tuple[int, int], Series] = {}  # (run id, rank) -> series
@@ -153,23 +140,31 @@ class Collector:
 
     # -- receiving -------------------------------------------------------------------------
     def _loop(self) -> None:
+        if self.channel is None:
+            return
         import zmq
 
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
+        from workbench import wire
+
+        signer = wire.Signer(self.channel["key"])
+        ctx = zmq.Context()
+        sock = wire.subscriber(ctx, self.channel["out"], wire.METRICS)
         try:
             while not self._closed.is_set():
-                if not poller.poll(100):
+                if not sock.poll(100):
                     continue
-                while True:
+                while sock.poll(0):
                     try:
-                        data = self._sock.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
+                        _, data = signer.unpack(sock.recv_multipart())
+                    except wire.BadMessage as exc:
+                        with self._cv:
+                            self.stats["bad_messages"] += 1
+                        log.debug("dropped a message that is not this pool's: %s", exc)
+                        continue
                     self.ingest(data)
         finally:
-            self._sock.close(0)
-            self._ctx.term()
+            sock.close(0)
+            ctx.term()
 
     def ingest(self, data: bytes, now: float | None = None) -> list[dict]:
         """Take one wire message; returns its new events. Never raises on a bad message."""
@@ -202,7 +197,9 @@ class Collector:
     def _fresh(self, st: RankState, stream: str, rows: list) -> list:
         """Rows whose sequence number is new, in order; duplicates dropped, gaps counted."""
         out = []
-        expected = st.expected.get(stream, 0)
+        # a publisher's first record sets the count going: a session that attached later missed the
+        # records before it, which is not a loss
+        expected = st.expected.get(stream, int(rows[0][0]) if rows else 0)
         for row in rows:
             seq = int(row[0])
             if seq < expected:

@@ -1,21 +1,23 @@
-"""Engine side: publish step records, run events and device samples to the kernel's collector.
+"""Engine side: publish step records, run events and device samples to every session of the pool.
 
 A :class:`Publisher` is a training-loop callback (``on_run_start``, ``on_step_end``,
 ``on_run_end``). A step only appends a row to an in-memory queue (a few microseconds, never a
 socket call); one background thread per engine sends the queue in batches every
-``flush_interval`` seconds over a ZMQ PUSH socket with non-blocking sends, and samples the
-device every ``sample_interval`` seconds, between cells too. When the kernel stops reading, rows
+``flush_interval`` seconds up the pool's side channel (signed messages of at most
+``wire.MAX_ROWS`` records, non-blocking sends), and samples the device every ``sample_interval``
+seconds, between cells too. When the kernel stops reading, rows
 wait in the queue (bounded: the oldest go first, and the sequence numbers show the gap).
 
 Imports no IPython display, ipywidgets, plotly or tornado; torch only where already loaded.
 
->>> import zmq
->>> ctx = zmq.Context.instance(); pull = ctx.socket(zmq.PULL); port = pull.bind_to_random_port("tcp://127.0.0.1")
->>> pub = Publisher(f"tcp://127.0.0.1:{port}", rank=0, host="h", sample_interval=60)
+>>> from workbench import wire
+>>> from workbench.pool.relay import Relay
+>>> key = wire.new_key(); relay = Relay("127.0.0.1", key)
+>>> pub = Publisher({"up": relay.up, "out": relay.out, "key": key}, rank=0, host="h", sample_interval=60)
 >>> pub.step(step=1, loss=0.25, samples=8, step_time=0.01)
 >>> pub.flush(5)
 True
->>> pub.close(); pull.close()
+>>> pub.close(); relay.close()
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import threading
 import time
 import uuid
 
+from workbench import wire
 from workbench.metrics import records
 from workbench.metrics.sampler import make_sampler
 
@@ -42,16 +45,16 @@ def _callback_base():
 
 
 class Publisher(_callback_base()):
-    """Sends this rank's metrics to ``url`` (the collector's ``tcp://host:port``).
+    """Sends this rank's metrics up the pool's side channel (``channel``: the relay's ``up`` and the key).
 
-    >>> pub = Publisher("tcp://127.0.0.1:9", rank=0, host="h", sample_interval=60)  # doctest: +SKIP
+    >>> pub = Publisher(channel, rank=0, host="h", sample_interval=60)               # doctest: +SKIP
     >>> trainer.callbacks.append(pub)                                                 # doctest: +SKIP
     """
 
-    def __init__(self, url: str, *, rank: int, host: str | None = None, device: str = "cpu",
+    def __init__(self, channel: dict, *, rank: int, host: str | None = None, device: str = "cpu",
                  threads: int = 1, flush_interval: float = 0.1, sample_interval: float = 1.0,
                  max_queue: int = 200_000, sampler=None):
-        self.url = url
+        self.channel = dict(channel)
         self.rank = rank
         self.host = host or socket.gethostname()
         self.device = str(device)
@@ -155,11 +158,10 @@ class Publisher(_callback_base()):
     def _loop(self) -> None:
         import zmq
 
+        signer = wire.Signer(self.channel["key"])
         ctx = zmq.Context()
-        sock = ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.SNDHWM, 1000)  # messages (batches), not records
+        sock = wire.pusher(ctx, self.channel["up"], hwm=1000)  # messages (batches), not records
         sock.setsockopt(zmq.LINGER, 1000)
-        sock.connect(self.url)
         pending = None  # a message the socket would not take yet (kernel not reading)
         next_sample = 0.0
         try:
@@ -173,7 +175,7 @@ class Publisher(_callback_base()):
                 if pending is not None:
                     data, count = pending
                     try:
-                        sock.send(data, zmq.NOBLOCK)
+                        sock.send_multipart(signer.pack(wire.METRICS, data), zmq.NOBLOCK)
                         pending = None
                         with self._sent_cv:
                             self._sent += count
@@ -196,7 +198,7 @@ class Publisher(_callback_base()):
         rows = {s: [] for s in records.STREAMS}
         count = 0
         q = self._queue
-        while q:
+        while q and count < wire.MAX_ROWS:  # a message stays well under the side channel's size limit
             stream, row = q.popleft()
             rows[stream].append(row)
             count += 1
@@ -236,12 +238,12 @@ def current() -> Publisher | None:
     return _publisher
 
 
-def connect(url: str, *, rank: int | None = None, device: str | None = None,
+def connect(channel: dict, *, rank: int | None = None, device: str | None = None,
             flush_interval: float = 0.1, sample_interval: float = 1.0) -> dict:
     """Start this engine's publisher and device sampler, and register it with every new Trainer.
 
     Called by the Session on every rank each time the process group is formed; rank and device
-    default to this engine's (``workbench.engine.rendezvous``). A publisher already sending to ``url``
+    default to this engine's (``workbench.engine.rendezvous``). A publisher already sending to ``channel``
     is kept (Trainers made earlier hold it), taking the new rank if it changed.
     """
     global _publisher
@@ -252,7 +254,7 @@ def connect(url: str, *, rank: int | None = None, device: str | None = None,
         rank = here["rank"] if rank is None else rank
         device = str(here["device"]) if device is None else device
     pub = _publisher
-    if pub is not None and pub.url == url and pub.alive and pub.device == str(device):
+    if pub is not None and pub.channel == channel and pub.alive and pub.device == str(device):
         if pub.rank != rank:
             pub.renumber(rank)
         registered = _register(pub)
@@ -261,7 +263,7 @@ def connect(url: str, *, rank: int | None = None, device: str | None = None,
     threads = 1
     if "torch" in sys.modules:
         threads = sys.modules["torch"].get_num_threads()
-    _publisher = Publisher(url, rank=rank, device=device, threads=threads,
+    _publisher = Publisher(channel, rank=rank, device=device, threads=threads,
                            flush_interval=flush_interval, sample_interval=sample_interval)
     registered = _register(_publisher)
     return {"rank": rank, "device": device, "sampler": _publisher.info["kind"], "registered": registered}

@@ -10,11 +10,11 @@ True
 from __future__ import annotations
 
 
-def connect(url: str, **kwargs) -> dict:
-    """On an engine: start its publisher and device sampler towards ``url`` (see ``publisher.connect``)."""
+def connect(channel: dict, **kwargs) -> dict:
+    """On an engine: start its publisher and device sampler up the pool's side channel (see ``publisher.connect``)."""
     from workbench.metrics import publisher
 
-    return publisher.connect(url, **kwargs)
+    return publisher.connect(channel, **kwargs)
 
 
 def disconnect() -> None:

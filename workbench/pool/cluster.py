@@ -18,10 +18,12 @@ from collections.abc import Callable
 import ipyparallel as ipp
 from ipyparallel.cluster.launcher import BatchSystemLauncher, LocalProcessLauncher, SSHLauncher
 
+from workbench import wire
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
 from workbench.pool import launchers
 from workbench.pool import state as pool_state
+from workbench.pool.relay import Relay
 
 # The controller counts newly registered engines only at its next heartbeat round:
 # the default 3 s period makes a local start wait seconds for nothing.
@@ -59,12 +61,17 @@ class EnginePool:
         self._lease: subprocess.Popen | None = None
         self.attached = False  # True when another process started this pool
         self.state: dict = {}
+        self.relay: Relay | None = None  # the side channel (beacons, metrics, commands); owner only
+        self.channel: dict | None = None  # how to reach it: {"up": url, "out": url, "key": hex}
 
     # -- start -----------------------------------------------------------------------
     def start(self, progress: Progress = lambda msg: None) -> ipp.Client:
         """Start controller and engines; return a connected client once all ``n`` registered."""
         launchers.check_address(self.config, self.address)
         self.work_dir = tempfile.mkdtemp(prefix=f"workbench-{self.pool_id}-")
+        key = wire.new_key()
+        self.relay = Relay(self.address, key)
+        self.channel = {"up": self.relay.up, "out": self.relay.out, "key": key}
         self.cluster = ipp.Cluster(
             n=self.n,
             engines=launchers.engine_launcher(self.config),
@@ -210,6 +217,7 @@ class EnginePool:
         self.client = self.cluster.connect_client_sync()
         self.client.wait_for_engines(self.n, timeout=timeout)
         self.state_file = pool_state.state_path(pool_id)
+        self.channel = state.get("channel")
         self.attached = True
         return self
 
@@ -260,6 +268,7 @@ class EnginePool:
             "cluster_file": self.cluster.cluster_file if self.cluster else None,
             "processes": records,
             "files": [self.cluster.cluster_file] if self.cluster else [],
+            "channel": self.channel,
             "created": time.time(),
             **extra,
         }
@@ -317,6 +326,9 @@ class EnginePool:
         if self._lease is not None:
             self._lease.wait(timeout=5)
             self._lease = None
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
         self.cluster = None
 
 

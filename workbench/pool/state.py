@@ -33,7 +33,10 @@ def write_state(pool_id: str, state: dict) -> Path:
     """Write atomically (rename), so a reader never sees half a file."""
     path = state_path(pool_id)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
+    # 0600 from the start: the file holds the pool's side-channel key
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(state, indent=1))
     os.replace(tmp, path)
     return path
 

@@ -1,4 +1,8 @@
-"""Kernel side of the beacons: the latest state of every rank, and who went silent."""
+"""Kernel side of the beacons: the latest state of every rank, and who went silent.
+
+Every session of a pool (the one that started it, attached ones) subscribes to the pool's relay and
+keeps what the ranks last said. Beacons not signed with the pool's key are dropped and counted.
+"""
 
 from __future__ import annotations
 
@@ -8,23 +12,25 @@ import time
 
 import zmq
 
+from workbench import wire
+
 
 class BeaconReceiver:
-    """Binds a PULL socket on ``address`` and keeps each rank's latest beacon.
+    """Subscribes to the beacons on the relay's ``out`` and keeps each rank's latest one.
 
-    >>> rx = BeaconReceiver("127.0.0.1")    # doctest: +SKIP
-    >>> rx.url                              # doctest: +SKIP
-    'tcp://127.0.0.1:51234'
+    >>> rx = BeaconReceiver(channel)         # doctest: +SKIP
+    >>> rx.latest[0]["inflight"]             # doctest: +SKIP
+    'all_reduce'
     """
 
-    def __init__(self, address: str = "127.0.0.1"):
-        self._ctx = zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.PULL)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        port = self._sock.bind_to_random_port(f"tcp://{address}")
-        self.url = f"tcp://{address}:{port}"
+    def __init__(self, channel: dict):
+        self._signer = wire.Signer(channel["key"])
+        self._ctx = zmq.Context()
+        self._sock = wire.subscriber(self._ctx, channel["out"], wire.BEACON)
         self.latest: dict[int, dict] = {}
         self.seen: dict[int, float] = {}  # kernel clock, so skew across nodes does not matter
+        self.bad = 0  # messages dropped: forged, malformed or too large
+        self._last: dict[int, tuple[str, int]] = {}  # rank -> (publisher, sequence) of its newest beacon
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="workbench-beacons", daemon=True)
         self._thread.start()
@@ -32,12 +38,31 @@ class BeaconReceiver:
     def _loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
-        while not self._stop.is_set():
-            if poller.poll(100):
-                beat = json.loads(self._sock.recv())
-                self.latest[beat["rank"]] = beat
-                self.seen[beat["rank"]] = time.monotonic()
-        self._sock.close()
+        try:
+            while not self._stop.is_set():
+                if poller.poll(100):
+                    while self._sock.poll(0):
+                        self.take(self._sock.recv_multipart())
+        finally:
+            self._sock.close(0)
+            self._ctx.term()
+
+    def take(self, frames: list[bytes]) -> bool:
+        """Keep one beacon message if it is signed and newer than the rank's last; never raises."""
+        try:
+            _, body = self._signer.unpack(frames)
+            beat = json.loads(body)
+            rank, pub, seq = int(beat["rank"]), str(beat["pub"]), int(beat["seq"])
+        except (wire.BadMessage, ValueError, KeyError, TypeError):
+            self.bad += 1
+            return False
+        last = self._last.get(rank)
+        if last is not None and last[0] == pub and seq <= last[1]:
+            return False  # a replay or a reordering: older than what we have
+        self._last[rank] = (pub, seq)
+        self.latest[rank] = beat
+        self.seen[rank] = time.monotonic()
+        return True
 
     def expect(self, ranks) -> None:
         """Start each rank's silence clock now (a group was just formed: beacons are on their way)."""

@@ -30,7 +30,8 @@ from workbench.session.results import CellResult, RankDied, RankResult
 OutputCallback = Callable[[int, str, Any], None]
 
 # How the other ranks are stopped once one failed: (seconds after the failure, step). "abort" aborts the
-# process group on the ranks that already stopped, so peers blocked in a collective with them fail at once.
+# process group on every rank from its agent thread, so a rank blocked in a collective fails at once
+# and keeps its Python state; the signals are for ranks that are not in a collective.
 AFTER_FAILURE = ((0.3, "abort"), (0.8, "sigint"), (3.0, "sigterm"), (5.0, "sigkill"))
 # After a timeout or Ctrl-C the ranks running Python are interrupted first.
 AFTER_INTERRUPT = ((0.0, "sigint"), (0.3, "abort"), (3.0, "sigterm"), (5.0, "sigkill"))
@@ -165,9 +166,8 @@ class CellRun:
             running = [r for r, c in self.children if not c.done() and r.rank not in dead]
             if not running:
                 return
-            if step == "abort":
-                stopped = [r for r, c in self.children if c.done() or r.rank in dead] or running
-                self.group.abort([r for r in stopped if r.rank not in dead])
+            if step == "abort":  # every rank, blocked ones too: their agents release them, state kept
+                self.group.abort([r for r, _ in self.children if r.rank not in dead])
             else:
                 self.group.signal(running, SIGNALS[step])
 

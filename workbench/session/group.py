@@ -13,9 +13,13 @@ engines is :mod:`workbench.engine.rendezvous` (describe, open the store, join) a
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import threading
+import uuid
 
+from workbench import wire
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
 from workbench.pool import netif
@@ -35,6 +39,9 @@ class ProcessGroup:
         self.backend: str | None = None
         self.ok = False
         self.gloo_ports: list[int] = []  # where gloo listens, on every rank: what an abort cuts
+        self.generation = 0  # counts the groups formed: the engines' agents take commands for the current one
+        self._commands = None  # a PUSH socket up the pool's side channel, made on first use
+        self._commands_lock = threading.Lock()
 
     @property
     def local(self) -> bool:
@@ -53,7 +60,7 @@ class ProcessGroup:
         return [EngineInfo(eid, i["host"], i["pid"], i["gpus"])
                 for eid, i in zip(view.targets, infos, strict=True)]
 
-    def form(self, beacon_url: str | None) -> None:
+    def form(self) -> None:
         """Form (or re-form) the group on every rank of :attr:`ranks` at once."""
         from workbench.engine import rendezvous
 
@@ -69,36 +76,63 @@ class ProcessGroup:
             routes = {r.rank: route for r, route in zip(self.ranks, found, strict=True)}
         store_address = routes[root.rank]["address"] if routes else self.config.address
         port = client[root.engine_id].apply_sync(rendezvous.open_store, store_address, self.config.timeout)
+        generation = self.generation + 1
         futures = [
             client[r.engine_id].apply_async(
                 rendezvous.join, rank=r.rank, local_rank=r.local_rank, world_size=len(self.ranks),
                 address=store_address, port=port, backend=self.config.backend, device=r.device,
                 timeout_s=self.config.timeout, threads=threads,
-                ifname="lo" if self.local else routes[r.rank]["ifname"], beacon=beacon_url)
+                ifname="lo" if self.local else routes[r.rank]["ifname"], channel=self.pool.channel,
+                generation=generation)
             for r in self.ranks
         ]
         try:
             joined = [f.get(timeout=self.config.timeout + 5) for f in futures]
         except Exception as exc:
             raise PoolStartError(f"the process group did not form: {exc}") from exc
-        self.backend = joined[0]["backend"]
+        self.backend, self.generation = joined[0]["backend"], generation
         self.gloo_ports = sorted({p for j in joined for p in j.get("gloo_ports", [])})
         self.ok = True
 
-    def abort(self, infos: list[RankInfo], wait: float = 1.0) -> None:
-        """Abort the group on ``infos`` so that peers blocked in a collective with them fail at once."""
-        from workbench.engine import guard
+    def abort(self, infos: list[RankInfo]) -> None:
+        """Abort the group on ``infos``, even while their main thread is blocked in a collective.
 
+        Each rank's agent aborts it from its own thread: peers blocked with them fail at once, and
+        every rank keeps its Python state.
+        """
         if infos:
             self.ok = False
-            self.view(infos).apply_async(guard.abort, self.gloo_ports).wait(wait)
+            self.command("abort", infos, ports=self.gloo_ports)
 
-    def reform(self, alive: list[RankInfo], beacon_url: str | None) -> None:
+    def reform(self, alive: list[RankInfo]) -> None:
         """Abort what is left of the old group on the ``alive`` ranks (never destroy), then form anew."""
         from workbench.engine import guard
 
         self.view(alive).apply_sync(guard.abort, self.gloo_ports)
-        self.form(beacon_url)
+        self.form()
+
+    def command(self, what: str, infos: list[RankInfo], **details) -> None:
+        """Send the agents of ``infos`` a signed command (see :mod:`workbench.engine.agent`)."""
+        import zmq
+
+        if not infos or not self.pool.channel:
+            return
+        body = {"do": what, "ranks": [r.rank for r in infos], "generation": self.generation,
+                "id": uuid.uuid4().hex, **details}
+        frames = wire.Signer(self.pool.channel["key"]).pack(wire.COMMAND, json.dumps(body).encode())
+        with self._commands_lock:
+            if self._commands is None:
+                self._commands = wire.pusher(zmq.Context.instance(), self.pool.channel["up"])
+            try:
+                self._commands.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # the relay is gone: the pool is stopping
+
+    def close(self) -> None:
+        with self._commands_lock:
+            if self._commands is not None:
+                self._commands.close(0)
+                self._commands = None
 
     def signal(self, infos: list[RankInfo], sig: int) -> None:
         """Signal the engines of ``infos``: directly where local, through ipyparallel otherwise.

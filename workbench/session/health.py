@@ -46,10 +46,13 @@ class Health:
         self._busy, self._report = busy, report
         self._pending: faults.FaultEvent | None = None  # written to the log once recovered (or at close)
         self._ranks: list[RankInfo] = []
-        self._local: dict[int, int | psutil.Process] = {}  # rank -> pidfd (or a Process without pidfds)
+        # rank -> pidfd (or a Process where there are no pidfds); only the watcher thread closes them
+        self._local: dict[int, int | psutil.Process] = {}
+        self._retired: list = []  # handles of an earlier watch, closed by the watcher once it let go
         self._announced: set[int] = set()
         self._listeners: list[Callable[[], None]] = []
-        self._changed = threading.Event()
+        self._lock = threading.Lock()  # watch() against the watcher: a death of an old rank never counts
+        self._wake_r, self._wake_w = os.pipe()  # wakes the watcher out of its poll
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="workbench-health", daemon=True)
         self._thread.start()
@@ -57,19 +60,19 @@ class Health:
     # -- what is watched ---------------------------------------------------------------
     def watch(self, ranks: list[RankInfo], local: bool) -> None:
         """Watch these ranks from now on (after the group formed); deaths seen before are forgotten."""
-        old, self._local = self._local, {}
-        for handle in old.values():
-            _close(handle)
-        self._ranks, self.dead, self._announced = list(ranks), {}, set()
+        handles, dead = {}, {}
         if local:
             for r in ranks:
                 try:
-                    self._local[r.rank] = _open(r.pid)
+                    handles[r.rank] = _open(r.pid)
                 except psutil.NoSuchProcess:
-                    self.dead[r.rank] = "exited"
+                    dead[r.rank] = "exited"
+        with self._lock:
+            self._retired += self._local.values()
+            self._local, self._ranks, self.dead, self._announced = handles, list(ranks), dead, set()
         if self.beacons is not None:
             self.beacons.expect(r.rank for r in ranks)
-        self._changed.set()
+        os.write(self._wake_w, b"w")
 
     def add_listener(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` (from the watcher thread) whenever a rank is found dead."""
@@ -80,40 +83,50 @@ class Health:
             self._listeners.remove(fn)
 
     def close(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
-        self._changed.set()
+        os.write(self._wake_w, b"w")
         if self._thread is not threading.current_thread():
             self._thread.join(2)
-        for handle in self._local.values():
-            _close(handle)
-        self._local = {}
+        if not self._thread.is_alive():
+            for handle in [*self._retired, *self._local.values()]:
+                _close(handle)
+            self._retired, self._local = [], {}
+            os.close(self._wake_r)
+            os.close(self._wake_w)
         self.flush()
 
     # -- the watcher -------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._changed.clear()
-            fds = {h: rank for rank, h in self._local.items() if isinstance(h, int) and rank not in self.dead}
-            if fds:
-                poller = select.poll()
-                for fd in fds:
-                    poller.register(fd, select.POLLIN)
-                for fd, _ in poller.poll(LOOK_S * 1000):
-                    self._found(fds[fd], "exited")
-            else:
-                self._changed.wait(LOOK_S)
-            self._look()
+            with self._lock:
+                retired, self._retired = self._retired, []
+                local, dead = self._local, self.dead
+            for handle in retired:
+                _close(handle)
+            poller = select.poll()
+            poller.register(self._wake_r, select.POLLIN)
+            fds = {h: rank for rank, h in local.items() if isinstance(h, int) and rank not in dead}
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            for fd, events in poller.poll(LOOK_S * 1000):
+                if fd == self._wake_r:
+                    os.read(self._wake_r, 4096)
+                elif events & select.POLLIN:  # the process exited
+                    self._found(fds[fd], "exited", local)
+            self._look(local)
 
-    def _look(self) -> None:
+    def _look(self, local: dict) -> None:
         for r in list(self._ranks):
             if r.rank in self.dead:
                 continue
-            handle = self._local.get(r.rank)
+            handle = local.get(r.rank)
             if isinstance(handle, psutil.Process) and _gone(handle):
-                self._found(r.rank, "exited")
+                self._found(r.rank, "exited", local)
             elif handle is None and self.beacons is not None \
                     and self.beacons.silent_for(r.rank) > REMOTE_SILENCE_S:
-                self._found(r.rank, f"sent no heartbeat for {REMOTE_SILENCE_S:g} s")
+                self._found(r.rank, f"sent no heartbeat for {REMOTE_SILENCE_S:g} s", local)
         if self.dead.keys() - self._announced and self._busy.acquire(blocking=False):
             try:  # no cell runs: nobody else will say it
                 for rank in sorted(self.dead.keys() - self._announced):
@@ -124,10 +137,11 @@ class Health:
             finally:
                 self._busy.release()
 
-    def _found(self, rank: int, how: str) -> None:
-        if rank in self.dead:
-            return
-        self.dead[rank] = how
+    def _found(self, rank: int, how: str, local: dict) -> None:
+        with self._lock:
+            if local is not self._local or rank in self.dead:
+                return  # the ranks were re-formed meanwhile: that process is not one of ours any more
+            self.dead[rank] = how
         for fn in list(self._listeners):
             fn()
 

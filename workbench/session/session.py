@@ -191,44 +191,50 @@ class Session:
         self._pool = pool
         self._connect(pool)
         self._group.ranks, self._group.backend, self._group.ok = ranks, state.get("backend"), True
+        self._group.generation = state.get("generation", 0)
         self._health.watch(ranks, local=self.local)
+        if self.metrics is not None:
+            self.metrics.set_ranks(ranks)
         use(self)
         return self
 
     def _connect(self, pool: EnginePool) -> None:
-        """Wire the rooms over ``pool`` (started here or attached)."""
-        if not pool.attached:  # the engines send their beacons to the kernel that formed the group
-            self._beacons = BeaconReceiver(self.config.address)
+        """Wire the rooms over ``pool``, started here or attached: the same rooms either way.
+
+        Beacons and metrics come from the pool's relay, to which every session subscribes (before
+        the ranks join, so their first records wait for us).
+        """
+        from workbench.metrics.collector import Collector
+
         self._group = ProcessGroup(pool, self.config)
+        if pool.channel:
+            self._beacons = BeaconReceiver(pool.channel)
+            self.metrics = Collector(pool.channel)
         self._health = Health(pool_id=pool.pool_id, busy=self._busy, beacons=self._beacons)
 
     def _form(self, reform: bool = False) -> None:
         """(Re-)form the group on every rank, then watch the ranks and (re)connect their metrics."""
-        url = self._beacons.url if self._beacons else None
         if reform:
-            self._group.reform(self.ranks, url)
+            self._group.reform(self.ranks)
         else:
-            self._group.form(url)
+            self._group.form()
         self._health.watch(self.ranks, local=self.local)
         self._pool.update_state(ranks=[r.__dict__ for r in self.ranks], backend=self.backend,
-                                backend_requested=self.config.backend)
+                                backend_requested=self.config.backend, generation=self._group.generation)
         self._connect_metrics()
 
     def _connect_metrics(self) -> None:
-        """Every rank's publisher (re)connects to this kernel's collector. Metrics never stop a pool."""
+        """Every rank's publisher (re)connects up the side channel. Metrics never stop a pool."""
         from workbench.metrics import remote
-        from workbench.metrics.collector import Collector
 
+        if self.metrics is None:
+            return
         try:
-            if self.metrics is None or self.metrics.closed:
-                self.metrics = Collector(address=self.config.address)
             self.metrics.set_ranks(self.ranks)
-            self.apply(remote.connect, self.metrics.url)
+            self.apply(remote.connect, self._pool.channel)
         except Exception:
-            log.warning("live metrics are off for this pool: the collector could not connect", exc_info=True)
-            if self.metrics is not None:
-                self.metrics.close()
-            self.metrics = None
+            log.warning("live metrics are off for this pool: the ranks' publishers did not start",
+                        exc_info=True)
 
     def stop(self) -> None:
         """Stop every engine and the controller; nothing of the pool is left running."""
@@ -238,6 +244,8 @@ class Session:
             self._idle = None
         if self._health is not None:
             self._health.close()  # writes a pending fault to the log
+        if self._group is not None:
+            self._group.close()
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
@@ -441,14 +449,19 @@ class Session:
         if not self.running:
             return []
         dead = self.dead_ranks()
-        alive = set(self.client.ids)
-        queues = self.client.queue_status(targets=[r.engine_id for r in self.ranks if r.engine_id in alive])
+        client = self.client
+        alive = set(client.ids)
+        queues = client.queue_status(targets=[r.engine_id for r in self.ranks if r.engine_id in alive],
+                                     verbose=True)
         rows = []
         for r in self.ranks:
             if r.rank in dead or r.engine_id not in alive:
                 state = "dead"
             else:
                 q = queues.get(r.engine_id, {})
-                state = "busy" if q.get("queue", 0) or q.get("tasks", 0) else "idle"
+                # the controller hears of a finished task a moment after we do: what we already have
+                # a result for is not pending, whatever its books say
+                pending = [m for m in [*q.get("queue", []), *q.get("tasks", [])] if m not in client.results]
+                state = "busy" if pending else "idle"
             rows.append({"rank": r.rank, "host": r.host, "pid": r.pid, "device": r.device, "state": state})
         return rows

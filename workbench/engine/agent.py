@@ -1,0 +1,156 @@
+"""The engine's agent: a daemon thread that speaks for the rank while its main thread is busy.
+
+While a cell runs, the engine's main thread is inside user code (a collective, a CUDA sync, a long
+step), and anything sent through ipyparallel waits behind it. The agent does not. Four times a
+second it sends a beacon (which collective is in flight, the last one completed, the line the main
+thread is on, the Trainer's step) up the pool's side channel, and it takes signed commands from any
+session of the pool:
+
+- ``stop``: ask a running :class:`~workbench.train.Trainer` to stop at the next step boundary (every
+  rank agrees on the step through the all-reduce the Trainer does anyway);
+- ``abort``: abort this rank's process group from this thread, so the main thread, blocked in a
+  collective with a rank that failed or stalled, is released and keeps its Python state;
+- ``interrupt``: SIGINT the main thread (for ranks on other machines, which the kernel cannot signal).
+
+A command counts only if it is signed with the pool's key, names this rank, is for the current
+process group (its generation) and was not seen before.
+
+>>> start(channel, rank=0, generation=1)     # doctest: +SKIP
+>>> stop_requested()                          # doctest: +SKIP
+False
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+
+from workbench import wire
+from workbench.engine import guard
+
+BEACON_PERIOD_S = 0.25
+
+# What the Trainer tells the beacon about itself ({"step": 12, "running": True, "step_time": 0.05}).
+trainer_status: dict = {}
+_stop = threading.Event()
+_agent: Agent | None = None
+
+
+def stop_requested() -> bool:
+    """Whether a session asked the running Trainer to stop at the next step boundary."""
+    return _stop.is_set()
+
+
+def clear_stop() -> None:
+    """Forget a stop request (a new run begins)."""
+    _stop.clear()
+
+
+class Agent:
+    """The thread: beacons up, commands down, over the pool's relay (see :mod:`workbench.wire`)."""
+
+    def __init__(self, channel: dict, rank: int, generation: int):
+        import zmq
+
+        self.channel, self.rank, self.generation = dict(channel), rank, generation
+        self.signer = wire.Signer(channel["key"])
+        self.pub = uuid.uuid4().hex[:12]
+        self.seq = 0
+        self.bad = 0  # commands dropped: forged, malformed, for another group or seen before
+        self.done: list[str] = []  # the commands carried out, in order
+        self._seen: collections.deque = collections.deque(maxlen=512)
+        self._ctx = zmq.Context()
+        self._push = wire.pusher(self._ctx, channel["up"], hwm=8)  # a slow kernel drops old beats
+        self._sub = wire.subscriber(self._ctx, channel["out"], wire.COMMAND)
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="workbench-agent", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        import zmq
+
+        next_beat = 0.0
+        try:
+            while not self._halt.is_set():
+                now = time.monotonic()
+                if now >= next_beat:  # the first beat at once, then one a period
+                    self._beat()
+                    next_beat = now + BEACON_PERIOD_S
+                if self._sub.poll(max(0.0, next_beat - time.monotonic()) * 1000):
+                    while self._sub.poll(0):
+                        self.handle(self._sub.recv_multipart())
+        except zmq.ZMQError:
+            pass  # the context went away under us: the engine is shutting down
+        finally:
+            self._push.close(0)
+            self._sub.close(0)
+            self._ctx.term()
+
+    def _beat(self) -> None:
+        import zmq
+
+        beat = guard.snapshot(self.rank)
+        beat.update(pub=self.pub, seq=self.seq, generation=self.generation, trainer=dict(trainer_status))
+        self.seq += 1
+        try:
+            self._push.send_multipart(self.signer.pack(wire.BEACON, json.dumps(beat).encode()), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    def handle(self, frames: list[bytes]) -> str | None:
+        """Carry out one command message; returns what it did (None when it was dropped)."""
+        try:
+            _, body = self.signer.unpack(frames)
+            cmd = json.loads(body)
+            what, ranks, gen, cmd_id = cmd["do"], cmd["ranks"], cmd["generation"], cmd["id"]
+        except (wire.BadMessage, ValueError, KeyError, TypeError):
+            self.bad += 1
+            return None
+        if self.rank not in ranks:
+            return None
+        if gen != self.generation or cmd_id in self._seen:
+            self.bad += 1
+            return None
+        self._seen.append(cmd_id)
+        if what == "stop":
+            _stop.set()
+        elif what == "abort":  # the ports where the group's ranks listen: what the abort cuts
+            cut = guard.abort(cmd.get("ports", []))
+            what = f"abort ({cut} connections cut)" if cut is not None else "abort (no group)"
+        elif what == "interrupt":
+            os.kill(os.getpid(), signal.SIGINT)
+        else:
+            self.bad += 1
+            return None
+        self.done.append(what)
+        return what
+
+    def close(self) -> None:
+        self._halt.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(2)
+
+
+def start(channel: dict, rank: int, generation: int) -> Agent:
+    """(Re)start this engine's agent for a newly formed group."""
+    global _agent
+    stop()
+    _agent = Agent(channel, rank, generation)
+    return _agent
+
+
+def stop() -> None:
+    """Stop this engine's agent (the group is being left)."""
+    global _agent
+    if _agent is not None:
+        _agent.close()
+        _agent = None
+
+
+def current() -> Agent | None:
+    return _agent
