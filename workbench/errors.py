@@ -38,7 +38,26 @@ class RankDiedError(WorkbenchError):
 
 
 class CellTimeout(WorkbenchError):
-    """A cell ran past its timeout on some ranks."""
+    """A cell ran past its timeout on some ranks; ``result`` holds what every rank produced."""
+
+    def __init__(self, message: str, result=None):
+        super().__init__(message)
+        self.result = result
+
+
+class CellInterrupted(WorkbenchError, KeyboardInterrupt):
+    """Ctrl-C stopped a cell on its ranks. The message says where each rank stopped and what holds now.
+
+    A ``KeyboardInterrupt`` too, so code that stops on Ctrl-C stops here as well; ``result`` holds
+    what every rank produced.
+    """
+
+    def __init__(self, message: str, result=None):
+        super().__init__(message)
+        self.result = result
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[1;33mInterrupted\x1b[0m: {self}"]
 
 
 class RankError(WorkbenchError):
@@ -66,16 +85,19 @@ class RankError(WorkbenchError):
         return self.failures[0][0].rank
 
     def _render_traceback_(self) -> list[str]:
-        # IPython shows this instead of the kernel-side frames: the failing rank's own
-        # traceback first, then one line per other failure, then the ranks that were fine.
-        lines = [f"\x1b[1;31m{self}\x1b[0m"]
+        # IPython shows this instead of the kernel-side frames: one line saying how every rank
+        # ended, the failing rank's own traceback, then one line per other failure or cut-short rank.
+        from workbench.session.results import summary_line
+
+        lines = [f"\x1b[1;31m{self}\x1b[0m", summary_line(self.result.ranks)]
         info, err = self.failures[0]
         lines += err.render_traceback()
         for info, err in self.failures[1:]:
             lines.append(f"rank {info.rank} ({info.host}, {info.device}): {err.ename}: {err.evalue}")
-        ok = [r.rank.rank for r in self.result.ranks if r.error is None]
-        if ok:
-            lines.append(f"ranks without error: {', '.join(map(str, ok))}")
+        stopped = self.result.ranks_with("stopped")
+        if stopped:
+            lines.append(f"stopped (cut short when rank {self.rank} failed): rank "
+                         + ", ".join(map(str, stopped)))
         if self.result.fault is not None and self.result.fault.abort_s:
             lines.append(self.result.fault.summary() + "; the next cell re-forms the process group.")
         return lines

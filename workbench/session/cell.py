@@ -19,11 +19,11 @@ from concurrent.futures import Future
 from typing import Any
 
 from workbench import faults
-from workbench.errors import CellTimeout, RankError
+from workbench.errors import CellInterrupted, CellTimeout, RankError
 from workbench.pool.rankmap import RankInfo
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
-from workbench.session.results import CellResult, RankDied, RankResult
+from workbench.session.results import CellResult, RankDied, RankResult, stop_report, where_in_cell
 
 # Called with (rank, kind, payload): kind is "stdout"/"stderr" (text) or "display" (a display_data
 # content dict).
@@ -31,13 +31,24 @@ OutputCallback = Callable[[int, str, Any], None]
 
 # How the other ranks are stopped once one failed: (seconds after the failure, step). "abort" aborts the
 # process group on every rank from its agent thread, so a rank blocked in a collective fails at once
-# and keeps its Python state; the signals are for ranks that are not in a collective.
+# and keeps its Python state; the signals are for ranks that are not in a collective, and SIGTERM and
+# SIGKILL only for those that ignored everything gentler.
 AFTER_FAILURE = ((0.3, "abort"), (0.8, "sigint"), (3.0, "sigterm"), (5.0, "sigkill"))
-# After a timeout or Ctrl-C the ranks running Python are interrupted first.
+# After a timeout or a second Ctrl-C the ranks running Python are interrupted first.
 AFTER_INTERRUPT = ((0.0, "sigint"), (0.3, "abort"), (3.0, "sigterm"), (5.0, "sigkill"))
+# Ctrl-C while a Trainer runs on every rank asks it to stop at the next step boundary; the ladder above
+# follows if the step has not ended after this long (or twice the last step's time, if that is longer).
+STOP_GRACE_S = 3.0
 SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}
+# What a rank raises when we stopped it on purpose: neither its own error nor an echo of another's.
+INTERRUPTS = ("KeyboardInterrupt", "TrainingInterrupted")
 # The wait loop wakes on output, on a death and at least this often (the dashboard's tick, the ladder).
 TICK_S = 0.05
+
+
+def soft_stop(grace: float) -> tuple:
+    """Ask for the step boundary, then the hard ladder after ``grace`` seconds."""
+    return ((0.0, "stop"), *((grace + after, step) for after, step in AFTER_INTERRUPT))
 
 
 class CellRun:
@@ -49,11 +60,15 @@ class CellRun:
         self.on_tick = on_tick  # called on the kernel's main thread at every wake-up (the dashboard)
         self.relay = OutputRelay(on_output)
         self.ladder: tuple = ()
-        self.fault_at: float | None = None
+        self.fault_at: float | None = None  # when the ladder in force began
+        self.first_fault_at: float | None = None
         self.steps_done: set[str] = set()
         self.fault: faults.FaultEvent | None = None
-        self.interrupted = False
+        self.interrupts = 0  # Ctrl-C presses during this cell
         self.timed_out: str | None = None
+        self.cut_short: set[int] = set()  # ranks still running when the escalation began
+        self.signalled: dict[int, str] = {}  # rank -> the harshest step it got (sigterm, sigkill)
+        self.where: dict[int, str] = {}  # rank -> where its beacon said it was when the escalation began
 
     def run(self, code: str) -> CellResult:
         t0 = time.perf_counter()
@@ -76,13 +91,15 @@ class CellRun:
         self.relay.forward(self.children)
         result = CellResult([self._rank_result(r, c) for r, c in self.children], time.perf_counter() - t0)
         if self.fault is not None:
-            self.fault.abort_s = round(time.monotonic() - self.fault_at, 3)
+            self.fault.abort_s = round(time.monotonic() - self.first_fault_at, 3)
             result.fault = self.fault
-        if self.interrupted:
-            raise KeyboardInterrupt
+        if self.interrupts:
+            raise CellInterrupted(stop_report(result.ranks, not self.group.ok), result)
         if self.timed_out is not None:
-            raise CellTimeout(self.timed_out)
-        failures = result.failures()
+            raise CellTimeout(f"{self.timed_out}\n{stop_report(result.ranks, not self.group.ok)}", result)
+        # the root causes; ranks that were only cut short are "stopped", not failures of their own
+        failures = [f for f in result.failures() if f.outcome in ("error", "died", "killed")] \
+            or result.failures()
         if failures:
             if self.fault is None:  # failed without anyone waiting: nothing to stop
                 first = failures[0]
@@ -109,11 +126,29 @@ class CellRun:
                 else:
                     self._escalate(now)
             except KeyboardInterrupt:
-                if self.interrupted:
-                    raise
-                self.interrupted = True
-                self._start_fault(time.monotonic(), "interrupt", None, "Ctrl-C in the notebook",
-                                  AFTER_INTERRUPT)
+                self._ctrl_c(time.monotonic())
+
+    def _ctrl_c(self, now: float) -> None:
+        """First Ctrl-C: the gentlest stop that fits; second: the hard ladder now; third: kill what runs."""
+        self.interrupts += 1
+        if self.interrupts == 1 and self.fault_at is None:
+            grace = self._trainer_grace()
+            ladder = soft_stop(grace) if grace is not None else AFTER_INTERRUPT
+            self._start_fault(now, "interrupt", None, "Ctrl-C in the notebook", ladder)
+        elif self.interrupts >= 2:
+            self.ladder = ((0.0, "sigkill"),) if self.interrupts > 2 else AFTER_INTERRUPT
+            self.fault_at, self.steps_done = now, set()
+            self._escalate(now)
+
+    def _trainer_grace(self) -> float | None:
+        """Seconds to wait for a step boundary, when a Trainer runs on every running rank (else None)."""
+        beats = self.health.beacons.latest if self.health.beacons else {}
+        running = [r for r, c in self.children if not c.done()]
+        trainers = [(beats.get(r.rank) or {}).get("trainer") or {} for r in running]
+        if not running or not all(t.get("running") for t in trainers):
+            return None
+        step_time = max(float(t.get("step_time") or 0.0) for t in trainers)
+        return min(30.0, max(STOP_GRACE_S, 2 * step_time + 0.5))
 
     def _finished(self) -> bool:
         dead = self.health.dead
@@ -148,12 +183,16 @@ class CellRun:
             + "; ".join(f"{r.label()} at {where[r.rank] or 'an unknown line'}" for r in stalled)
             + (f". Last collective every rank completed: #{last} ({last_name})." if last else
                ". No collective had completed on every rank.")
-            + " The ranks were interrupted; the next cell re-forms the process group."
         )
         self._start_fault(now, "hang", stalled[0], self.timed_out, AFTER_INTERRUPT)
 
     def _start_fault(self, now, kind, info, text, ladder, detect_s=None) -> None:
-        self.fault_at, self.ladder = now, ladder
+        self.fault_at = self.first_fault_at = now
+        self.ladder = ladder
+        dead = self.health.dead
+        self.cut_short = {r.rank for r, c in self.children if not c.done() and r.rank not in dead}
+        beats = self.health.beacons.latest if self.health.beacons else {}
+        self.where = {rank: (beats.get(rank) or {}).get("where") for rank in self.cut_short}
         self.fault = self.health.record(kind, info, text, detect_s, None)
         self._escalate(now)
 
@@ -166,9 +205,13 @@ class CellRun:
             running = [r for r, c in self.children if not c.done() and r.rank not in dead]
             if not running:
                 return
-            if step == "abort":  # every rank, blocked ones too: their agents release them, state kept
+            if step == "stop":  # a Trainer stops at its next step boundary, on every rank the same
+                self.group.command("stop", running)
+            elif step == "abort":  # every rank, blocked ones too: their agents release them, state kept
                 self.group.abort([r for r, _ in self.children if r.rank not in dead])
             else:
+                if step in ("sigterm", "sigkill"):
+                    self.signalled.update({r.rank: step for r in running})
                 self.group.signal(running, SIGNALS[step])
 
     def _rank_result(self, info: RankInfo, child) -> RankResult:
@@ -177,13 +220,30 @@ class CellRun:
         if error is None and child.done() and child.exception() is not None:
             error = child.exception()
         dead = self.health.dead
-        if info.rank in dead and (error is None or error.ename == "EngineError"):
-            error = RankDied(info, dead[info.rank])
-        return RankResult(
+        if (info.rank in dead and error is None) or getattr(error, "ename", None) == "EngineError":
+            # ipyparallel says "EngineError" when the controller lost the engine: it died, whether or
+            # not our watcher saw it yet (a rank on another node takes a few seconds of silence)
+            error = RankDied(info, dead.get(info.rank, "exited"))
+        result = RankResult(
             rank=info, stdout=md["stdout"] or "", stderr=md["stderr"] or "",
             result=(md["execute_result"] or {}).get("data"), outputs=list(md["outputs"]),
             error=error, completed=md["completed"],
         )
+        result.outcome = self._outcome(info.rank, error)
+        if result.outcome in ("stopped", "interrupted"):
+            result.where = where_in_cell(error) or self.where.get(info.rank)
+        return result
+
+    def _outcome(self, rank: int, error) -> str:
+        """How this rank ended: see :data:`workbench.session.results.OUTCOMES`."""
+        if isinstance(error, RankDied):
+            return "killed" if rank in self.signalled else "died"
+        stopped = error is not None and error.ename in INTERRUPTS
+        if error is not None and not stopped and not faults.is_secondary(error.ename, str(error.evalue)):
+            return "error"  # its own failure, whenever it came
+        if rank in self.cut_short or error is not None:  # cut short by the escalation, or an echo
+            return "interrupted" if self.interrupts or self.timed_out else "stopped"
+        return "ok"
 
 
 class OutputRelay:

@@ -1,17 +1,37 @@
-"""What a cell produced on each rank, and the error of a rank whose engine is gone."""
+"""What a cell produced on each rank, how each rank ended, and the sentences that say so.
+
+Each rank of a cell ends one way (``RankResult.outcome``):
+
+- ``ok``: it ran to its end before anything went wrong;
+- ``error``: it raised, and that was not the echo of another rank's failure;
+- ``stopped``: it was cut short because another rank failed (released from a collective by the
+  abort, or interrupted): never counted as "without error";
+- ``interrupted``: Ctrl-C or a timeout stopped it (at a step boundary, or where it was);
+- ``died``: its engine process is gone; ``killed``: we ended it because it ignored every gentler step.
+
+>>> summary_line([RankResult(_info(0), outcome="ok"), RankResult(_info(1), outcome="error",
+...               error=_Err("ValueError", "bad batch"))])
+'2 ranks · 1 ok · 1 error (rank 1: ValueError: bad batch)'
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from workbench import faults
-from workbench.pool.rankmap import RankInfo
+from workbench.pool.rankmap import RankInfo, format_ranks
+
+OUTCOMES = ("ok", "error", "died", "killed", "stopped", "interrupted")
+# A frame of the cell in an IPython traceback: "Cell In[3], line 5" or "Cell In[3], line 3, in f()"
+_CELL_FRAME = re.compile(r"Cell In\[\d+\], line (\d+)(?:, in (\w+))?")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass
 class RankResult:
-    """What one rank produced for one cell."""
+    """What one rank produced for one cell, and how it ended (one of :data:`OUTCOMES`)."""
 
     rank: RankInfo
     stdout: str = ""
@@ -20,6 +40,8 @@ class RankResult:
     outputs: list = field(default_factory=list)  # display_data contents
     error: Any = None  # ipyparallel RemoteError, or RankDied
     completed: Any = None
+    outcome: str = "ok"
+    where: str | None = None  # where it stopped, e.g. "cell line 3 (in f)", when it was cut short
 
 
 @dataclass
@@ -40,6 +62,9 @@ class CellResult:
             return tier, done, r.rank.rank
         return sorted((r for r in self.ranks if r.error is not None), key=order)
 
+    def ranks_with(self, *outcomes: str) -> list[int]:
+        return [r.rank.rank for r in self.ranks if r.outcome in outcomes]
+
 
 class RankDied:
     """The error of a rank whose engine process is gone."""
@@ -51,3 +76,76 @@ class RankDied:
 
     def render_traceback(self) -> list[str]:
         return [f"RankDied: {self.evalue}. `%dist restart` (Session.restart()) brings the rank back."]
+
+
+def where_in_cell(error) -> str | None:
+    """The innermost line of the cell in a rank's traceback: ``"cell line 3 (in f)"``.
+
+    >>> where_in_cell(_Err("KeyboardInterrupt", "", "Cell In[1], line 5\\n...\\nCell In[1], line 3, in f()"))
+    'cell line 3 (in f)'
+    """
+    text = _ANSI.sub("", getattr(error, "traceback", None) or "")
+    frames = _CELL_FRAME.findall(text)
+    if not frames:
+        return None
+    line, fn = frames[-1]
+    return f"cell line {line}" + (f" (in {fn})" if fn else "")
+
+
+def summary_line(ranks: list[RankResult]) -> str:
+    """One line for a cell that did not simply succeed: how many ranks ended which way."""
+    parts = [f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}"]
+    for outcome in OUTCOMES:
+        these = [r for r in ranks if r.outcome == outcome]
+        if not these:
+            continue
+        part = f"{len(these)} {outcome}"
+        if outcome in ("error", "died", "killed"):
+            first = these[0]
+            part += f" (rank {first.rank.rank}: {first.error.ename}: {_short(first.error.evalue)})"
+        parts.append(part)
+    return " · ".join(parts)
+
+
+def stop_report(ranks: list[RankResult], group_reformed: bool) -> str:
+    """What an interrupt or a timeout did to each rank, and what holds now: sentences, no traceback."""
+    steps = {getattr(r.error, "ename", None) == "TrainingInterrupted" for r in ranks}
+    if steps == {True}:
+        return f"{_short(ranks[0].error.evalue)}."
+    lines = []
+    for r in ranks:
+        label = f"rank {r.rank.rank}"
+        if r.outcome == "killed":
+            lines.append(f"{label} ignored the interrupt and the abort and was killed: its Python state "
+                         "is lost.")
+        elif r.outcome == "died":
+            lines.append(f"{label} died ({r.error.evalue}).")
+        elif r.outcome in ("interrupted", "stopped"):
+            lines.append(f"{label} stopped at {r.where or 'an unknown line'}.")
+        else:
+            lines.append(f"{label} had finished.")
+    lost = [r.rank.rank for r in ranks if r.outcome in ("killed", "died")]
+    if lost:
+        lines.append(f"`%dist restart` brings rank {format_ranks(lost)} back; the other ranks keep their "
+                     "state.")
+    elif group_reformed:
+        lines.append("Every rank keeps its Python state; the next cell re-forms the process group.")
+    else:
+        lines.append("Every rank keeps its Python state.")
+    return "\n".join(lines)
+
+
+def _short(text, limit: int = 160) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class _Err:
+    """A stand-in remote error for the examples above."""
+
+    def __init__(self, ename: str, evalue: str, traceback: str = ""):
+        self.ename, self.evalue, self.traceback = ename, evalue, traceback
+
+
+def _info(rank: int) -> RankInfo:
+    return RankInfo(rank, rank, 0, "host", 100 + rank, "cpu", rank)

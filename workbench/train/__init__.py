@@ -14,7 +14,7 @@ _WHERE = {
     "events": ("Callback", "StepStats", "default_callbacks"),
     "export": ("export", "full_state_dict", "generate", "load_model", "predict"),
     "models": ("MLP", "GPTConfig", "MLPConfig", "TinyGPT"),
-    "trainer": ("RunResult", "TrainConfig", "Trainer"),
+    "trainer": ("InterruptedMidStep", "RunResult", "TrainConfig", "Trainer", "TrainingInterrupted"),
 }
 _MODULE = {name: module for module, names in _WHERE.items() for name in names}
 

@@ -5,9 +5,14 @@
 RunResult(steps 1-50, loss 1.2034 -> 0.4121, 812 samples/s)
 
 Each step: forward/backward over ``grad_accum`` batches (DDP/FSDP sync only on the last),
-then one all-reduce over the world that agrees on the mean loss, on a NaN/Inf loss and
-on whether any rank ran out of data, so every rank takes (or skips) the same steps and
-stops on the same step count.
+then one all-reduce over the world that agrees on the mean loss, on a NaN/Inf loss, on
+whether any rank ran out of data and on whether someone asked to stop (Ctrl-C in the
+notebook), so every rank takes (or skips) the same steps and stops on the same step.
+
+Ctrl-C while ``run`` goes: the notebook asks every rank's agent to stop; the ranks finish
+the step they are in, agree on it, and raise :class:`TrainingInterrupted` together. Model,
+optimizer, scheduler, RNG and data position are those of a run that was asked for exactly
+that many steps, so the next ``run`` continues as if nothing happened.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from workbench.engine import agent
 from workbench.strategies.layout import device_of, layout_of
 from workbench.strategies.pipeline import Pipelined
 from workbench.train.events import Callback, StepStats, default_callbacks
@@ -55,6 +61,18 @@ class TrainConfig:
             raise ValueError(f"unknown precision {self.precision!r}: choose fp32, bf16 or auto.")
         if self.on_nonfinite not in ("raise", "skip"):
             raise ValueError(f"unknown on_nonfinite {self.on_nonfinite!r}: choose raise or skip.")
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Every rank stopped at the same step boundary because someone asked (Ctrl-C in the notebook)."""
+
+    def __init__(self, step: int):
+        self.step = step
+        super().__init__(f"interrupted at step {step} on all ranks; `trainer.run()` continues from here")
+
+
+class InterruptedMidStep(RuntimeError):
+    """A step was cut off half-way and the sharded model cannot be rebuilt in place."""
 
 
 @dataclass
@@ -103,6 +121,8 @@ class Trainer:
         self._data, self._iter, self._pending, self._exhausted = data, None, None, False
         self._consumed = 0  # batches used in this epoch (for resuming a DataLoader)
         self._autocast = _autocast(self.config.precision, self.device)
+        self.stopped_at: int | None = None  # the step the last run was interrupted at (Ctrl-C)
+        self._cut_mid_step = False  # an error or a hard interrupt left a step half done
 
     # -- data -----------------------------------------------------------------------------
     @property
@@ -136,10 +156,19 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------
     def run(self, steps: int) -> RunResult:
-        """Run up to ``steps`` synchronized steps; fewer only if some rank's data ran out."""
+        """Run up to ``steps`` synchronized steps; fewer only if some rank's data ran out.
+
+        Raises :class:`TrainingInterrupted` on every rank at the same step when the notebook
+        asked to stop (Ctrl-C); calling ``run`` again continues from there.
+        """
+        if self._cut_mid_step:
+            self._recover()
+        agent.clear_stop()
+        self.stopped_at = None
         result = RunResult()
         for cb in self.callbacks:
             cb.on_run_start(self)
+        agent.trainer_status.update(running=True, step=self.step)
         try:
             if self._pending is None and not self._exhausted:
                 self._pending = self._fetch()
@@ -150,13 +179,47 @@ class Trainer:
                 stats = self._train_step()
                 if stats is not None:
                     result.history.append(stats)
+                if self.stopped_at is not None:
+                    raise TrainingInterrupted(self.stopped_at)
         finally:
+            agent.trainer_status["running"] = False
             for cb in self.callbacks:
                 cb.on_run_end(self)
         return result
 
+    def _recover(self) -> None:
+        """After a step was cut off: fresh gradients, and a DDP wrapper rebuilt around the same module.
+
+        The parameters are those of the last completed step (or of the cut one, where an
+        optimizer step was cut half-way; rank 0's are broadcast then). Wrappers that cannot be
+        rebuilt here (FSDP, tensor or pipeline parallel) raise one sentence saying what to run.
+        """
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        self.optimizer.zero_grad(set_to_none=True)
+        if isinstance(self.model, DDP) and self.layout.mesh is not None and self.layout.mesh.ndim > 1:
+            raise InterruptedMidStep(
+                "a step was cut off half-way and this composed model cannot be rebuilt in place: "
+                "shard the model again (wb.shard(...)) and make a new Trainer, or wb.resume(...) from "
+                "a checkpoint.")
+        if isinstance(self.model, DDP):
+            from workbench.strategies.ddp import ddp
+
+            rebuilt = ddp(self.module, None, device=self.device)
+            rebuilt.wb_layout = self.layout
+            self.layout.comm = rebuilt.wb_comm
+            self.model = rebuilt
+        elif self.layout.mesh is not None:
+            raise InterruptedMidStep(
+                "a step was cut off half-way and this sharded model (FSDP, tensor or pipeline parallel) "
+                "holds the state of that step: shard the model again (wb.shard(...)) and make a new "
+                "Trainer, or wb.resume(...) from a checkpoint.")
+        self._cut_mid_step = False
+
     def _train_step(self) -> StepStats | None:
         t0 = time.perf_counter()
+        self._cut_mid_step = True  # until the step ends cleanly: an exception or a hard interrupt in
+        # between leaves the wrapper (DDP's reducer) half-way through it
         self.model.train()
         batches, self._pending = self._pending, None
         self._consumed += len(batches)
@@ -168,7 +231,8 @@ class Trainer:
         holds_loss = self.layout.is_last_stage
         flags = torch.tensor([loss * holds_loss, float(holds_loss),
                               float(holds_loss and not math.isfinite(loss)),
-                              float(self._pending is None)], dtype=torch.float64)
+                              float(self._pending is None), float(agent.stop_requested())],
+                             dtype=torch.float64)
         total, comm = _world_sum(flags), time.perf_counter() - t_comm
         mean_loss = float(total[0] / max(total[1], 1.0))
         self._exhausted = bool(total[3])
@@ -178,6 +242,9 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         if total[2] or not norm_ok:
             self.optimizer.zero_grad(set_to_none=True)
+            self._cut_mid_step = False  # every rank drops this step the same way
+            if total[4]:
+                self.stopped_at = self.step
             if self.config.on_nonfinite == "raise":
                 raise FloatingPointError(
                     f"non-finite {'loss' if total[2] else 'gradient norm'} at step {self.step + 1} "
@@ -203,6 +270,10 @@ class Trainer:
             print(f"step {self.step:5d}  loss {mean_loss:.4f}  {samples / step_time:.0f} samples/s")
         for cb in self.callbacks:
             cb.on_step_end(self, stats)
+        agent.trainer_status.update(step=self.step, step_time=step_time)
+        self._cut_mid_step = False
+        if total[4]:  # someone asked to stop: every rank saw the same sum, so every rank stops here
+            self.stopped_at = self.step
         return stats
 
     def _forward_backward(self, batches) -> float:
@@ -320,4 +391,4 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-__all__ = ["RunResult", "TrainConfig", "Trainer"]
+__all__ = ["InterruptedMidStep", "RunResult", "TrainConfig", "Trainer", "TrainingInterrupted"]

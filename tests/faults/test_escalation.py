@@ -1,0 +1,130 @@
+"""Stopping the other ranks: the gentlest step that works, reports that are true (issue 18 items 3-5).
+
+A rank that only waits on a stalled peer is released by aborting its collective and keeps its
+Python state; only a rank that ignores every gentler step is killed, and the message says which.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from tests.conftest import alive
+from workbench import CellTimeout, RankError
+from workbench.errors import CellInterrupted, RankDiedError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def ctrl_c_after(seconds: float) -> threading.Timer:
+    """Ctrl-C in the notebook: SIGINT to the main thread (where the cell waits), ``seconds`` from now."""
+    main = threading.get_ident()
+    timer = threading.Timer(seconds, lambda: signal.pthread_kill(main, signal.SIGINT))
+    timer.start()
+    return timer
+
+
+def test_ranks_deadlocked_in_recv_are_released_by_ctrl_c_and_keep_their_state(pool):
+    pool.run("import torch\nkept = rank + 40")
+    pids = [r.pid for r in pool.ranks]
+    ctrl_c_after(1.0)
+    t0 = time.monotonic()
+    with pytest.raises(CellInterrupted) as info:
+        pool.run("t = torch.zeros(1)\ndist.recv(t, src=1 - rank)")  # both wait: a deadlock
+    returned = time.monotonic() - t0 - 1.0
+    text = str(info.value)
+    assert returned < 2.5, f"{returned:.1f} s: the abort did not release the ranks"  # hang guard
+    assert "rank 0 stopped at cell line 2" in text and "rank 1 stopped at cell line 2" in text
+    assert "killed" not in text and "keeps its Python state" in text
+    assert alive(pids) == pids and pool.pull("kept") == [40, 41]  # nobody was killed
+    pool.run("t = torch.ones(1)\ndist.all_reduce(t)")
+    assert [t.item() for t in pool.pull("t")] == [2.0, 2.0]
+
+
+def test_a_rank_ignoring_sigint_is_killed_and_the_waiting_rank_survives_and_says_so(pool):
+    pool.run("import torch\nkept = rank + 50")
+    waiting = pool.ranks[0].pid
+    with pytest.raises(CellTimeout) as info:
+        pool.run("import signal, time\n"
+                 "if rank == 1:\n"
+                 "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                 "    while True:\n"
+                 "        pass\n"
+                 "dist.all_reduce(torch.ones(1))", timeout=2)
+    text = str(info.value)
+    assert "Stalled: rank 1" in text
+    assert "rank 1 ignored the interrupt and the abort and was killed" in text
+    assert "rank 0 stopped at cell line 6" in text and "`%dist restart` brings rank 1 back" in text
+    assert "the next cell re-forms the process group" not in text  # it would not: rank 1 is gone
+    assert alive([waiting]) == [waiting]
+    assert pool.pull("kept", rank=0) == 50  # the rank that only waited kept its state
+    with pytest.raises(RankDiedError, match="rank 1"):
+        pool.run("x = 1")
+    assert pool.restart() == [1]
+    pool.run("import torch\nt = torch.ones(1)\ndist.all_reduce(t)")  # rank 1 is a new engine
+    assert [t.item() for t in pool.pull("t")] == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("attempt", range(5))
+def test_a_rank_that_died_just_before_the_cell_is_named_not_the_survivor(pool, attempt):
+    pool.run("import torch\ndist.all_reduce(torch.ones(1))")  # (restarted ranks import it again)
+    os.kill(pool.ranks[1].pid, signal.SIGKILL)
+    with pytest.raises((RankDiedError, RankError)) as info:
+        pool.run("dist.all_reduce(torch.ones(1))")
+    err = info.value
+    assert "rank 1" in str(err).split(".")[0]
+    if isinstance(err, RankError):
+        assert err.rank == 1 and err.result.ranks[0].outcome == "stopped"
+    assert pool.restart() == [1]
+
+
+def test_a_rank_cut_short_by_the_escalation_is_stopped_never_without_error(pool):
+    pool.run("import torch, time")
+    with pytest.raises(RankError) as info:
+        # rank 0 loops in Python (no collective to abort): only the SIGINT step stops it, after 0.8 s
+        pool.run("if rank == 1:\n    raise ValueError('bad batch on rank 1')\n"
+                 "for i in range(400):\n    time.sleep(0.01)")
+    err = info.value
+    assert [r.outcome for r in err.result.ranks] == ["stopped", "error"]
+    shown = "\n".join(err._render_traceback_())
+    assert "2 ranks · 1 error (rank 1: ValueError: bad batch on rank 1) · 1 stopped" in shown
+    assert "without error" not in shown and "(also failed" not in str(err)
+
+
+def test_a_hard_interrupt_mid_backward_leaves_a_trainer_that_runs_on(pool):
+    """SIGINT straight to the ranks (no step boundary): the DDP wrapper is rebuilt, never an assert."""
+    pool.run(TRAINER)
+    handle = pool.submit("trainer.run(steps=100_000)")
+    time.sleep(1.5)
+    handle.stop()  # SIGINT to every rank, wherever it is
+    pool.run("r = trainer.run(steps=5)\nsteps = len(r.history)")
+    assert pool.pull("steps") == [5, 5]
+    assert pool.pull("trainer.step", rank=0) == pool.pull("trainer.step", rank=1)
+
+
+TRAINER = """
+import torch
+from torch.utils.data import TensorDataset
+import workbench as wb
+torch.manual_seed(0)
+model = wb.shard(wb.MLP(wb.MLPConfig(d_in=8, d_hidden=64, d_out=2, n_layers=2)), "ddp")
+data = wb.make_loader(TensorDataset(*wb.regression_data(512, d_in=8, d_out=2)), batch_size=16)
+trainer = wb.Trainer(model, data, lr=1e-2, optim="sgd")
+"""
+
+
+def test_ctrl_c_while_a_trainer_runs_stops_every_rank_at_the_same_step(pool):
+    pool.run(TRAINER)
+    ctrl_c_after(1.5)
+    with pytest.raises(CellInterrupted) as info:
+        pool.run("trainer.run(steps=100_000)")
+    steps = pool.pull("trainer.step")
+    assert steps[0] == steps[1] > 0
+    assert str(info.value) == f"interrupted at step {steps[0]} on all ranks; `trainer.run()` continues from here."
+    assert [r.outcome for r in info.value.result.ranks] == ["interrupted", "interrupted"]
+    pool.run("r = trainer.run(steps=3)")
+    assert pool.pull("trainer.step") == [steps[0] + 3] * 2
