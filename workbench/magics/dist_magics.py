@@ -38,7 +38,7 @@ class DistributedMagics(Magics):
 
         ``%dist start [-n N] [--launcher local|slurm|mpi|ssh] [--backend auto|gloo|nccl] [--timeout S]
         [--nodes K] [--gpus-per-node G] [--partition P] [--time T] [--account A] [--hosts a,b]
-        [--interface IF | --address IP] [--idle-release S]``, ``%dist status``, ``%dist stop``,
+        [--interface IF | --address IP] [--idle-release S] [--oversubscribe]``, ``%dist status``, ``%dist stop``,
         ``%dist restart``, ``%dist scale N``, ``%dist check [--size-mb M]``, ``%dist push NAME...``,
         ``%dist pull NAME [--rank R]``, ``%dist auto on|off``, ``%dist attach [POOL_ID]``.
 
@@ -60,7 +60,8 @@ class DistributedMagics(Magics):
         options = dict(n=args.n, launcher=args.launcher, backend=args.backend, timeout=args.timeout,
                        nodes=args.nodes, gpus_per_node=args.gpus_per_node, partition=args.partition,
                        time=args.time, account=args.account, hosts=args.hosts or (),
-                       interface=args.interface, idle_release=args.idle_release)
+                       interface=args.interface, idle_release=args.idle_release,
+                       oversubscribe=args.oversubscribe)
         if args.address:
             options["address"] = args.address
         try:
