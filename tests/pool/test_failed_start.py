@@ -23,13 +23,14 @@ import psutil
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from tests.conftest import PidsLimit
+from tests.conftest import PidsLimit, alive
 
 pytestmark = pytest.mark.timeout(180)
 
 MAX_TASKS = 450  # tasks (threads count): a kernel, a controller and 8 engines fit with room to spare
 # where a regression would spawn engines without end: room for the kernel and a few engines only
-SMALL_MAX_TASKS = {"test_more_ranks_than_the_machine_holds_is_refused_before_anything_starts": 120}
+SMALL_MAX_TASKS = {"test_more_ranks_than_the_machine_holds_is_refused_before_anything_starts": 120,
+                   "test_scaling_beyond_the_machine_is_refused_before_anything_starts": 250}
 LOG_PATH = re.compile(r"(/\S+/pool-\w+\.log)")
 
 
@@ -60,7 +61,11 @@ class Notebook:
         env["PATH"] = os.pathsep.join(path)
         for command in without:
             assert shutil.which(command, path=env["PATH"]) is None
-        self.km, self.kc = start_new_kernel(kernel_name="python3", cwd=str(self.cwd), env=env)
+        # the kernel's own stdout and stderr: what a Jupyter server would write into its log
+        self.kernel_log = tmp / "kernel-output.txt"
+        with open(self.kernel_log, "wb") as out:
+            self.km, self.kc = start_new_kernel(kernel_name="python3", cwd=str(self.cwd), env=env,
+                                                stdout=out, stderr=out)
         self.kernel_pid = self.km.provisioner.process.pid
         self.run("%load_ext workbench\nimport workbench")
         self.before = set(group.pids())
@@ -83,8 +88,7 @@ class Notebook:
         return reply["content"], "\n".join(o for o in out if o), time.monotonic() - t0
 
     def new_pids(self) -> list[int]:
-        return [p for p in self.group.pids() if p not in self.before and psutil.pid_exists(p)
-                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        return [p for p in alive(self.group.pids()) if p not in self.before]
 
     def left_after(self, seconds: float = 2.0) -> list[str]:
         """The processes that appeared since the kernel was ready and still run ``seconds`` later."""
@@ -144,6 +148,7 @@ def check_clean_failure(nb: Notebook, name: str, reply: dict, shown: str, second
     assert len(message.splitlines()) <= 25, message
     for words in says:
         assert words in message, message
+        assert words not in nb.kernel_log.read_text(), "the launcher's output went into the server's log"
     log = LOG_PATH.search(message)
     assert log, f"the error names no log file: {message}"
     assert stat.S_IMODE(os.stat(log.group(1)).st_mode) == 0o600
@@ -285,6 +290,22 @@ def test_more_ranks_than_the_machine_holds_is_refused_before_anything_starts(not
     assert reply.get("ename") == "UsageError", message
     assert "10000" in message and "--oversubscribe" in message and f"{os.cpu_count()} cores" in message
     assert nb.files_left() == []
+
+
+def test_scaling_beyond_the_machine_is_refused_before_anything_starts(notebook):
+    nb = notebook()
+    reply, shown, _ = nb.run("%dist start -n 2 --timeout 60")
+    assert reply["status"] == "ok", shown
+    pool = set(nb.new_pids())
+    nb.kc.execute("%dist scale 10000")
+    reply, appeared, _ = watch(nb, seconds=90)
+    message = shown_since(nb)
+    print(f"\nFAILPATH scale 10000: processes started {len(appeared - pool)}")
+    assert reply is not None and reply.get("ename") == "UsageError", message
+    assert appeared - pool == set(), [describe(p) for p in appeared - pool]
+    assert "10000" in message and "--oversubscribe" in message
+    reply, shown, _ = nb.run("%dist status\n%dist stop")
+    assert "2 ranks" in shown and nb.left_after(5.0) == []
 
 
 def test_kernel_killed_during_launch_lease_ends_everything(notebook):
