@@ -354,14 +354,12 @@ class EnginePool:
                 self.client.shutdown(targets="all", block=False)
             self.client.close()
             self.client = None
-        if state:
-            pool_state.state_path(state["id"]).unlink(missing_ok=True)  # the lease sees this and exits
-            reap.clean_up(state, grace)
-        if self._lease is not None:
+        pool_state.state_path(self.pool_id).unlink(missing_ok=True)
+        if self._lease is not None:  # before the pool's processes: with its owner alive it only watches
+            self._lease.terminate()
             self._lease.wait(timeout=5)
             self._lease = None
-        if self.cluster is not None:
-            spawn.forget(self.cluster.cluster_id)
+        reap.clean_up(state or {"id": self.pool_id}, grace)
         self.work_dir = None
         self.cluster = None
 

@@ -56,8 +56,8 @@ def watch(path: Path) -> None:
             clean_up(state, grace=0.0)
             path.unlink(missing_ok=True)
             # the lease's output goes to the pool's log
-            print(f"workbench lease: the owner (pid {state['owner']['pid']}) of pool {state.get('id')} exited; "
-                  f"the pool was ended in {time.monotonic() - t0:.2f} s", flush=True)
+            print(f"workbench lease: the owner (pid {state['owner']['pid']}) of pool {state.get('id')} "
+                  f"exited; the pool was ended in {time.monotonic() - t0:.2f} s", flush=True)
             return
 
 

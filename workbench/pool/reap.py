@@ -57,18 +57,20 @@ def pool_processes(pool_id: str | None, records: list[dict]) -> list[psutil.Proc
 
 
 def end_pool(pool_id: str | None, records: list[dict] = (), grace: float = 1.0) -> None:
-    """End every process of the pool: SIGTERM, SIGKILL after ``grace`` s (0: at once), then look again.
+    """End every process of the pool: SIGTERM, SIGKILL after ``grace`` s (0: at once).
 
-    Another look catches a process forked while a round ran (an engine starting its nanny).
+    The recorded processes and their children go first (no look at the rest of the machine); then
+    the tagged ones still running, until a look finds none: orphans, and a process forked while a
+    round ran (an engine starting its nanny).
 
     >>> end_pool("no-such-pool")
     """
+    end(pool_processes(None, list(records)), grace)
     for _ in range(5):
-        procs = pool_processes(pool_id, list(records))
+        procs = pool_processes(pool_id, [])
         if not procs:
             return
         end(procs, grace)
-        grace = 0.0
 
 
 def clean_up(state: dict, grace: float = 1.0) -> None:

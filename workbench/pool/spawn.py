@@ -25,7 +25,9 @@ from ipyparallel.cluster.launcher import (
 )
 from traitlets import Unicode
 
-_cancelled: set[str] = set()  # cluster ids whose launch was cancelled
+# cluster ids whose launch was cancelled: kept for good (a few bytes a pool), since ipyparallel's thread
+# may reach its next engine only after the pool's stop has returned
+_cancelled: set[str] = set()
 _spawning = threading.Lock()  # held while one engine is spawned
 SPAWN_WAIT_S = 5.0  # an ssh start can take seconds; a local spawn takes milliseconds
 
@@ -39,11 +41,6 @@ def cancel(cluster_id: str) -> None:
     _cancelled.add(cluster_id)
     if _spawning.acquire(timeout=SPAWN_WAIT_S):
         _spawning.release()
-
-
-def forget(cluster_id: str) -> None:
-    """The pool is gone: drop its cancellation mark."""
-    _cancelled.discard(cluster_id)
 
 
 class _KeepsLog:
