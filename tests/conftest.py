@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
 import psutil
 import pytest
 
@@ -30,8 +36,6 @@ def ipshell():
 
 def until(predicate, timeout: float = 10.0, every: float = 0.02) -> bool:
     """Poll ``predicate`` until it holds or ``timeout`` passes (a hard bound, never a speed check)."""
-    import time
-
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -50,3 +54,51 @@ def channel():
     relay = Relay("127.0.0.1", key)
     yield {"up": relay.up, "out": relay.out, "key": key, "relay": relay}
     relay.close()
+
+
+class PidsLimit:
+    """A cgroup v1 pids group that caps every task (process or thread) a test starts.
+
+    Processes stay in it when they are orphaned (PPID 1), so ``pids()`` is exactly what the test
+    started, whoever else runs on the machine.
+    """
+
+    ROOT = Path("/sys/fs/cgroup/pids")
+
+    def __init__(self, max_tasks: int):
+        self.max_tasks = max_tasks
+        self.path = self.ROOT / f"workbench-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.home = self.ROOT / self._own_group().lstrip("/")
+
+    @staticmethod
+    def _own_group() -> str:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, group = line.split(":", 2)
+            if "pids" in controllers.split(","):
+                return group
+        return "/"
+
+    def __enter__(self) -> PidsLimit:
+        if not os.access(self.ROOT / "cgroup.procs", os.W_OK):
+            pytest.skip("needs a writable cgroup v1 pids controller to bound the processes it may start")
+        self.path.mkdir()
+        (self.path / "pids.max").write_text(str(self.max_tasks))
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))  # children inherit the group
+        return self
+
+    def pids(self) -> list[int]:
+        """Every process in the group except this test process."""
+        text = (self.path / "cgroup.procs").read_text()
+        return [int(p) for p in text.split() if int(p) != os.getpid()]
+
+    def __exit__(self, *exc) -> None:
+        (self.home / "cgroup.procs").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 10
+        while self.pids() and time.monotonic() < deadline:
+            for pid in self.pids():  # only what this test started: nothing else is in the group
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        self.path.rmdir()

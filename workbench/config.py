@@ -34,6 +34,9 @@ class PoolConfig:
     reaches engines on this machine. ``idle_release``: seconds without a cell after which the pool is
     stopped and its nodes released (a warning comes first); ``None`` keeps it.
 
+    A local pool larger than the machine holds (more ranks than 4 per core, or than the available memory
+    at about 330 MiB per rank) is refused before anything starts; ``oversubscribe=True`` starts it anyway.
+
     >>> PoolConfig(n=2).backend
     'auto'
     >>> PoolConfig(launcher="slurm", nodes=2, gpus_per_node=4).engines
@@ -59,6 +62,7 @@ class PoolConfig:
     account: str | None = None
     hosts: tuple[str, ...] = ()
     idle_release: float | None = None
+    oversubscribe: bool = False
     launcher_options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self):

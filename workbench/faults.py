@@ -57,7 +57,7 @@ def log_path():
 
 
 def append(event: FaultEvent) -> None:
-    with open(log_path(), "a") as f:
+    with pool_state.private_file(log_path()) as f:
         f.write(json.dumps(asdict(event)) + "\n")
 
 

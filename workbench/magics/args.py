@@ -66,6 +66,8 @@ def _dist_parser() -> _Parser:
     net.add_argument("--address", default=None, help="IP address to listen on instead of an interface name")
     start.add_argument("--idle-release", dest="idle_release", type=_seconds, default=None,
                        help="stop the pool (release its nodes) after this many idle seconds")
+    start.add_argument("--oversubscribe", action="store_true",
+                       help="start more local ranks than this machine holds (4 per core, ~330 MiB each)")
     sub.add_parser("status", prog="%dist status", add_help=False, allow_abbrev=False)
     sub.add_parser("stop", prog="%dist stop", add_help=False, allow_abbrev=False)
     sub.add_parser("restart", prog="%dist restart", add_help=False, allow_abbrev=False)
@@ -112,6 +114,8 @@ def parse_dist(line: str) -> argparse.Namespace:
     (2, 4, 'gpu', 'ib0')
     >>> parse_dist("scale 3").n
     3
+    >>> parse_dist("start -n 64 --oversubscribe").oversubscribe
+    True
     >>> parse_dist("launch")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...

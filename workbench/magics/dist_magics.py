@@ -38,9 +38,10 @@ class DistributedMagics(Magics):
 
         ``%dist start [-n N] [--launcher local|slurm|mpi|ssh] [--backend auto|gloo|nccl] [--timeout S]
         [--nodes K] [--gpus-per-node G] [--partition P] [--time T] [--account A] [--hosts a,b]
-        [--interface IF | --address IP] [--idle-release S]``, ``%dist status``, ``%dist stop``,
-        ``%dist restart``, ``%dist scale N``, ``%dist check [--size-mb M]``, ``%dist push NAME...``,
-        ``%dist pull NAME [--rank R]``, ``%dist auto on|off``, ``%dist attach [POOL_ID]``.
+        [--interface IF | --address IP] [--idle-release S] [--oversubscribe]``, ``%dist status``,
+        ``%dist stop``, ``%dist restart``, ``%dist scale N``, ``%dist check [--size-mb M]``,
+        ``%dist push NAME...``, ``%dist pull NAME [--rank R]``, ``%dist auto on|off``,
+        ``%dist attach [POOL_ID]``.
 
         Example: ``%dist start --launcher slurm --nodes 2 --gpus-per-node 4 --partition gpu --interface ib0``.
         """
@@ -60,7 +61,8 @@ class DistributedMagics(Magics):
         options = dict(n=args.n, launcher=args.launcher, backend=args.backend, timeout=args.timeout,
                        nodes=args.nodes, gpus_per_node=args.gpus_per_node, partition=args.partition,
                        time=args.time, account=args.account, hosts=args.hosts or (),
-                       interface=args.interface, idle_release=args.idle_release)
+                       interface=args.interface, idle_release=args.idle_release,
+                       oversubscribe=args.oversubscribe)
         if args.address:
             options["address"] = args.address
         try:
@@ -126,7 +128,10 @@ class DistributedMagics(Magics):
     def _dist_scale(self, args):
         s = self._session("%dist scale")
         before = s.world_size
-        s.scale(args.n, progress=print)
+        try:
+            s.scale(args.n, progress=print)
+        except ValueError as exc:  # e.g. more ranks than this machine holds: nothing was started
+            raise UsageError(str(exc)) from None
         print(f"scaled from {before} to {s.world_size} ranks; the process group is re-formed "
               "(resume training from its checkpoint at the new world size).")
         print(format_table(s.status(), STATUS_COLUMNS))

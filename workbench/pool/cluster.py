@@ -5,15 +5,18 @@ Never imports torch: the engines do that.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import ipyparallel as ipp
 from ipyparallel.cluster.launcher import BatchSystemLauncher, LocalProcessLauncher, SSHLauncher
@@ -21,7 +24,7 @@ from ipyparallel.cluster.launcher import BatchSystemLauncher, LocalProcessLaunch
 from workbench import wire
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
-from workbench.pool import launchers
+from workbench.pool import capacity, launchers, reap, spawn, start_errors
 from workbench.pool import state as pool_state
 from workbench.pool.relay import Relay
 
@@ -35,6 +38,8 @@ PRELOAD = ("import threading; "
            "threading.Thread(target=__import__, args=('workbench.engine.rendezvous',), daemon=True).start()")
 
 Progress = Callable[[str], None]
+# what launches a whole engine set at once
+SET_LAUNCH = {"mpi": "mpiexec", "slurm": "the Slurm job"}
 
 
 class EnginePool:
@@ -58,6 +63,7 @@ class EnginePool:
         self.cluster: ipp.Cluster | None = None
         self.client: ipp.Client | None = None
         self.state_file = None
+        self.log_file: Path | None = None  # the controller's and engines' output
         self._lease: subprocess.Popen | None = None
         self.attached = False  # True when another process started this pool
         self.state: dict = {}
@@ -66,47 +72,77 @@ class EnginePool:
 
     # -- start -----------------------------------------------------------------------
     def start(self, progress: Progress = lambda msg: None) -> ipp.Client:
-        """Start controller and engines; return a connected client once all ``n`` registered."""
+        """Start controller and engines; return a connected client once all ``n`` registered.
+
+        A start that fails in any way stops every process it started and raises one
+        :class:`PoolStartError` (a :class:`~workbench.pool.start_errors.StartInterrupted` for Ctrl-C).
+        """
         launchers.check_address(self.config, self.address)
+        if self.launcher == "local":
+            capacity.check_this_machine(self.n, self.config.oversubscribe)
+        pool_state.prune_logs()
+        self.log_file = pool_state.log_path(self.pool_id)
+        pool_state.private_file(self.log_file).close()
         self.work_dir = tempfile.mkdtemp(prefix=f"workbench-{self.pool_id}-")
-        key = wire.new_key()
-        self.relay = Relay(self.address, key)
-        self.channel = {"up": self.relay.up, "out": self.relay.out, "key": key}
+        self.env = {**self.env, **reap.tag(self.pool_id)}  # every process of the pool carries it
         self.cluster = ipp.Cluster(
             n=self.n,
             engines=launchers.engine_launcher(self.config),
+            controller=spawn.PoolControllerLauncher,
             cluster_id=f"workbench-{self.pool_id}",
             controller_ip=self.address,
             controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}"],
             delay=0,  # engines wait for the controller's connection info anyway
             log_level=logging.ERROR,  # our own messages name failures; ipyparallel would dump whole logs
+            shutdown_atexit=False,  # stop() and the lease end the pool; ipyparallel's exit hook would block
         )
         try:
+            key = wire.new_key()  # the side channel first: the state file records how to reach it
+            self.relay = Relay(self.address, key)
+            self.channel = {"up": self.relay.up, "out": self.relay.out, "key": key}
+            self._record()  # the lease runs before any process of the pool exists
             progress("starting controller")
-            self.cluster.start_controller_sync()
+            self.cluster.start_controller_sync(output_file=str(self.log_file),
+                                               environment=reap.tag(self.pool_id))
             self._record()
             via = f" through {self.launcher}" if self.launcher != "local" else ""
             progress(f"starting {self.n} engines{via}")
             self._start_engine_set(self.n)
             self.client = self.cluster.connect_client_sync()
             self._wait_for_engines(progress)
-        except BaseException:
-            self.stop()
-            raise
+        except BaseException as exc:
+            with interrupts_held():  # a second Ctrl-C must not cut the clean-up short
+                try:
+                    error = self.explain(exc)
+                finally:
+                    self.stop()
+            raise error from None
         return self.client
+
+    def explain(self, exc: BaseException) -> BaseException:
+        """The one error to raise for ``exc``, which ended this pool's start (see start_errors)."""
+        return start_errors.explain(exc, launcher=self.launcher, address=self.address, log=self.log_file,
+                                    launched=self._launched(), n=self.n)
 
     def _start_engine_set(self, n: int) -> None:
         kwargs = launchers.engine_set_kwargs(self.config, n, work_dir=self.work_dir, env=self.env,
-                                             engine_args=[f"--IPEngine.startup_command={PRELOAD}"])
+                                             engine_args=[f"--IPEngine.startup_command={PRELOAD}"],
+                                             log=str(self.log_file or ""))
         try:
             self.cluster.start_engines_sync(n=n, **kwargs)
-        except subprocess.CalledProcessError as exc:  # sbatch, mpiexec or ssh refused
-            out = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else exc.output or ""
-            command = " ".join(map(str, exc.cmd))
-            raise PoolStartError(f"{self.launcher} could not start the engines: {command} exited with "
-                                 f"{exc.returncode}. {out.strip()}") from None
+        except subprocess.CalledProcessError as exc:  # sbatch, mpiexec or ssh refused: keep what it said
+            if self.log_file is not None and exc.output:
+                with pool_state.private_file(self.log_file) as f:
+                    out = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else exc.output
+                    f.write(out)
+            raise
         finally:
             self._record()
+
+    def _launched(self) -> int:
+        """How many engines (or engine sets, for mpiexec and Slurm) were launched."""
+        running = sum(1 for el in self._launchers() if getattr(el, "pid", 0) > 0 or getattr(el, "job_id", ""))
+        return running + len(self._dead_engines())
 
     def _wait_for_engines(self, progress: Progress) -> None:
         deadline = time.monotonic() + self.timeout
@@ -118,22 +154,29 @@ class EnginePool:
                 progress(f"engines up: {up}/{self.n}")
             if up >= self.n:
                 return
+            controller = self.cluster.controller
+            if controller is not None and controller.state == "after":
+                raise start_errors.start_error(
+                    f"the controller exited while the engines were starting (it listened on {self.address})",
+                    "The log has its whole output.", log=self.log_file)
             dead = self._dead_engines()
             if dead:
-                raise PoolStartError(
-                    f"{len(dead)} of {self.n} engines exited while starting. Their output:\n"
-                    + "\n".join(dead)
-                )
+                what = f"{len(dead)} of {self.n} engines exited while starting"
+                if self.launcher in ("mpi", "slurm"):  # one launch for the whole set
+                    what = f"{SET_LAUNCH[self.launcher]} ended while starting the engines"
+                raise start_errors.start_error(what, "Their output is above; the log has all of it.",
+                                               log=self.log_file)
             if time.monotonic() > deadline:
-                raise PoolStartError(
-                    f"only {up} of {self.n} engines registered within {self.timeout:g} s. "
-                    + "".join(f"Slurm job {job}: {how}. " for job, how in self._job_states().items())
-                    + "Try a longer --timeout, or fewer engines; every process started has been stopped."
-                )
+                jobs = "".join(f"; Slurm job {job}: {how}" for job, how in self._job_states().items())
+                raise start_errors.start_error(
+                    f"only {up} of {self.n} engines registered within {self.timeout:g} s{jobs}",
+                    "Try a longer --timeout, or fewer engines.", log=self.log_file)
             time.sleep(0.02 if self.launcher == "local" else 0.1)
 
     def start_more(self, n: int, known_ids: set[int]) -> list[int]:
         """Start ``n`` more engines (to replace dead ones, or to grow); return their ids once registered."""
+        if self.launcher == "local":
+            capacity.check_this_machine(len(known_ids) + n, self.config.oversubscribe)
         self._start_engine_set(n)
         deadline = time.monotonic() + self.timeout
         while True:
@@ -186,18 +229,21 @@ class EnginePool:
         self._job_cache = (time.monotonic(), states)
         return states
 
-    def _dead_engines(self) -> list[str]:
-        out = []
-        for el in self._launchers():
-            if isinstance(el, BatchSystemLauncher):
-                dead = el.job_id and self._job_states().get(el.job_id) == "ended"
-            else:
-                dead = el.state == "after" or (getattr(el, "process", None) is not None
-                                               and not el.process.is_running())
-            if dead:
-                tail = "\n".join((el.get_output(remove=False) or "").splitlines()[-15:])
-                out.append(f"--- engine {el.identifier} ---\n{tail}")
-        return out
+    def _dead_engines(self) -> set[str]:
+        """The engines (or engine sets) that ended before registering; their output is in the log."""
+        dead = set()
+        for es in self._engine_sets():
+            ended = (getattr(es, "stop_data", None) or {}).get("engines", {})  # a set forgets ended engines
+            dead.update(f"{es.engine_set_id}/{i}" for i in ended)
+            for i, el in (getattr(es, "launchers", None) or {"": es}).items():
+                if isinstance(el, BatchSystemLauncher):
+                    gone = el.job_id and self._job_states().get(el.job_id) == "ended"
+                else:
+                    gone = el.state == "after" or (getattr(el, "process", None) is not None
+                                                   and not el.process.is_running())
+                if gone:
+                    dead.add(f"{es.engine_set_id}/{i}")
+        return dead
 
     # -- attach --------------------------------------------------------------------------
     @classmethod
@@ -251,7 +297,10 @@ class EnginePool:
                 records.append(pool_state.process_record(pid))
             except Exception:
                 pass  # already gone: nothing to clean up later
+        cluster_id = self.cluster.cluster_id if self.cluster else ""
+        security = Path(self.cluster.profile_dir, "security") if self.cluster else None
         state = {
+            **self.state,  # what update_state added (ranks, backend)
             "id": self.pool_id,
             "owner": pool_state.process_record(os.getpid()),
             "launcher": self.launcher,
@@ -259,25 +308,31 @@ class EnginePool:
             "n": self.n,
             # what the lease cancels if the owner dies: engines on other nodes are not our processes
             "jobs": [{"id": job, "cancel": [*self._cancel_command(), job]} for job in self.jobs()],
-            # engines started over ssh: what the lease runs to end them if the owner dies (stop() ends
-            # them through ipyparallel)
+            # engines started over ssh: what stop and the lease run to end them
             "remote": [{"id": f"{el.location}:{el.pid}",
                         "cancel": [*el.ssh_cmd, *el.ssh_args, el.location, "kill", str(el.pid)]}
                        for el in self._launchers() if isinstance(el, SSHLauncher) and el.pid > 0],
             "dirs": [self.work_dir] if self.work_dir else [],
             "cluster_file": self.cluster.cluster_file if self.cluster else None,
             "processes": records,
-            "files": [self.cluster.cluster_file] if self.cluster else [],
             "channel": self.channel,
+            # ipyparallel's cluster and connection files: a SIGKILLed controller leaves them behind
+            "files": ([self.cluster.cluster_file]
+                      + [str(security / f"ipcontroller-{cluster_id}-{k}.json") for k in ("client", "engine")]
+                      + [str(Path(self.cluster.profile_dir, "log", f"engines{cluster_id}.json"))]
+                      if self.cluster else []),
+            "log": str(self.log_file) if self.log_file else None,
             "created": time.time(),
             **extra,
         }
+        self.state = state
         self.state_file = pool_state.write_state(self.pool_id, state)
         if self._lease is None:
-            self._lease = subprocess.Popen(
-                [sys.executable, "-m", "workbench.pool.lease", str(self.state_file)],
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )
+            with pool_state.private_file(self.log_file or Path(os.devnull)) as log:
+                self._lease = subprocess.Popen(
+                    [sys.executable, "-m", "workbench.pool.lease", str(self.state_file)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                )
 
     def _cancel_command(self) -> list[str]:
         for es in self._engine_sets():
@@ -290,46 +345,52 @@ class EnginePool:
             self._record(**extra)
 
     # -- stop ------------------------------------------------------------------------
-    def stop(self) -> None:
-        """Stop engines and controller, then make sure every recorded process is gone."""
-        if self.attached:
-            records = [rec for rec in self.state.get("processes", []) if pool_state.process_alive(rec)]
-        else:
-            records = []
-            for pid in self.pids():
-                try:
-                    records.append(pool_state.process_record(pid))
-                except Exception:
-                    pass
+    def stop(self, grace: float = 1.0) -> None:
+        """End the pool: no engine starts any more, every process of it is gone, its files removed.
+
+        Bounded: nothing waits for a reply from an engine (it may be gone already); processes that
+        ignore SIGTERM for ``grace`` seconds are SIGKILLed. The log stays (a failed start names it).
+        """
+        if not self.attached and self.state_file is not None:
+            with contextlib.suppress(Exception):
+                self._record()  # the launchers' latest pids, jobs and remote engines
+        state, self.state, self.state_file = dict(self.state), {}, None
+        if self.cluster is not None:
+            spawn.cancel(self.cluster.cluster_id)
+            self.cluster.cluster_file = ""  # ipyparallel's callbacks must not write it again
         if self.client is not None:
-            try:
-                # shutting engines down first keeps ipyparallel from printing their tracebacks
-                self.client.shutdown(targets="all", block=True)
-            except Exception:
-                pass
+            with contextlib.suppress(Exception):  # shutting engines down first keeps their tracebacks quiet
+                self.client.shutdown(targets="all", block=False)
             self.client.close()
             self.client = None
-        jobs = (self.state.get("jobs", []) if self.attached
-                else [{"id": j, "cancel": [*self._cancel_command(), j]} for j in self.jobs()])
-        if self.cluster is not None:
-            try:
-                self.cluster.stop_cluster_sync()  # scancel for Slurm, ssh kill for remote engines
-            except Exception:
-                pass
-        pool_state.cancel_jobs(jobs)  # again, in case stop_cluster failed part way: scancel is idempotent
-        if self.state_file is not None:
-            self.state_file.unlink(missing_ok=True)  # the lease sees this and exits
-        pool_state.terminate(records)
-        if self.work_dir is not None:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
-            self.work_dir = None
-        if self._lease is not None:
+        pool_state.state_path(self.pool_id).unlink(missing_ok=True)
+        if self._lease is not None:  # before the pool's processes: with its owner alive it only watches
+            self._lease.terminate()
             self._lease.wait(timeout=5)
             self._lease = None
-        if self.relay is not None:
+        reap.clean_up(state or {"id": self.pool_id}, grace)
+        self.work_dir = None
+        if self.relay is not None:  # last: the ranks' final beacons have somewhere to go until they end
             self.relay.close()
             self.relay = None
         self.cluster = None
+
+
+@contextlib.contextmanager
+def interrupts_held():
+    """Ignore SIGINT (main thread only) while a failed start cleans up: stop is bounded by its grace.
+
+    >>> with interrupts_held():
+    ...     pass
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def stop_pool(pool_id: str) -> None:

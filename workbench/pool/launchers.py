@@ -17,19 +17,29 @@ Pure functions over the config (no processes).
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 from workbench.config import PoolConfig
 from workbench.pool import netif
+from workbench.pool.reap import MARKER
+from workbench.pool.spawn import (
+    CancellableEngineSetLauncher,
+    CancellableSSHEngineSetLauncher,
+    PoolMPIEngineSetLauncher,
+    PoolSlurmEngineSetLauncher,
+)
 
-IPP_LAUNCHERS = {"local": "local", "slurm": "slurm", "mpi": "mpi", "ssh": "ssh"}
+# ipyparallel's own launchers, cancellable between engines and sharing the pool's log (workbench.pool.spawn)
+IPP_LAUNCHERS = {"local": CancellableEngineSetLauncher, "slurm": PoolSlurmEngineSetLauncher,
+                 "mpi": PoolMPIEngineSetLauncher, "ssh": CancellableSSHEngineSetLauncher}
 
 
-def engine_launcher(config: PoolConfig) -> str:
-    """The name ``ipp.Cluster(engines=...)`` takes for ``config.launcher``.
+def engine_launcher(config: PoolConfig) -> type:
+    """What ``ipp.Cluster(engines=...)`` takes for ``config.launcher``.
 
-    >>> engine_launcher(PoolConfig(launcher="slurm"))
-    'slurm'
+    >>> engine_launcher(PoolConfig(launcher="slurm")).__name__
+    'PoolSlurmEngineSetLauncher'
     """
     return IPP_LAUNCHERS[config.launcher]
 
@@ -112,6 +122,7 @@ def slurm_script(config: PoolConfig, n: int) -> str:
     #SBATCH --export=ALL
     #SBATCH --job-name=ipengine-{cluster_id}
     #SBATCH --output={output_file}
+    #SBATCH --open-mode=append
     #SBATCH --nodes=2
     #SBATCH --ntasks-per-node=4
     #SBATCH --gpus-per-node=4
@@ -123,8 +134,9 @@ def slurm_script(config: PoolConfig, n: int) -> str:
     >>> "--ntasks=3" in slurm_script(PoolConfig(launcher="slurm"), 3)
     True
     """
+    # --open-mode=append: the output file is the pool's log, which the controller writes too
     lines = ["#!/bin/sh", "#SBATCH --export=ALL", "#SBATCH --job-name=ipengine-{cluster_id}",
-             "#SBATCH --output={output_file}"]
+             "#SBATCH --output={output_file}", "#SBATCH --open-mode=append"]
     nodes = config.nodes
     if config.gpus_per_node and n % config.gpus_per_node == 0:
         nodes = n // config.gpus_per_node
@@ -143,12 +155,29 @@ def slurm_script(config: PoolConfig, n: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def ssh_command(pool_id: str | None, log: str) -> list[str]:
+    """ssh, tagged as the pool's process, its own messages (stderr) going to the pool's log.
+
+    ipyparallel runs ssh with the kernel's stderr: its messages would land in the Jupyter server's log.
+
+    >>> ssh_command("1a2b", "/run/pool-1a2b.log")
+    ['env', 'WORKBENCH_POOL=1a2b', 'sh', '-c', 'exec ssh "$@" 2>>/run/pool-1a2b.log', 'ssh']
+    >>> ssh_command(None, "")
+    ['ssh']
+    """
+    command = ["env", f"{MARKER}={pool_id}"] if pool_id else []
+    if log:
+        return [*command, "sh", "-c", f'exec ssh "$@" 2>>{shlex.quote(log)}', "ssh"]
+    return [*command, "ssh"]
+
+
 def engine_set_kwargs(config: PoolConfig, n: int, *, work_dir: str, env: dict[str, str],
-                      engine_args: list[str]) -> dict:
+                      engine_args: list[str], log: str = "") -> dict:
     """Keyword arguments for ``Cluster.start_engines(n, **kwargs)``: the engine launcher's traits.
 
     ``work_dir`` is a scratch folder of the pool: batch scripts are written there, never into the
-    notebook's folder.
+    notebook's folder. ``log``: the file the engines' output goes to (on this machine, or a shared
+    file system for Slurm); ``env`` reaches the engines, and ssh itself gets the pool's tag.
 
     >>> kw = engine_set_kwargs(PoolConfig(launcher="ssh", hosts="a,b"), 3, work_dir="/tmp/x", env={},
     ...                        engine_args=[])
@@ -161,6 +190,8 @@ def engine_set_kwargs(config: PoolConfig, n: int, *, work_dir: str, env: dict[st
     env = dict(env)
     args = list(engine_args)
     kwargs: dict = {}
+    if log and config.launcher != "ssh":  # ssh engines write on their own host (ipyparallel fetches it)
+        kwargs["pool_log" if config.launcher == "local" else "output_file"] = log
     if config.launcher in ("local", "mpi"):
         # our entry point starts importing torch before the engine registers, and drops the --mpi
         # that ipyparallel's MPI launcher always passes where mpi4py is missing (see engine_main)
@@ -177,6 +208,7 @@ def engine_set_kwargs(config: PoolConfig, n: int, *, work_dir: str, env: dict[st
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     elif config.launcher == "ssh":
         kwargs.update(engines=spread(n, list(config.hosts)), remote_python=sys.executable)
+        kwargs["ssh_cmd"] = ssh_command(env.get(MARKER), log)
     kwargs.update(config.launcher_options)
     kwargs["environment"] = env
     kwargs["engine_args"] = args

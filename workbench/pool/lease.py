@@ -1,11 +1,12 @@
 """The lease: a small process that ends a pool whose owner died.
 
-``atexit`` does not run when a kernel is SIGKILLed, and orphaned ipyparallel
-engines only notice after minutes of missed heartbeats. This process watches the
-owner named in the pool's state file; when the owner is gone it stops every
-process recorded there, cancels the pool's batch jobs (engines on other nodes)
-and removes the files. When the file goes away (the pool was
-stopped normally) it exits.
+``atexit`` does not run when a kernel is SIGKILLed, and orphaned ipyparallel engines only notice
+after minutes of missed heartbeats. The lease starts before any other process of the pool and waits
+on the owner named in the pool's state file (a pidfd: it wakes the moment the owner exits). When the
+owner is gone it cancels the pool's batch jobs and remote engines, SIGKILLs every process of the pool
+on this machine at once (their state died with the owner), also those a launch cut short had not
+recorded yet (:mod:`workbench.pool.reap` finds them by their tag), and removes the files. When the
+state file goes away (the pool was stopped normally) it exits.
 
 Run as ``python -m workbench.pool.lease STATE_FILE``.
 """
@@ -13,13 +14,35 @@ Run as ``python -m workbench.pool.lease STATE_FILE``.
 from __future__ import annotations
 
 import os
+import select
 import sys
 import time
 from pathlib import Path
 
-from workbench.pool.state import cancel_jobs, process_alive, read_state, remove_files, terminate
+from workbench.pool.reap import clean_up
+from workbench.pool.state import process_alive, read_state
 
-POLL_SECONDS = 0.5
+# How often the state file is looked at (a normal stop removes it); the owner's exit wakes us at once.
+FILE_POLL_S = 0.5
+
+
+def owner_exited(record: dict, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for the owner to exit; True once it has (a zombie has exited)."""
+    if not process_alive(record):
+        return True
+    try:
+        fd = os.pidfd_open(record["pid"])
+    except (AttributeError, OSError):  # no pidfd here: look again after a short sleep
+        time.sleep(min(timeout, 0.05))
+        return not process_alive(record)
+    try:
+        if not process_alive(record):  # the pid was reused between the two looks
+            return True
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(timeout * 1000))
+    finally:
+        os.close(fd)
 
 
 def watch(path: Path) -> None:
@@ -27,15 +50,15 @@ def watch(path: Path) -> None:
         state = read_state(path)
         if state is None:  # stopped normally
             return
-        if not process_alive(state["owner"]):
-            cancel_jobs(state.get("jobs", []) + state.get("remote", []))
-            # the pool records this lease among its processes: stopping ourselves first would leave
-            # the rest running and the files behind
-            terminate([rec for rec in state.get("processes", []) if rec.get("pid") != os.getpid()])
-            remove_files(state)
+        if owner_exited(state["owner"], FILE_POLL_S):
+            t0 = time.monotonic()
+            state = read_state(path) or state  # the latest processes, if the owner wrote more meanwhile
+            clean_up(state, grace=0.0)
             path.unlink(missing_ok=True)
+            # the lease's output goes to the pool's log
+            print(f"workbench lease: the owner (pid {state['owner']['pid']}) of pool {state.get('id')} "
+                  f"exited; the pool was ended in {time.monotonic() - t0:.2f} s", flush=True)
             return
-        time.sleep(POLL_SECONDS)
 
 
 if __name__ == "__main__":

@@ -11,17 +11,21 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
 
+# Logs of pools that no longer run that are kept, newest first: a failed start names its log.
+KEEP_LOGS = 20
+
 
 def state_dir() -> Path:
-    """``<jupyter runtime dir>/workbench``, created on first use."""
+    """``<jupyter runtime dir>/workbench``, created on first use, readable by its owner only."""
     from jupyter_core.paths import jupyter_runtime_dir
 
     path = Path(os.environ.get("WORKBENCH_STATE_DIR") or Path(jupyter_runtime_dir()) / "workbench")
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
 
@@ -29,16 +33,41 @@ def state_path(pool_id: str) -> Path:
     return state_dir() / f"pool-{pool_id}.json"
 
 
+def log_path(pool_id: str) -> Path:
+    """The pool's log: the output of its controller, engines and launcher."""
+    return state_dir() / f"pool-{pool_id}.log"
+
+
+def private_file(path: Path, mode: str = "a"):
+    """Open ``path`` for writing, created readable by its owner only (0600) like ipyparallel's key files.
+
+    >>> import tempfile; p = Path(tempfile.mkdtemp()) / "f"
+    >>> with private_file(p) as f: _ = f.write("x")
+    >>> oct(p.stat().st_mode & 0o777)
+    '0o600'
+    """
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)  # also a file an older version created 0644
+    return os.fdopen(fd, mode)
+
+
 def write_state(pool_id: str, state: dict) -> Path:
-    """Write atomically (rename), so a reader never sees half a file."""
+    """Write atomically (rename), so a reader never sees half a file; 0600."""
     path = state_path(pool_id)
     tmp = path.with_suffix(".tmp")
-    # 0600 from the start: the file holds the pool's side-channel key
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
+    with private_file(tmp, "w") as f:  # the file holds the pool's side-channel key
         f.write(json.dumps(state, indent=1))
     os.replace(tmp, path)
     return path
+
+
+def prune_logs(keep: int = KEEP_LOGS) -> None:
+    """Remove the logs of pools that no longer run, beyond the ``keep`` newest."""
+    running = {s["id"] for s in list_states()}
+    logs = sorted(state_dir().glob("pool-*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for log in [p for p in logs if p.stem.removeprefix("pool-") not in running][keep:]:
+        log.unlink(missing_ok=True)
 
 
 def read_state(path: Path) -> dict | None:
@@ -91,13 +120,36 @@ def end(procs: list[psutil.Process], grace: float = 3.0) -> None:
             p.terminate()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
+    alive = wait_gone(procs, grace)
     for p in alive:
         try:
             p.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(alive, timeout=grace)
+    wait_gone(alive, max(grace, 1.0))  # SIGKILL cannot be refused: this is short
+
+
+def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait up to ``timeout`` s for ``procs`` to exit; return those still running.
+
+    A zombie has exited (only its parent's wait is missing: an orphan's parent may never reap it),
+    so it counts as gone; our own children are reaped.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        _, alive = psutil.wait_procs(procs, timeout=0)  # reaps our own children
+        alive = [p for p in alive if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        procs = alive
+        time.sleep(0.01)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def cancel_jobs(jobs: list[dict]) -> None:

@@ -28,7 +28,7 @@ from workbench.config import PoolConfig
 from workbench.errors import NoPoolError, PoolStartError, RankDiedError
 from workbench.pool import netif
 from workbench.pool import state as pool_state
-from workbench.pool.cluster import EnginePool
+from workbench.pool.cluster import EnginePool, interrupts_held
 from workbench.pool.devices import visible_gpu_count
 from workbench.pool.idle import IdleRelease
 from workbench.pool.launchers import default_engines
@@ -152,9 +152,11 @@ class Session:
             self._connect(pool)
             self._group.ranks = build_rank_map(self._group.describe(client.ids))
             self._form()
-        except BaseException:
-            self.stop()
-            raise
+        except BaseException as exc:  # one short error naming the log, and nothing left running
+            error = pool.explain(exc)
+            with interrupts_held():
+                self.stop()
+            raise error from None
         self.start_seconds = time.perf_counter() - t0
         progress(f"ready: {n} ranks, backend {self.backend}, {self.start_seconds:.1f} s")
         atexit.register(self.stop)  # kernel shutdown and restart end the pool too

@@ -1,0 +1,104 @@
+"""ipyparallel's launchers, made to stop between two engines and to share the pool's one log file.
+
+Every launcher here writes its process's output to the pool's log and never removes it (ipyparallel
+removes a launcher's output file when its process ends: here that file is the log a failed start names).
+
+ipyparallel starts an engine set in one loop (``n`` engines, 0.1 s apart), inside its own thread when
+the kernel's event loop runs: a Ctrl-C reaches the kernel's main thread and the loop goes on spawning.
+Here each engine's start first looks whether its pool was cancelled (:func:`cancel`), and raises
+:class:`LaunchCancelled` instead of spawning; a spawn in flight holds a lock that :func:`cancel` waits
+for, so once it returns no engine of the pool starts any more.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ipyparallel.cluster.launcher import (
+    LocalControllerLauncher,
+    LocalEngineLauncher,
+    LocalEngineSetLauncher,
+    MPIEngineSetLauncher,
+    SlurmEngineSetLauncher,
+    SSHEngineLauncher,
+    SSHEngineSetLauncher,
+)
+from traitlets import Unicode
+
+# cluster ids whose launch was cancelled: kept for good (a few bytes a pool), since ipyparallel's thread
+# may reach its next engine only after the pool's stop has returned
+_cancelled: set[str] = set()
+_spawning = threading.Lock()  # held while one engine is spawned
+SPAWN_WAIT_S = 5.0  # an ssh start can take seconds; a local spawn takes milliseconds
+
+
+class LaunchCancelled(RuntimeError):
+    """The pool was stopped while its engines were being started."""
+
+
+def cancel(cluster_id: str) -> None:
+    """No engine of ``cluster_id`` starts after this returns (bar an ssh start stuck past 5 s)."""
+    _cancelled.add(cluster_id)
+    if _spawning.acquire(timeout=SPAWN_WAIT_S):
+        _spawning.release()
+
+
+class _KeepsLog:
+    def get_output(self, remove=False):
+        return super().get_output(remove=False)  # the pool's log outlives each of its processes
+
+
+class PoolControllerLauncher(_KeepsLog, LocalControllerLauncher):
+    """The controller, on this machine, writing to the pool's log."""
+
+    entrypoint_name = "workbench.pool.spawn.PoolControllerLauncher"
+
+
+class PoolMPIEngineSetLauncher(_KeepsLog, MPIEngineSetLauncher):
+    """``mpiexec -n N`` (one launch for the whole set), writing to the pool's log."""
+
+    entrypoint_name = "workbench.pool.spawn.PoolMPIEngineSetLauncher"
+
+
+class PoolSlurmEngineSetLauncher(_KeepsLog, SlurmEngineSetLauncher):
+    """One sbatch job for the whole set; its output file is the pool's log (shared file system)."""
+
+    entrypoint_name = "workbench.pool.spawn.PoolSlurmEngineSetLauncher"
+
+
+class _StopsWhenCancelled(_KeepsLog):
+    def start(self, *args, **kwargs):
+        with _spawning:
+            if self.cluster_id in _cancelled:
+                raise LaunchCancelled(f"the start of {self.cluster_id} was cancelled")
+            log = getattr(self.parent, "pool_log", "")
+            if log:  # every engine appends to the pool's one log file, not to a file in the profile
+                self.output_file = log
+            return super().start(*args, **kwargs)
+
+
+class CancellableEngineLauncher(_StopsWhenCancelled, LocalEngineLauncher):
+    """One local engine that does not start once its pool was cancelled."""
+
+
+class CancellableEngineSetLauncher(LocalEngineSetLauncher):
+    """Local engines (``engines="local"``), started one by one until the pool is cancelled.
+
+    >>> CancellableEngineSetLauncher.launcher_class.__name__
+    'CancellableEngineLauncher'
+    """
+
+    entrypoint_name = "workbench.pool.spawn.CancellableEngineSetLauncher"  # how ipyparallel saves it
+    launcher_class = CancellableEngineLauncher
+    pool_log = Unicode("", help="the file every engine's stdout and stderr go to").tag(to_dict=True)
+
+
+class CancellableSSHEngineLauncher(_StopsWhenCancelled, SSHEngineLauncher):
+    """One engine over ssh that does not start once its pool was cancelled."""
+
+
+class CancellableSSHEngineSetLauncher(SSHEngineSetLauncher):
+    """Engines over ssh, host after host, until the pool is cancelled."""
+
+    entrypoint_name = "workbench.pool.spawn.CancellableSSHEngineSetLauncher"
+    launcher_class = CancellableSSHEngineLauncher
