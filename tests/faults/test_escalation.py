@@ -37,7 +37,7 @@ def test_ranks_deadlocked_in_recv_are_released_by_ctrl_c_and_keep_their_state(po
         pool.run("t = torch.zeros(1)\ndist.recv(t, src=1 - rank)")  # both wait: a deadlock
     returned = time.monotonic() - t0 - 1.0
     text = str(info.value)
-    assert returned < 2.5, f"{returned:.1f} s: the abort did not release the ranks"  # hang guard
+    assert returned < 5, f"{returned:.1f} s: the abort did not release the ranks"  # hang guard
     assert "rank 0 stopped at cell line 2" in text and "rank 1 stopped at cell line 2" in text
     assert "killed" not in text and "keeps its Python state" in text
     assert alive(pids) == pids and pool.pull("kept") == [40, 41]  # nobody was killed
@@ -76,7 +76,7 @@ def test_a_rank_that_died_just_before_the_cell_is_named_not_the_survivor(pool, a
     with pytest.raises((RankDiedError, RankError)) as info:
         pool.run("dist.all_reduce(torch.ones(1))")
     err = info.value
-    assert "rank 1" in str(err).split(".")[0]
+    assert str(err).startswith("rank 1 ("), str(err)
     if isinstance(err, RankError):
         assert err.rank == 1 and err.result.ranks[0].outcome == "stopped"
     assert pool.restart() == [1]
@@ -100,7 +100,7 @@ def test_a_hard_interrupt_mid_backward_leaves_a_trainer_that_runs_on(pool):
     pool.run(TRAINER)
     handle = pool.submit("trainer.run(steps=100_000)")
     time.sleep(1.5)
-    handle.stop()  # SIGINT to every rank, wherever it is
+    assert handle.stop(hard=True) is not None  # as a second Ctrl-C: SIGINT to every rank, wherever it is
     pool.run("r = trainer.run(steps=5)\nsteps = len(r.history)")
     assert pool.pull("steps") == [5, 5]
     assert pool.pull("trainer.step", rank=0) == pool.pull("trainer.step", rank=1)

@@ -46,20 +46,27 @@ def track_collectives() -> None:
             setattr(dist, name, _tracked(name, fn))
 
 
+# Functions of IPython that format an error: a main thread inside one has left the user's code and is
+# reporting how it ended (which can take a second the first time: it parses the files it shows).
+REPORTING = frozenset({"showtraceback", "_showtraceback", "structured_traceback", "format_exception_as_a_whole"})
+
+
 def snapshot(rank: int) -> dict:
     """This rank's state as the kernel's watchdog wants it."""
     frame = sys._current_frames().get(threading.main_thread().ident)
-    where = None
-    while frame is not None:  # the innermost frame of user code or a library, not ours
+    where, reporting = None, False
+    while frame is not None:
         code = frame.f_code
-        if "workbench/engine/guard" not in code.co_filename:
+        if where is None and "workbench/engine/guard" not in code.co_filename:
+            # the innermost frame of user code or a library, not ours
             cell = "ipykernel_" in code.co_filename and code.co_name == "<module>"
-            where = f"cell line {frame.f_lineno}" if cell else f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
-            break
+            where = f"cell line {frame.f_lineno}" if cell else \
+                f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+        reporting = reporting or code.co_name in REPORTING
         frame = frame.f_back
     return {"rank": rank, "pid": os.getpid(), "t": time.time(), "done": _track["done"],
             "done_name": _track["done_name"], "inflight": _track["inflight"], "since": _track["since"],
-            "group": dist.is_initialized(), "where": where}
+            "group": dist.is_initialized(), "where": where, "reporting": reporting}
 
 
 def listening_ports(exclude: set[int] = frozenset()) -> list[int]:

@@ -63,6 +63,7 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
     if backend == "auto":
         backend = "cpu:gloo,cuda:nccl" if dev.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
+    agent.stop()  # first: a command still on its way for the old group must not reach the new one
     guard.abort()  # what is left of an earlier group: abort, never destroy (that can block)
     store = _state.get("store") if rank == 0 else None
     if store is None:
@@ -70,7 +71,7 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
         _state["store"] = store
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
                             device_id=dev if dev.type == "cuda" else None)
-    _state.update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev)
+    _state.update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, generation=generation)
     guard.track_collectives()
     if channel:  # beacons up, commands down: the pool's side channel
         agent.start(channel, rank, generation)
@@ -83,6 +84,11 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
 def identity() -> dict:
     """This engine's rank and device in the current group (rank 0 on the CPU before any join)."""
     return {"rank": _state.get("rank", 0), "device": _state.get("device", "cpu")}
+
+
+def generation() -> int:
+    """Which process group this is: the kernel counts them, so every rank sees a re-formed one at once."""
+    return _state.get("generation", 0)
 
 
 def close() -> None:

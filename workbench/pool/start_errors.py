@@ -7,9 +7,12 @@ ipyparallel's internals.
 
 from __future__ import annotations
 
+import errno
 import re
 import subprocess
 from pathlib import Path
+
+import zmq
 
 from workbench.errors import PoolStartError
 from workbench.pool.spawn import LaunchCancelled
@@ -94,6 +97,11 @@ def explain(exc: BaseException, *, launcher: str, address: str, log: Path | None
         return start_error(f"the controller exited while starting to listen on {address}",
                            "Check --interface or --address: it must name an address of this machine.",
                            log=log)
+    if isinstance(exc, zmq.ZMQError) and exc.errno == errno.EADDRNOTAVAIL:  # the relay binds first
+        return start_error(f"the controller and the pool's side channel cannot listen on {address}: it is "
+                           "not an address of this machine",
+                           "Check --interface or --address: it must name an address of this machine.",
+                           log=log, output="")
     if isinstance(exc, ValueError):
         return exc  # a usage mistake found late: its own sentence says what to do
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

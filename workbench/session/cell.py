@@ -23,7 +23,14 @@ from workbench.errors import CellInterrupted, CellTimeout, RankError
 from workbench.pool.rankmap import RankInfo
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
-from workbench.session.results import CellResult, RankDied, RankResult, stop_report, where_in_cell
+from workbench.session.results import (
+    CellResult,
+    RankDied,
+    RankResult,
+    raised_in_collective,
+    stop_report,
+    where_in_cell,
+)
 
 # Called with (rank, kind, payload): kind is "stdout"/"stderr" (text) or "display" (a display_data
 # content dict).
@@ -42,6 +49,11 @@ STOP_GRACE_S = 3.0
 SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}
 # What a rank raises when we stopped it on purpose: neither its own error nor an echo of another's.
 INTERRUPTS = ("KeyboardInterrupt", "TrainingInterrupted")
+# An error from inside a collective starts the escalation only if no rank died within this long: a
+# peer's death makes the others' collectives fail at once, before the death itself is seen.
+ECHO_WAIT_S = 0.5
+# SIGTERM and SIGKILL wait up to this much longer for a rank whose beacon shows it reporting its error.
+FINISHING_GRACE_S = 10.0
 # The wait loop wakes on output, on a death and at least this often (the dashboard's tick, the ladder).
 TICK_S = 0.05
 
@@ -67,8 +79,11 @@ class CellRun:
         self.interrupts = 0  # Ctrl-C presses during this cell
         self.timed_out: str | None = None
         self.cut_short: set[int] = set()  # ranks still running when the escalation began
-        self.signalled: dict[int, str] = {}  # rank -> the harshest step it got (sigterm, sigkill)
+        self.signalled: dict[int, set[str]] = {}  # rank -> the signals it got ("sigint", "sigterm", ...)
         self.where: dict[int, str] = {}  # rank -> where its beacon said it was when the escalation began
+        self._suspects: dict[int, float] = {}  # rank -> when its error from inside a collective was seen
+        self._asked = 0  # interrupts asked for from another thread (RunHandle.stop), not yet taken
+        self._wake = threading.Event()
 
     def run(self, code: str) -> CellResult:
         t0 = time.perf_counter()
@@ -76,7 +91,7 @@ class CellRun:
         by_engine = {r.engine_id: r for r in self.targets}
         self.children = [(by_engine[eid], child)
                          for eid, child in zip(ar._targets, ar._children, strict=True)]
-        wake = threading.Event()
+        wake = self._wake
         for _, child in self.children:
             child.iopub_callbacks.append(lambda msg: wake.set())
         ar.add_done_callback(lambda f: wake.set())
@@ -86,10 +101,16 @@ class CellRun:
             self._wait(wake, deadline)
         finally:
             self.health.remove_listener(wake.set)
+        self._await_deaths(wake)
         if all(c.done() for _, c in self.children):  # a dead rank's output never completes
             ar.wait_for_output(0 if self.fault_at else 5)
         self.relay.forward(self.children)
         result = CellResult([self._rank_result(r, c) for r, c in self.children], time.perf_counter() - t0)
+        deaths = any(isinstance(r.error, RankDied) for r in result.ranks)
+        for r in result.ranks:
+            r.outcome = self._outcome(r.rank.rank, r.error, r.stderr, deaths)
+            if r.outcome in ("stopped", "interrupted"):
+                r.where = where_in_cell(r.error) or self.where.get(r.rank.rank)
         if self.fault is not None:
             self.fault.abort_s = round(time.monotonic() - self.first_fault_at, 3)
             result.fault = self.fault
@@ -108,11 +129,23 @@ class CellRun:
             raise RankError([(f.rank, f.error) for f in failures], result)
         return result
 
+    def _await_deaths(self, wake: threading.Event, seconds: float = 3.0) -> None:
+        """Ranks sent SIGTERM or SIGKILL may answer the cell before they exit: wait to see them go
+        (or not), so that the report says "killed" only of the ranks that are gone."""
+        doomed = {rank for rank, got in self.signalled.items() if got & {"sigterm", "sigkill"}}
+        deadline = time.monotonic() + seconds
+        while doomed - self.health.dead.keys() and time.monotonic() < deadline:
+            wake.wait(TICK_S)
+            wake.clear()
+
     def _wait(self, wake: threading.Event, deadline: float | None) -> None:
         while True:
             try:
                 wake.wait(TICK_S)
                 wake.clear()
+                while self._asked:
+                    self._asked -= 1
+                    self._ctrl_c(time.monotonic())
                 self.relay.forward(self.children)
                 if self.on_tick is not None:
                     self.on_tick()
@@ -127,6 +160,11 @@ class CellRun:
                     self._escalate(now)
             except KeyboardInterrupt:
                 self._ctrl_c(time.monotonic())
+
+    def interrupt(self) -> None:
+        """Ctrl-C from another thread (a background cell's ``stop``): the same steps as a Ctrl-C here."""
+        self._asked += 1
+        self._wake.set()
 
     def _ctrl_c(self, now: float) -> None:
         """First Ctrl-C: the gentlest stop that fits; second: the hard ladder now; third: kill what runs."""
@@ -162,11 +200,14 @@ class CellRun:
                 return
         for r, c in self.children:
             err = c.output.metadata["error"]
-            if err is not None and not faults.is_secondary(err.ename, str(err.evalue)):
-                done = c.output.metadata["completed"]
-                detect = time.time() - done.timestamp() if hasattr(done, "timestamp") else None
-                self._start_fault(now, "exception", r, f"{err.ename}: {err.evalue}", AFTER_FAILURE, detect)
-                return
+            if err is None or faults.is_secondary(err.ename, str(err.evalue)):
+                continue
+            if raised_in_collective(err) and now - self._suspects.setdefault(r.rank, now) < ECHO_WAIT_S:
+                continue  # maybe the echo of a peer's death that the watcher is about to report
+            done = c.output.metadata["completed"]
+            detect = time.time() - done.timestamp() if hasattr(done, "timestamp") else None
+            self._start_fault(now, "exception", r, f"{err.ename}: {err.evalue}", AFTER_FAILURE, detect)
+            return
 
     def _hang(self, now: float) -> None:
         """The timeout passed: name the stalled ranks and the last collective all ranks completed."""
@@ -201,18 +242,34 @@ class CellRun:
         for after, step in self.ladder:
             if step in self.steps_done or now - self.fault_at < after:
                 continue
-            self.steps_done.add(step)
             running = [r for r, c in self.children if not c.done() and r.rank not in dead]
+            if step in ("sigterm", "sigkill") and now - self.fault_at < after + FINISHING_GRACE_S:
+                # a rank that was released and is only writing its traceback is not stuck: killing
+                # it would throw its state away for nothing
+                running = [r for r in running if not self._finishing(r.rank)]
+                if not running:
+                    return
+            self.steps_done.add(step)
             if not running:
                 return
+            if step != "stop":  # past the step boundary: some rank may be cut mid-step, so every rank's
+                self.group.ok = False  # wrapper (DDP's reducer) must see a new group before training on
             if step == "stop":  # a Trainer stops at its next step boundary, on every rank the same
                 self.group.command("stop", running)
             elif step == "abort":  # every rank, blocked ones too: their agents release them, state kept
                 self.group.abort([r for r, _ in self.children if r.rank not in dead])
             else:
-                if step in ("sigterm", "sigkill"):
-                    self.signalled.update({r.rank: step for r in running})
+                for r in running:
+                    self.signalled.setdefault(r.rank, set()).add(step)
                 self.group.signal(running, SIGNALS[step])
+
+    def _finishing(self, rank: int) -> bool:
+        """Whether ``rank``'s fresh beacon shows its main thread reporting how the cell ended (out of
+        the user's code and of any collective: it is writing its traceback)."""
+        beats = self.health.beacons.latest if self.health.beacons else {}
+        beat = beats.get(rank) or {}
+        fresh = self.health.beacons is not None and self.health.beacons.silent_for(rank) < 1.0
+        return fresh and bool(beat.get("reporting")) and not beat.get("inflight")
 
     def _rank_result(self, info: RankInfo, child) -> RankResult:
         md = child.output.metadata
@@ -220,28 +277,28 @@ class CellRun:
         if error is None and child.done() and child.exception() is not None:
             error = child.exception()
         dead = self.health.dead
-        if (info.rank in dead and error is None) or getattr(error, "ename", None) == "EngineError":
+        killed = bool(self.signalled.get(info.rank, set()) & {"sigterm", "sigkill"})
+        if info.rank in dead and (error is None or killed) or getattr(error, "ename", None) == "EngineError":
             # ipyparallel says "EngineError" when the controller lost the engine: it died, whether or
             # not our watcher saw it yet (a rank on another node takes a few seconds of silence)
             error = RankDied(info, dead.get(info.rank, "exited"))
-        result = RankResult(
+        return RankResult(
             rank=info, stdout=md["stdout"] or "", stderr=md["stderr"] or "",
             result=(md["execute_result"] or {}).get("data"), outputs=list(md["outputs"]),
             error=error, completed=md["completed"],
         )
-        result.outcome = self._outcome(info.rank, error)
-        if result.outcome in ("stopped", "interrupted"):
-            result.where = where_in_cell(error) or self.where.get(info.rank)
-        return result
 
-    def _outcome(self, rank: int, error) -> str:
-        """How this rank ended: see :data:`workbench.session.results.OUTCOMES`."""
+    def _outcome(self, rank: int, error, stderr: str, deaths: bool) -> str:
+        """How this rank ended (see :data:`workbench.session.results.OUTCOMES`); ``deaths``: a rank died."""
+        signals = self.signalled.get(rank, set())
         if isinstance(error, RankDied):
-            return "killed" if rank in self.signalled else "died"
-        stopped = error is not None and error.ename in INTERRUPTS
+            return "killed" if signals & {"sigterm", "sigkill"} else "died"
+        stopped = error is not None and (error.ename in INTERRUPTS or deaths and raised_in_collective(error))
         if error is not None and not stopped and not faults.is_secondary(error.ename, str(error.evalue)):
             return "error"  # its own failure, whenever it came
-        if rank in self.cut_short or error is not None:  # cut short by the escalation, or an echo
+        # an echo, our interrupt; or no error at all, where the interrupt hit the engine's own code
+        # (it then only prints "KeyboardInterrupt")
+        if error is not None or ("sigint" in signals and "KeyboardInterrupt" in stderr):
             return "interrupted" if self.interrupts or self.timed_out else "stopped"
         return "ok"
 
@@ -272,20 +329,21 @@ class OutputRelay:
 
 
 class RunHandle:
-    """A cell running in the background (:meth:`Session.submit`): ``run()`` on a thread.
+    """A cell running in the background (:meth:`Session.submit`): a :class:`CellRun` on a thread.
 
-    ``interrupt()`` is what :meth:`stop` calls to interrupt the ranks still running.
+    >>> h = s.submit("trainer.run(steps=5000)")     # doctest: +SKIP
+    >>> h.stop()                                     # doctest: +SKIP
     """
 
-    def __init__(self, run: Callable[[], CellResult], interrupt: Callable[[], None], targets: list[RankInfo]):
-        self.targets = targets
-        self._interrupt = interrupt
+    def __init__(self, cell: CellRun, code: str, run: Callable[[CellRun, str], CellResult]):
+        self.cell = cell
+        self.targets = cell.targets
         self._future: Future = Future()
-        threading.Thread(target=self._run, args=(run,), name="workbench-submit", daemon=True).start()
+        threading.Thread(target=self._run, args=(run, code), name="workbench-submit", daemon=True).start()
 
-    def _run(self, run: Callable[[], CellResult]) -> None:
+    def _run(self, run: Callable[[CellRun, str], CellResult], code: str) -> None:
         try:
-            self._future.set_result(run())
+            self._future.set_result(run(self.cell, code))
         except BaseException as exc:
             self._future.set_exception(exc)
 
@@ -296,13 +354,16 @@ class RunHandle:
         """The cell's result once it ends; raises what :meth:`Session.run` raises (e.g. RankError)."""
         return self._future.result(timeout)
 
-    def stop(self, timeout: float = 10.0) -> CellResult | None:
-        """Interrupt the ranks still running the cell and wait for them; returns what they produced."""
+    def stop(self, timeout: float = 10.0, hard: bool = False) -> CellResult | None:
+        """Stop the cell as Ctrl-C would (a running Trainer at its next step boundary; ``hard``: at once,
+        like a second Ctrl-C) and wait for the ranks; returns what they produced."""
         if not self.done():
-            self._interrupt()
+            self.cell.interrupt()
+            if hard:
+                self.cell.interrupt()
         try:
             return self.wait(timeout)
-        except RankError as exc:
+        except (RankError, CellInterrupted, CellTimeout) as exc:
             return exc.result
 
     def add_done_callback(self, fn: Callable[[RunHandle], None]) -> None:

@@ -27,6 +27,8 @@ OUTCOMES = ("ok", "error", "died", "killed", "stopped", "interrupted")
 # A frame of the cell in an IPython traceback: "Cell In[3], line 5" or "Cell In[3], line 3, in f()"
 _CELL_FRAME = re.compile(r"Cell In\[\d+\], line (\d+)(?:, in (\w+))?")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# Frames a collective's error passes through: our tracking wrapper and torch.distributed itself.
+COLLECTIVE_FRAMES = ("workbench/engine/guard.py", "torch/distributed/")
 
 
 @dataclass
@@ -90,6 +92,19 @@ def where_in_cell(error) -> str | None:
         return None
     line, fn = frames[-1]
     return f"cell line {line}" + (f" (in {fn})" if fn else "")
+
+
+def raised_in_collective(error) -> bool:
+    """Whether a rank's error came out of a torch.distributed call (by where it was raised, not its text).
+
+    Such an error is the echo of a failure elsewhere when another rank failed or died: a root cause
+    (a DistBackendError after a CUDA OOM) only when nothing else went wrong.
+
+    >>> raised_in_collective(_Err("RuntimeError", "x", "File .../torch/distributed/distributed_c10d.py:2799"))
+    True
+    """
+    text = getattr(error, "traceback", None) or ""
+    return any(marker in text for marker in COLLECTIVE_FRAMES)
 
 
 def summary_line(ranks: list[RankResult]) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import signal
 import threading
 import time
 import warnings
@@ -421,13 +420,18 @@ class Session:
 
         Raises :class:`RankError` naming the rank that failed first (an exception, or a
         dead engine), :class:`CellTimeout` naming the stalled rank when ``timeout``
-        passes, and ``KeyboardInterrupt`` after interrupting the ranks. In each case the
-        other ranks are stopped within seconds and the next cell re-forms the group.
+        passes, and :class:`CellInterrupted` (a ``KeyboardInterrupt``) on Ctrl-C, saying where
+        each rank stopped. In each case the other ranks are stopped within seconds, gently first.
         """
-        targets = self.targets(ranks)
+        return self._run(self._cell(ranks, timeout, on_output, on_tick), code)
+
+    def _cell(self, ranks, timeout, on_output, on_tick=None) -> CellRun:
+        return CellRun(self._group, self._health, self.targets(ranks), timeout, on_output, on_tick)
+
+    def _run(self, cell: CellRun, code: str) -> CellResult:
         with self._busy:
             self._ensure_group()
-            return CellRun(self._group, self._health, targets, timeout, on_output, on_tick).run(code)
+            return cell.run(code)
 
     def submit(self, code: str, *, ranks=None, timeout: float | None = None,
                on_output: OutputCallback | None = None) -> RunHandle:
@@ -436,14 +440,7 @@ class Session:
         >>> h = s.submit("trainer.run(steps=5000)")     # doctest: +SKIP
         >>> h.done(), h.stop()                           # doctest: +SKIP
         """
-        targets = self.targets(ranks)
-
-        def interrupt():
-            alive = [r for r in targets if r.rank not in self.dead_ranks()]
-            self._group.signal(alive, signal.SIGINT)
-
-        return RunHandle(lambda: self.run(code, ranks=[r.rank for r in targets], timeout=timeout,
-                                          on_output=on_output), interrupt, targets)
+        return RunHandle(self._cell(ranks, timeout, on_output), code, self._run)
 
     # -- status ----------------------------------------------------------------------
     def status(self) -> list[dict]:

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workbench.engine import agent
+from workbench.engine import agent, rendezvous
 from workbench.strategies.layout import device_of, layout_of
 from workbench.strategies.pipeline import Pipelined
 from workbench.train.events import Callback, StepStats, default_callbacks
@@ -123,6 +123,7 @@ class Trainer:
         self._autocast = _autocast(self.config.precision, self.device)
         self.stopped_at: int | None = None  # the step the last run was interrupted at (Ctrl-C)
         self._cut_mid_step = False  # an error or a hard interrupt left a step half done
+        self._generation = rendezvous.generation()  # the process group the wrappers were made on
 
     # -- data -----------------------------------------------------------------------------
     @property
@@ -161,8 +162,10 @@ class Trainer:
         Raises :class:`TrainingInterrupted` on every rank at the same step when the notebook
         asked to stop (Ctrl-C); calling ``run`` again continues from there.
         """
-        if self._cut_mid_step:
+        generation = rendezvous.generation()
+        if self._cut_mid_step or generation != self._generation:
             self._recover()
+        self._generation = generation
         agent.clear_stop()
         self.stopped_at = None
         result = RunResult()
@@ -188,32 +191,33 @@ class Trainer:
         return result
 
     def _recover(self) -> None:
-        """After a step was cut off: fresh gradients, and a DDP wrapper rebuilt around the same module.
+        """After a fault: fresh gradients, equal parameters, and the wrapper on the current process group.
 
-        The parameters are those of the last completed step (or of the cut one, where an
-        optimizer step was cut half-way; rank 0's are broadcast then). Wrappers that cannot be
-        rebuilt here (FSDP, tensor or pipeline parallel) raise one sentence saying what to run.
+        A step cut off half-way (an error, a hard interrupt) leaves DDP's reducer mid-step (its hooks
+        would fire "marked as ready twice"), and a re-formed group leaves every wrapper on a group
+        that is gone. DDP is reset onto the current group and rank 0's parameters are broadcast (an
+        optimizer step may have been cut on some ranks only). Every rank does this together: the
+        kernel re-forms the group after any fault that cut a step. Wrappers that hold their group
+        deeper (FSDP, tensor or pipeline parallel, DDP inside a composed mesh) raise one sentence
+        saying what to run.
         """
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        self.optimizer.zero_grad(set_to_none=True)
-        if isinstance(self.model, DDP) and self.layout.mesh is not None and self.layout.mesh.ndim > 1:
-            raise InterruptedMidStep(
-                "a step was cut off half-way and this composed model cannot be rebuilt in place: "
-                "shard the model again (wb.shard(...)) and make a new Trainer, or wb.resume(...) from "
-                "a checkpoint.")
-        if isinstance(self.model, DDP):
-            from workbench.strategies.ddp import ddp
+        from workbench.strategies.mesh import broadcast_module
 
-            rebuilt = ddp(self.module, None, device=self.device)
-            rebuilt.wb_layout = self.layout
-            self.layout.comm = rebuilt.wb_comm
-            self.model = rebuilt
+        self.optimizer.zero_grad(set_to_none=True)
+        composed = self.layout.mesh is not None and self.layout.mesh.ndim > 1
+        if isinstance(self.model, DDP) and not composed:
+            self.model._update_process_group(dist.group.WORLD)
+            timer = getattr(self.model, "wb_comm", None)
+            if timer is not None:  # our gradient all-reduce hook holds its group too
+                timer.group = None  # (None: the current world, looked up at each call)
+            broadcast_module(self.module)
         elif self.layout.mesh is not None:
             raise InterruptedMidStep(
-                "a step was cut off half-way and this sharded model (FSDP, tensor or pipeline parallel) "
-                "holds the state of that step: shard the model again (wb.shard(...)) and make a new "
-                "Trainer, or wb.resume(...) from a checkpoint.")
+                "the process group was re-formed after a fault, and this sharded model (FSDP, tensor or "
+                "pipeline parallel) still holds the old one: shard the model again (wb.shard(...)) and "
+                "make a new Trainer, or wb.resume(...) from a checkpoint.")
         self._cut_mid_step = False
 
     def _train_step(self) -> StepStats | None:
