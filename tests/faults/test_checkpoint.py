@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+import subprocess
 import warnings
 
 import pytest
@@ -107,8 +108,9 @@ def test_checksums_are_recorded_for_every_file(tmp_path):
     folder = checkpoint.save(tmp_path, model=model, optimizer=opt, step=5)
     sums = dict(reversed(line.split("  ")) for line in (folder / "SHA256SUMS").read_text().splitlines())
     assert ".metadata" in sums and any(name.endswith(".distcp") for name in sums)
-    for name, digest in sums.items():  # the format of `sha256sum -c SHA256SUMS`
+    for name, digest in sums.items():
         assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest
+    subprocess.run(["sha256sum", "--check", "--quiet", "SHA256SUMS"], cwd=folder, check=True, timeout=30)
 
 
 @pytest.mark.parametrize("metadata", [b"\x80\x04truncated", "pickle"])

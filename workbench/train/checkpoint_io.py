@@ -128,7 +128,7 @@ def read_metadata(folder: Path, sums: dict[str, str]) -> Metadata:
                 raise ValueError(f"refusing to load {folder}: its item {key!r} is a pickled object, not a "
                                  "tensor (workbench checkpoints keep plain values in JSON, unpickle none).")
         for info in files:
-            if info.relative_path not in sums or info.transform_descriptors:
+            if info.relative_path not in sums or getattr(info, "transform_descriptors", None):  # torch >= 2.7
                 raise ValueError(f"refusing to load {path}: it refers to {info.relative_path!r}, a file "
                                  "without a recorded checksum, or to a stream transform.")
     except (AttributeError, TypeError) as exc:
