@@ -31,8 +31,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def run_lab(tmp_path: Path, notebooks: dict[str, dict], install_kernel: str | None = None):
+def run_lab(tmp_path: Path, notebooks: dict[str, dict], install_kernel: str | tuple[str, ...] = ()):
     """JupyterLab with its own config, data, runtime, settings and pool-state dirs, serving ``notebooks``.
+
+    ``install_kernel``: the workbench kernel specs to install for it (one name or several).
 
     Yields ``{"base", "token", "state_dir", "work", "log"}``. On exit the server is stopped (it
     stops its kernels and the pools it started) and any pool left in its state dir is ended.
@@ -48,9 +50,10 @@ def run_lab(tmp_path: Path, notebooks: dict[str, dict], install_kernel: str | No
         (work / name).write_text(json.dumps(nb))
     env = dict(os.environ, HOME=str(home), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
                JUPYTER_DATA_DIR=str(tmp_path / "data"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               WORKBENCH_STATE_DIR=str(tmp_path / "pool-state"))
+               WORKBENCH_STATE_DIR=str(tmp_path / "pool-state"), IPYTHONDIR=str(tmp_path / "ipython"))
     if install_kernel:
-        cmd = [sys.executable, "-m", "workbench.cli", "kernels", "install", "--user", install_kernel]
+        names = [install_kernel] if isinstance(install_kernel, str) else list(install_kernel)
+        cmd = [sys.executable, "-m", "workbench.cli", "kernels", "install", "--user", *names]
         subprocess.run(cmd,
                        env=env, check=True, capture_output=True, timeout=60)
     port, token = free_port(), secrets.token_hex(16)

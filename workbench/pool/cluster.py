@@ -90,6 +90,9 @@ class EnginePool:
             engines=launchers.engine_launcher(self.config),
             controller=spawn.PoolControllerLauncher,
             cluster_id=f"workbench-{self.pool_id}",
+            # our state folder, not the profile's security/ folder: ipyparallel's own JupyterLab panel lists
+            # every cluster file there (with START and DELETE buttons)
+            cluster_file=str(pool_state.state_dir() / f"cluster-{self.pool_id}.json"),
             controller_ip=self.address,
             # warnings only: at INFO the controller logs a line for every query, e.g. each look of the
             # sidebar at which ranks are busy
