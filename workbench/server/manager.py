@@ -25,6 +25,7 @@ from typing import Any
 
 from workbench.config import BACKENDS, LAUNCHERS, PoolConfig
 from workbench.errors import WorkbenchError
+from workbench.pool import launchers
 from workbench.pool import state as pool_state
 from workbench.server.start_request import start_options
 from workbench.server.usage import UsageSampler
@@ -291,8 +292,8 @@ class PoolManager:
     async def start_pool(self, config: PoolConfig) -> dict:
         """Begin starting a pool owned by this server; returns its pending description at once."""
         self._open()
-        if config.n is None:  # what Session.start will take: one per GPU, else 2
-            config = replace(config, n=self._usage.gpu_count() or 2)
+        if config.n is None:  # what Session.start will take: one per GPU (on every node or host), else 2
+            config = replace(config, n=launchers.default_engines(config, self._usage.gpu_count()))
         rec = _Started(key="new-" + uuid.uuid4().hex[:8], config=config)
         rec.progress("starting")
         self._started[rec.key] = rec
