@@ -63,7 +63,11 @@ class StartForm extends Widget implements Dialog.IBodyWidget<IStartOptions> {
           ? `${info.gpus} GPU(s) on this machine: one engine per GPU.`
           : 'No GPU detected: engines run on CPU with gloo.'
       } Interface: where engines on other machines reach this server's pool.</p>`;
-    this._launcher.addEventListener('change', () => this._showFields());
+    this._launcher.addEventListener('change', () => {
+      // the sentence was about the other launcher's values
+      this.node.querySelector('.wb-StartForm-error')?.remove();
+      this._showFields();
+    });
     this._showFields();
   }
 
