@@ -46,7 +46,14 @@ class StartForm extends Widget implements Dialog.IBodyWidget<IStartOptions> {
       ['time', FIELD_LABELS.time, text('time', 'e.g. 30, 2:00:00 or 1-00:00')],
       ['account', FIELD_LABELS.account, text('account', 'your default account')],
       ['backend', FIELD_LABELS.backend, select('backend', backends, initial.backend ?? 'auto')],
-      ['timeout', `${FIELD_LABELS.timeout} (s)`, text('timeout', '60', 'decimal')]
+      ['timeout', `${FIELD_LABELS.timeout} (s)`, text('timeout', '60', 'decimal')],
+      [
+        'oversubscribe',
+        FIELD_LABELS.oversubscribe,
+        `<span class="wb-StartForm-check"><input name="oversubscribe" type="checkbox" value="true"${
+          initial.oversubscribe ? ' checked' : ''
+        }><span>more ranks than this machine holds</span></span>`
+      ]
     ];
     this.node.innerHTML =
       (error
@@ -75,7 +82,7 @@ class StartForm extends Widget implements Dialog.IBodyWidget<IStartOptions> {
     const fields: Record<string, string> = {};
     const controls = this.node.querySelectorAll<HTMLInputElement>('[name]');
     for (const el of Array.from(controls)) {
-      fields[el.name] = el.value;
+      fields[el.name] = el.type === 'checkbox' ? (el.checked ? 'true' : '') : el.value;
     }
     return startRequest(fields);
   }

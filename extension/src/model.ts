@@ -58,6 +58,7 @@ export interface IStartOptions {
   account?: string;
   hosts?: string;
   interface?: string;
+  oversubscribe?: boolean;
 }
 
 /** A network interface of the server's machine. */
@@ -69,7 +70,7 @@ export interface IInterface {
 
 /** The fields of the Start dialog each launcher has, besides launcher, backend and timeout. */
 export const LAUNCHER_FIELDS: Record<string, (keyof IStartOptions)[]> = {
-  local: ['n'],
+  local: ['n', 'oversubscribe'],
   slurm: ['n', 'nodes', 'gpus_per_node', 'partition', 'time', 'account', 'interface'],
   mpi: ['n', 'hosts', 'interface'],
   ssh: ['n', 'hosts', 'gpus_per_node', 'interface']
@@ -87,7 +88,8 @@ export const FIELD_LABELS: Record<keyof IStartOptions, string> = {
   time: 'Time limit',
   account: 'Account',
   hosts: 'Hosts',
-  interface: 'Interface'
+  interface: 'Interface',
+  oversubscribe: 'Oversubscribe'
 };
 
 const NUMBER_FIELDS: (keyof IStartOptions)[] = ['n', 'timeout', 'nodes', 'gpus_per_node'];
@@ -95,7 +97,7 @@ const NUMBER_FIELDS: (keyof IStartOptions)[] = ['n', 'timeout', 'nodes', 'gpus_p
 /**
  * The start request for what the dialog's fields hold: only the fields of the chosen
  * launcher, empty ones left out; numbers as numbers (what is not one is sent as typed,
- * for the server to say what is wrong with it).
+ * for the server to say what is wrong with it); a ticked box as `true`.
  */
 export function startRequest(fields: Record<string, string>): IStartOptions {
   const launcher = fields.launcher || 'local';
@@ -105,7 +107,7 @@ export function startRequest(fields: Record<string, string>): IStartOptions {
     'timeout',
     ...(LAUNCHER_FIELDS[launcher] ?? [])
   ];
-  const out: Record<string, string | number> = {};
+  const out: Record<string, string | number | boolean> = {};
   for (const key of keep) {
     const value = (fields[key] ?? '').trim();
     if (value === '') {
@@ -114,6 +116,9 @@ export function startRequest(fields: Record<string, string>): IStartOptions {
     const number = Number(value);
     out[key] =
       NUMBER_FIELDS.includes(key) && isFinite(number) ? number : value;
+  }
+  if (out.oversubscribe !== undefined) {
+    out.oversubscribe = out.oversubscribe === 'true';
   }
   return out as IStartOptions;
 }
@@ -130,8 +135,11 @@ const FLAGS: Record<string, keyof IStartOptions> = {
   '--time': 'time',
   '--account': 'account',
   '--hosts': 'hosts',
-  '--interface': 'interface'
+  '--interface': 'interface',
+  '--oversubscribe': 'oversubscribe'
 };
+// flags that take no value: the word after them is the sentence's
+const SWITCHES = ['--oversubscribe'];
 
 /**
  * A message from the server as a person reads it in the panel: no Python class name in
@@ -144,6 +152,12 @@ export function inWords(message: string): string {
       /^[ \t]*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception):[ \t]*/gm,
       ''
     )
+    // what only code or the magics can do: the Python spelling, the panel-less address, a magic
+    .replace(/ \(PoolConfig\([^)]*\)\)/g, '')
+    .replace(/ or --address\b/g, '')
+    .replace(/:\s*`?%dist [^`.\n]*`?/g, '')
+    // a switch is a box in the dialog: ticked, not added
+    .replace(/\badd (--oversubscribe)\b/g, 'tick $1')
     .replace(/(^|[\s(;:,])gpus-per-node\b/g, `$1${FIELD_LABELS.gpus_per_node}`)
     .replace(
       /(^|[\s(;:,])(--[a-z][a-z-]*|-n)(?:[ =]([^\s(]+))?/g,
@@ -153,6 +167,9 @@ export function inWords(message: string): string {
           return whole;
         }
         const label = FIELD_LABELS[field];
+        if (SWITCHES.includes(flag)) {
+          return `${before}${label}${value === undefined ? '' : ` ${value}`}`;
+        }
         // a value ends before the sentence's punctuation: "--hosts a,b." -> Hosts “a,b”.
         const [, bare, tail] = /^(.*?)([.,;:)]*)$/.exec(value ?? '') ?? [];
         return bare

@@ -61,6 +61,8 @@ async def test_malformed_json_is_a_400_with_a_json_error(api, parts):
     ({"launcher": "ssh", "hosts": "node1,node2"}, "node1, node2 cannot reach this kernel on loopback"),
     ({"launcher": "mpi", "interface": "nosuch0"}, "no network interface 'nosuch0'"),
     ({"launcher": "local", "partition": "gpu"}, "only apply to --launcher slurm"),
+    ({"n": 2, "oversubscribe": "yes"}, "oversubscribe must be true or false (got 'yes')"),
+    ({"n": 100_000}, "-n 100000 is more than this machine holds"),
 ])
 async def test_a_bad_start_request_says_what_is_wrong(api, payload, says):
     code, body, _ = await api("POST", "pools", body=payload)

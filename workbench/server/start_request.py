@@ -2,9 +2,9 @@
 
 A start request is a JSON object with the fields of :class:`~workbench.config.PoolConfig` the dialog
 has (``n``, ``launcher``, ``backend``, ``timeout``, and per launcher ``nodes``, ``gpus_per_node``,
-``partition``, ``time``, ``account``, ``hosts``, ``interface``). Every mistake is a ``ValueError`` whose
-sentence the dialog shows as it is; a request that passes here has named a launcher, options and a
-network the pool can start with.
+``partition``, ``time``, ``account``, ``hosts``, ``interface``, ``oversubscribe``). Every mistake is a
+``ValueError`` whose sentence the dialog shows as it is; a request that passes here has named a launcher,
+options, a network and a size the pool can start with.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.config import PoolConfig
-from workbench.pool import launchers, netif
+from workbench.pool import capacity, launchers, netif
 
 # field -> (type, how a sentence names it)
 WHOLE = {"n": "engines", "nodes": "nodes", "gpus_per_node": "GPUs per node"}
 TEXT = ("launcher", "backend", "partition", "time", "account", "interface")
 FIELDS = ("n", "launcher", "backend", "timeout", "nodes", "gpus_per_node", "partition", "time", "account",
-          "hosts", "interface")
+          "hosts", "interface", "oversubscribe")
 
 
 def parse_start_request(body: Any) -> PoolConfig:
@@ -67,10 +67,14 @@ def parse_start_request(body: Any) -> PoolConfig:
     if not isinstance(hosts, (str, tuple)):
         raise ValueError(f"hosts must be host names separated by commas (got {hosts!r}).")
     given["hosts"] = hosts
+    if not isinstance(given.get("oversubscribe", False), bool):
+        raise ValueError(f"oversubscribe must be true or false (got {given['oversubscribe']!r}).")
     config = PoolConfig(**given)
     # the network too: a named interface must exist here, and engines elsewhere cannot use loopback
     resolved = netif.resolve(config)
     launchers.check_address(config, resolved.address)
+    if config.launcher == "local" and config.n is not None:  # no more ranks than this machine holds
+        capacity.check_this_machine(config.n, config.oversubscribe)
     return config
 
 
@@ -87,7 +91,7 @@ def start_options(config: PoolConfig) -> dict:
         value = getattr(config, key)
         if key == "hosts":
             value = ",".join(value)
-        if value not in (None, "") or key in ("launcher", "backend"):
+        if value not in (None, "", False) or key in ("launcher", "backend"):
             out[key] = value
     return out
 

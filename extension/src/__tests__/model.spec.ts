@@ -204,6 +204,13 @@ describe('the start dialog', () => {
       launcher: 'mpi',
       n: 'two'
     });
+    // a ticked box is true; an unticked one is left out
+    expect(
+      startRequest({ launcher: 'local', n: '9', oversubscribe: 'true' })
+    ).toEqual({ launcher: 'local', n: 9, oversubscribe: true });
+    expect(startRequest({ launcher: 'local', oversubscribe: '' })).toEqual({
+      launcher: 'local'
+    });
   });
 
   it('asks again with the same values and the sentence while the server refuses', async () => {
@@ -318,6 +325,30 @@ describe('messages in words', () => {
       'GPUs per node must be at least 1 (got 0).'
     );
     expect(inWords('--- engine 0 ---\nboom')).toBe('--- engine 0 ---\nboom');
+  });
+
+  it('leaves out what only code or the magics can set', () => {
+    expect(
+      inWords(
+        '-n 9 is more than this machine holds: 2 cores x 4 = 8 ranks. Start at most 8, or add ' +
+          '--oversubscribe (PoolConfig(oversubscribe=True)) to start 9 anyway; nothing was started.'
+      )
+    ).toBe(
+      'Engines “9” is more than this machine holds: 2 cores x 4 = 8 ranks. Start at most 8, or tick ' +
+        'Oversubscribe to start 9 anyway; nothing was started.'
+    );
+    expect(
+      inWords(
+        'the controller exited. Check --interface or --address: it must name an address of this machine.'
+      )
+    ).toBe(
+      'the controller exited. Check Interface: it must name an address of this machine.'
+    );
+    expect(
+      inWords(
+        'Run where `sbatch` is, or start a local pool: %dist start -n 2. Every process was stopped.'
+      )
+    ).toBe('Run where `sbatch` is, or start a local pool. Every process was stopped.');
   });
 
   it('turns the dot amber when a rank of a running pool failed', () => {
