@@ -1,6 +1,12 @@
 import { ServerConnection } from '@jupyterlab/services';
 
-import { IInfo, IPool, IStartOptions, IWorkbenchAPI } from './model';
+import {
+  IInfo,
+  IInterface,
+  IPool,
+  IStartOptions,
+  IWorkbenchAPI
+} from './model';
 import { requestAPI } from './request';
 
 /** The workbench REST API of the Jupyter server this Lab runs on. */
@@ -9,6 +15,13 @@ export class WorkbenchAPI implements IWorkbenchAPI {
 
   info(): Promise<IInfo> {
     return requestAPI<IInfo>('info', {}, this._settings);
+  }
+
+  async interfaces(): Promise<IInterface[]> {
+    const path = 'interfaces';
+    return (
+      await requestAPI<{ interfaces: IInterface[] }>(path, {}, this._settings)
+    ).interfaces;
   }
 
   async list(): Promise<IPool[]> {

@@ -1,5 +1,6 @@
 import {
   ILabShell,
+  ILayoutRestorer,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
@@ -10,7 +11,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
 import { WorkbenchAPI } from './api';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
-import { IPool, PoolsModel } from './model';
+import { IPool, IStartOptions, PoolsModel, startFromDialog } from './model';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
 import { PoolsPanel } from './panel';
 
@@ -51,11 +52,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'A sidebar with the distributed pools of this server.',
   autoStart: true,
   requires: [ILabShell],
-  optional: [INotebookTracker],
+  optional: [INotebookTracker, ILayoutRestorer],
   activate: (
     app: JupyterFrontEnd,
     shell: ILabShell,
-    tracker: INotebookTracker | null
+    tracker: INotebookTracker | null,
+    restorer: ILayoutRestorer | null
   ) => {
     const model = new PoolsModel(
       new WorkbenchAPI(app.serviceManager.serverSettings)
@@ -64,15 +66,20 @@ const plugin: JupyterFrontEndPlugin<void> = {
       const { confirmPoolAction } = await import('./dialogs');
       return confirmPoolAction(pool, action);
     };
+    // the Start dialog, asked again with the server's sentence while it refuses the values
+    const startAdvanced = async (initial: IStartOptions = {}) => {
+      const { askStartOptions } = await import('./dialogs');
+      const interfaces = await model.interfaces();
+      return startFromDialog(
+        model,
+        (values, error) =>
+          askStartOptions(model.info, interfaces, values, error),
+        initial
+      );
+    };
     const panel = new PoolsPanel(model, {
       start: () => void model.start({}),
-      startAdvanced: async () => {
-        const { askStartOptions } = await import('./dialogs');
-        const options = await askStartOptions(model.info);
-        if (options) {
-          await model.start(options);
-        }
-      },
+      startAdvanced: () => void startAdvanced(),
       stop: async pool => {
         // a pool still starting holds nothing of the person's yet: cancel at once
         if (pool.state === 'starting' || (await guard(pool, 'Stop'))) {
@@ -84,13 +91,20 @@ const plugin: JupyterFrontEndPlugin<void> = {
           await model.restart(pool.id);
         }
       },
-      retry: pool => void model.restart(pool.id),
+      // the dialog again with the values the failed start had; the new start takes its card's place
+      retry: async pool => {
+        if (await startAdvanced(pool.options ?? {})) {
+          await model.stop(pool.id);
+        }
+      },
       dismiss: pool => void model.stop(pool.id),
       useInNotebook: pool => tracker && insertAttachCell(tracker, pool),
       canUseInNotebook: () => !!tracker?.currentWidget
     });
     panel.title.icon = poolIcon;
     shell.add(panel, 'left', { rank: 400 });
+    // open again after a page reload if it was open
+    restorer?.add(panel, 'workbench-pools');
     // "Use in notebook" depends on whether a notebook is open.
     tracker?.currentChanged.connect(() => panel.update());
 

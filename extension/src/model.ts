@@ -33,6 +33,8 @@ export interface IPool {
   ranks: IRank[];
   gpu_detected: boolean;
   attach: string | null;
+  /** How this server started it (what Retry shows again); `null` for pools a notebook started. */
+  options: IStartOptions | null;
 }
 
 /** What the Start dialog offers. */
@@ -43,17 +45,155 @@ export interface IInfo {
   default_n: number;
 }
 
-/** How to start a pool. */
+/** How to start a pool: the fields of the Start dialog (empty ones are left out). */
 export interface IStartOptions {
   n?: number;
   launcher?: string;
   backend?: string;
   timeout?: number;
+  nodes?: number;
+  gpus_per_node?: number;
+  partition?: string;
+  time?: string;
+  account?: string;
+  hosts?: string;
+  interface?: string;
+  oversubscribe?: boolean;
 }
+
+/** A network interface of the server's machine. */
+export interface IInterface {
+  name: string;
+  address: string;
+  loopback: boolean;
+}
+
+/** The fields of the Start dialog each launcher has, besides launcher, backend and timeout. */
+export const LAUNCHER_FIELDS: Record<string, (keyof IStartOptions)[]> = {
+  local: ['n', 'oversubscribe'],
+  slurm: ['n', 'nodes', 'gpus_per_node', 'partition', 'time', 'account', 'interface'],
+  mpi: ['n', 'hosts', 'interface'],
+  ssh: ['n', 'hosts', 'gpus_per_node', 'interface']
+};
+
+/** What each field is called in the dialog (and so in every sentence the panel shows). */
+export const FIELD_LABELS: Record<keyof IStartOptions, string> = {
+  n: 'Engines',
+  launcher: 'Launcher',
+  backend: 'Backend',
+  timeout: 'Start timeout',
+  nodes: 'Nodes',
+  gpus_per_node: 'GPUs per node',
+  partition: 'Partition',
+  time: 'Time limit',
+  account: 'Account',
+  hosts: 'Hosts',
+  interface: 'Interface',
+  oversubscribe: 'Oversubscribe'
+};
+
+const NUMBER_FIELDS: (keyof IStartOptions)[] = ['n', 'timeout', 'nodes', 'gpus_per_node'];
+
+/**
+ * The start request for what the dialog's fields hold: only the fields of the chosen
+ * launcher, empty ones left out; numbers as numbers (what is not one is sent as typed,
+ * for the server to say what is wrong with it); a ticked box as `true`.
+ */
+export function startRequest(fields: Record<string, string>): IStartOptions {
+  const launcher = fields.launcher || 'local';
+  const keep: (keyof IStartOptions)[] = [
+    'launcher',
+    'backend',
+    'timeout',
+    ...(LAUNCHER_FIELDS[launcher] ?? [])
+  ];
+  const out: Record<string, string | number | boolean> = {};
+  for (const key of keep) {
+    const value = (fields[key] ?? '').trim();
+    if (value === '') {
+      continue;
+    }
+    const number = Number(value);
+    out[key] =
+      NUMBER_FIELDS.includes(key) && isFinite(number) ? number : value;
+  }
+  if (out.oversubscribe !== undefined) {
+    out.oversubscribe = out.oversubscribe === 'true';
+  }
+  return out as IStartOptions;
+}
+
+// the command-line flags our messages may name -> the dialog's field
+const FLAGS: Record<string, keyof IStartOptions> = {
+  '-n': 'n',
+  '--launcher': 'launcher',
+  '--backend': 'backend',
+  '--timeout': 'timeout',
+  '--nodes': 'nodes',
+  '--gpus-per-node': 'gpus_per_node',
+  '--partition': 'partition',
+  '--time': 'time',
+  '--account': 'account',
+  '--hosts': 'hosts',
+  '--interface': 'interface',
+  '--oversubscribe': 'oversubscribe'
+};
+// flags that take no value: the word after them is the sentence's
+const SWITCHES = ['--oversubscribe'];
+
+/**
+ * A message from the server as a person reads it in the panel: no Python class name in
+ * front (`PoolStartError: ...`), and the command-line flags of our own messages named as
+ * the dialog's fields (`--interface eth0` -> `Interface “eth0”`).
+ */
+export function inWords(message: string): string {
+  return message
+    .replace(
+      /^[ \t]*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception):[ \t]*/gm,
+      ''
+    )
+    // what only code or the magics can do: the Python spelling, the panel-less address, a magic
+    .replace(/ \(PoolConfig\([^)]*\)\)/g, '')
+    .replace(/ or --address\b/g, '')
+    .replace(/:\s*`?%dist [^`.\n]*`?/g, '')
+    // a switch is a box in the dialog: ticked, not added
+    .replace(/\badd (--oversubscribe)\b/g, 'tick $1')
+    .replace(/(^|[\s(;:,])gpus-per-node\b/g, `$1${FIELD_LABELS.gpus_per_node}`)
+    .replace(
+      /(^|[\s(;:,])(--[a-z][a-z-]*|-n)(?:[ =]([^\s(]+))?/g,
+      (whole, before: string, flag: string, value: string | undefined) => {
+        const field = FLAGS[flag];
+        if (!field) {
+          return whole;
+        }
+        const label = FIELD_LABELS[field];
+        if (SWITCHES.includes(flag)) {
+          return `${before}${label}${value === undefined ? '' : ` ${value}`}`;
+        }
+        // a value ends before the sentence's punctuation: "--hosts a,b." -> Hosts “a,b”.
+        const [, bare, tail] = /^(.*?)([.,;:)]*)$/.exec(value ?? '') ?? [];
+        return bare
+          ? `${before}${label} “${bare}”${tail}`
+          : `${before}${label}${tail ?? ''}`;
+      }
+    );
+}
+
+/** The colour of a card's dot: amber for a running pool with a failed rank. */
+export function poolHealth(pool: IPool): IPool['state'] | 'degraded' {
+  if (pool.state === 'running' && pool.ranks.some(r => r.state === 'failed')) {
+    return 'degraded';
+  }
+  return pool.state;
+}
+
+/** Up to this many ranks the table shows at once; more sit behind an expander. */
+export const RANKS_SHOWN = 4;
 
 /** The REST calls the model needs (the real one is `WorkbenchAPI`). */
 export interface IWorkbenchAPI {
   info(): Promise<IInfo>;
+  interfaces(): Promise<IInterface[]>;
   list(): Promise<IPool[]>;
   start(options: IStartOptions): Promise<IPool>;
   stop(id: string): Promise<void>;
@@ -223,6 +363,35 @@ export class PoolsModel {
     });
   }
 
+  /**
+   * Start with what the dialog holds. Resolves with the server's sentence when it refused
+   * the request (a 400: nothing was started), for the dialog to show; else `null`.
+   */
+  async tryStart(options: IStartOptions): Promise<string | null> {
+    let refused: string | null = null;
+    await this._act(null, async () => {
+      try {
+        const pool = await this.api.start(options);
+        this._pools = [...this._pools.filter(p => p.id !== pool.id), pool];
+      } catch (error) {
+        if ((error as { status?: unknown })?.status !== 400) {
+          throw error;
+        }
+        refused = inWords(messageOf(error));
+      }
+    });
+    return refused;
+  }
+
+  /** The network interfaces of the server's machine (none when it cannot say). */
+  async interfaces(): Promise<IInterface[]> {
+    try {
+      return await this.api.interfaces();
+    } catch {
+      return [];
+    }
+  }
+
   async stop(id: string): Promise<void> {
     await this._act(id, async () => {
       this._pools = this._pools.map(p =>
@@ -261,7 +430,7 @@ export class PoolsModel {
     try {
       await action();
     } catch (error) {
-      this._actionError = messageOf(error);
+      this._actionError = inWords(messageOf(error));
     } finally {
       if (id !== null) {
         this._busy.delete(id);
@@ -299,6 +468,37 @@ export class PoolsModel {
   private _timer: ReturnType<typeof setTimeout> | null = null;
   private _busy = new Set<string>();
   private _changed = new Signal<this, void>(this);
+}
+
+/** Asks for start options, showing `error` (the server's last refusal) if there is one. */
+export type AskStartOptions = (
+  initial: IStartOptions,
+  error: string | null
+) => Promise<IStartOptions | null>;
+
+/**
+ * The Start dialog's loop: ask, start, and while the server refuses the request ask again
+ * with the same values and its sentence. Resolves `true` once a start was accepted,
+ * `false` when the person cancelled.
+ */
+export async function startFromDialog(
+  model: PoolsModel,
+  ask: AskStartOptions,
+  initial: IStartOptions = {}
+): Promise<boolean> {
+  let values = initial;
+  let error: string | null = null;
+  for (;;) {
+    const options = await ask(values, error);
+    if (options === null) {
+      return false;
+    }
+    error = await model.tryStart(options);
+    if (error === null) {
+      return true;
+    }
+    values = options;
+  }
 }
 
 function messageOf(error: unknown): string {

@@ -6,11 +6,13 @@ import {
   elapsedSeconds,
   formatBytes,
   formatPercent,
+  inWords,
   IPool,
   IRank,
+  poolHealth,
   PoolsModel,
-  poolStatusText,
   progressText,
+  RANKS_SHOWN,
   rankSummary
 } from './model';
 
@@ -122,7 +124,7 @@ function PoolsView(props: {
       )}
       {model.actionError !== null && (
         <div className="wb-Banner wb-mod-error" role="alert">
-          {model.actionError}
+          {inWords(model.actionError)}
           <button
             className="wb-Banner-close"
             aria-label="Dismiss"
@@ -167,6 +169,28 @@ function StartButtons(props: {
   );
 }
 
+/** The counts of a running pool and what it runs on: `5 ranks · 1 failed · 4 idle · gloo, no GPU`. */
+function countsText(pool: IPool): string {
+  // non-breaking: "gloo, no GPU" wraps as one piece
+  const backend = pool.backend
+    ? ` · ${pool.backend}${pool.gpu_detected ? '' : ',\u00a0no\u00a0GPU'}`
+    : '';
+  return rankSummary(pool.ranks) + backend;
+}
+
+/** Where a pool runs and whose it is: `local on vm · started from the panel`. */
+function whereText(pool: IPool): string {
+  const hosts = [...new Set(pool.ranks.map(r => r.host))];
+  const where =
+    hosts.length === 1
+      ? `${pool.launcher} on ${hosts[0]}`
+      : hosts.length > 1
+        ? `${pool.launcher} on ${hosts.length} hosts`
+        : pool.launcher;
+  return `${where} · ${pool.owner.label}`;
+}
+
+/** A pool: name, state and counts on a few lines; its ranks below (behind an expander past 4). */
 function PoolCard(props: {
   pool: IPool;
   busy: boolean;
@@ -174,26 +198,34 @@ function PoolCard(props: {
 }): JSX.Element {
   const { pool, busy, actions } = props;
   const [showLog, setShowLog] = React.useState(false);
-  const status = poolStatusText(pool);
-  const hosts = [...new Set(pool.ranks.map(r => r.host))];
+  const [showRanks, setShowRanks] = React.useState(false);
+  const health = poolHealth(pool);
+  const where = whereText(pool);
+  const manyRanks = pool.ranks.length > RANKS_SHOWN;
+  const canUse = actions.canUseInNotebook();
   return (
     <section
       className={`wb-Card wb-mod-${pool.state}`}
       data-pool-id={pool.id}
       data-state={pool.state}
+      data-health={health}
     >
       <div className="wb-Card-head">
-        <span className={`wb-Dot wb-mod-${pool.state}`} aria-hidden="true" />
+        <span
+          className={`wb-Dot wb-mod-${health}`}
+          aria-hidden="true"
+          title={health === 'degraded' ? 'a rank failed' : pool.state}
+        />
         <span className="wb-Card-title">pool {pool.id}</span>
         <span className="wb-Card-status">
-          {pool.state === 'running' ? status : pool.state}
+          {pool.state}
         </span>
       </div>
-      <div className="wb-Card-meta">
-        {pool.state === 'running' && rankSummary(pool.ranks) + ' · '}
-        {pool.launcher}
-        {hosts.length === 1 ? ` on ${hosts[0]}` : ''}
-        {pool.backend ? ` · ${pool.backend}` : ''} · {pool.owner.label}
+      {pool.state === 'running' && (
+        <div className="wb-Card-meta wb-Card-counts">{countsText(pool)}</div>
+      )}
+      <div className="wb-Card-meta" title={where}>
+        {where}
       </div>
 
       {pool.state === 'starting' && (
@@ -220,11 +252,12 @@ function PoolCard(props: {
 
       {pool.state === 'failed' && (
         <div className="wb-Error" role="alert">
-          <pre className="wb-Error-text">{pool.error}</pre>
+          <pre className="wb-Error-text">{inWords(pool.error ?? '')}</pre>
           <div className="wb-Card-actions">
             <button
               className="jp-mod-styled jp-mod-accept"
               disabled={busy}
+              title="Open the start dialog with the values this pool had"
               onClick={() => actions.retry(pool)}
             >
               Retry
@@ -247,14 +280,21 @@ function PoolCard(props: {
         </div>
       )}
 
-      {pool.ranks.length > 0 && pool.state !== 'failed' && (
-        <RankTable pool={pool} />
+      {pool.ranks.length > 0 && pool.state !== 'failed' && manyRanks && (
+        <button
+          className="wb-Expander"
+          aria-expanded={showRanks}
+          onClick={() => setShowRanks(!showRanks)}
+        >
+          <span className="wb-Expander-caret" aria-hidden="true">
+            {showRanks ? '▾' : '▸'}
+          </span>
+          {showRanks ? 'Hide ranks' : `Show ${pool.ranks.length} ranks`}
+        </button>
       )}
-      {pool.state === 'running' && !pool.gpu_detected && (
-        <div className="wb-Note">
-          No GPU detected: ranks run on CPU ({pool.backend ?? 'gloo'}).
-        </div>
-      )}
+      {pool.ranks.length > 0 &&
+        pool.state !== 'failed' &&
+        (!manyRanks || showRanks) && <RankTable pool={pool} />}
 
       {(pool.state === 'starting' ||
         (pool.state === 'stopping' && pool.ranks.length === 0)) && (
@@ -274,11 +314,9 @@ function PoolCard(props: {
         <div className="wb-Card-actions">
           <button
             className="jp-mod-styled jp-mod-accept"
-            disabled={
-              busy || pool.state !== 'running' || !actions.canUseInNotebook()
-            }
+            disabled={busy || pool.state !== 'running' || !canUse}
             title={
-              actions.canUseInNotebook()
+              canUse
                 ? 'Insert a cell that attaches the current notebook to this pool'
                 : 'Open a notebook first'
             }
@@ -306,6 +344,7 @@ function PoolCard(props: {
   );
 }
 
+/** The ranks: GPU figures where there are GPUs, else the engine's CPU and memory. */
 function RankTable(props: { pool: IPool }): JSX.Element {
   const { pool } = props;
   const gpu = pool.gpu_detected;
@@ -319,10 +358,16 @@ function RankTable(props: { pool: IPool }): JSX.Element {
           {manyHosts && <th>host</th>}
           <th>device</th>
           <th>state</th>
-          <th title="CPU use of the engine process">CPU</th>
-          <th title="resident memory of the engine process">mem</th>
-          {gpu && <th title="GPU utilisation">GPU</th>}
-          {gpu && <th title="GPU memory in use">GPU mem</th>}
+          {gpu ? (
+            <th title="GPU utilisation">GPU</th>
+          ) : (
+            <th title="CPU use of the engine process">CPU</th>
+          )}
+          {gpu ? (
+            <th title="GPU memory in use">mem</th>
+          ) : (
+            <th title="resident memory of the engine process">mem</th>
+          )}
         </tr>
       </thead>
       <tbody>
@@ -330,22 +375,21 @@ function RankTable(props: { pool: IPool }): JSX.Element {
           <tr
             key={r.rank}
             className={`wb-Rank wb-mod-${r.state}`}
-            title={`rank ${r.rank}: pid ${r.pid} on ${r.host}`}
+            title={
+              `rank ${r.rank}: pid ${r.pid} on ${r.host}, ` +
+              `CPU ${formatPercent(r.cpu_percent)}, memory ${formatBytes(r.memory_bytes)}`
+            }
           >
             <td>{r.rank}</td>
-            {manyHosts && (
-              <td className="wb-Rank-host" title={`pid ${r.pid}`}>
-                {r.host}
-              </td>
-            )}
+            {manyHosts && <td className="wb-Rank-host">{r.host}</td>}
             <td>{r.device}</td>
             <td>
               <span className={`wb-State wb-mod-${r.state}`}>{r.state}</span>
             </td>
-            <td>{formatPercent(r.cpu_percent)}</td>
-            <td>{formatBytes(r.memory_bytes)}</td>
-            {gpu && <td>{formatPercent(r.gpu_util)}</td>}
-            {gpu && <td>{formatBytes(r.gpu_memory_bytes)}</td>}
+            <td>{formatPercent(gpu ? r.gpu_util : r.cpu_percent)}</td>
+            <td>
+              {formatBytes(gpu ? r.gpu_memory_bytes : r.memory_bytes)}
+            </td>
           </tr>
         ))}
       </tbody>

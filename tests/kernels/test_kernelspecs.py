@@ -51,6 +51,28 @@ def test_install_lists_both_specs_and_uninstall_removes_them(jupyter_env):
     assert not {"workbench-cpu", "workbench-gpu"} & set(_kernelspecs())
 
 
+def _png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+@pytest.mark.timeout(60)
+def test_install_copies_each_kernels_logo(jupyter_env):
+    """The launcher shows a logo for each workbench kernel (without one it shows the letter "P")."""
+    from pathlib import Path
+
+    assert _cli("kernels", "install", "--user").returncode == 0
+    for name, spec in _kernelspecs().items():
+        if not name.startswith("workbench"):
+            continue
+        folder = Path(spec["resource_dir"])
+        assert _png_size(folder / "logo-32x32.png") == (32, 32)
+        assert _png_size(folder / "logo-64x64.png") == (64, 64)
+        svg = (folder / "logo-svg.svg").read_text()
+        assert svg.lstrip().startswith("<svg") and 'viewBox="0 0 64 64"' in svg
+
+
 def test_unknown_spec_names_the_choices():
     done = _cli("kernels", "install", "--user", "workbench-tpu")
     assert done.returncode == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -30,6 +31,7 @@ async def test_every_route_needs_a_token(api, path, method):
 def test_route_table_covers_the_verbs():
     assert {(r.pattern, tuple(r.methods)) for r in ROUTES} == {
         ("/workbench/info", ("GET",)),
+        ("/workbench/interfaces", ("GET",)),
         ("/workbench/pools", ("GET", "POST")),
         ("/workbench/pools/(?P<pool_id>[A-Za-z0-9_-]+)", ("GET", "DELETE")),
         ("/workbench/pools/(?P<pool_id>[A-Za-z0-9_-]+)/restart", ("POST",)),
@@ -51,11 +53,47 @@ async def test_malformed_json_is_a_400_with_a_json_error(api, parts):
     ({"launcher": "moon"}, "unknown launcher"),
     ({"engines": 2}, "unknown field"),
     ([1, 2], "JSON object"),
+    ({"launcher": "slurm", "nodes": "two", "interface": "lo"}, "nodes must be a whole number (got 'two')"),
+    ({"launcher": "slurm", "gpus_per_node": 0, "interface": "lo"}, "gpus-per-node must be at least 1"),
+    ({"launcher": "slurm", "time": "2 hours", "interface": "lo"}, "time '2 hours' is not a Slurm time limit"),
+    ({"launcher": "ssh", "interface": "lo"}, "needs the hosts to start engines on"),
+    ({"launcher": "slurm"}, "starts engines on other machines"),
+    ({"launcher": "ssh", "hosts": "node1,node2"}, "node1, node2 cannot reach this kernel on loopback"),
+    ({"launcher": "mpi", "interface": "nosuch0"}, "no network interface 'nosuch0'"),
+    ({"launcher": "local", "partition": "gpu"}, "only apply to --launcher slurm"),
+    ({"n": 2, "oversubscribe": "yes"}, "oversubscribe must be true or false (got 'yes')"),
+    ({"n": 100_000}, "-n 100000 is more than this machine holds"),
 ])
 async def test_a_bad_start_request_says_what_is_wrong(api, payload, says):
     code, body, _ = await api("POST", "pools", body=payload)
     assert code == 400
     assert says in body["message"]
+
+
+@pytest.mark.timeout(60)
+async def test_a_cluster_start_is_checked_before_anything_starts(api, tmp_path):
+    """A bad field of the dialog is a 400 with the sentence; no process, no file, no pool."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    state_dir = Path(os.environ["WORKBENCH_STATE_DIR"])
+    files = sorted(state_dir.rglob("*")) if state_dir.exists() else []
+    code, body, _ = await api("POST", "pools", body={"launcher": "slurm", "nodes": 1, "gpus_per_node": 2,
+                                                     "partition": "debug", "time": "soon", "interface": "lo"})
+    assert code == 400 and body["message"].startswith("time 'soon' is not a Slurm time limit"), body
+    code, body, _ = await api("GET", "pools")
+    assert body == {"pools": []}
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+    assert (sorted(state_dir.rglob("*")) if state_dir.exists() else []) == files
+
+
+@pytest.mark.timeout(30)
+async def test_interfaces_lists_this_machines_networks_loopback_first(api):
+    from workbench.pool import netif
+
+    code, body, _ = await api("GET", "interfaces")
+    assert code == 200
+    assert body["interfaces"][0] == {"name": "lo", "address": "127.0.0.1", "loopback": True}
+    names = {i["name"]: i["address"] for i in body["interfaces"]}
+    assert names == {name: addrs[0] for name, addrs in netif.ipv4_addresses().items() if addrs}
 
 
 @pytest.mark.timeout(30)
@@ -176,7 +214,9 @@ async def test_a_failed_start_keeps_the_real_error_until_dismissed(api):
     code, body, _ = await api("POST", "pools", body={"n": 2, "timeout": 0.2})
     assert code == 202
     failed = await wait_for(api, body["pool"]["id"], "failed")
-    assert "PoolStartError" in failed["error"] and "registered within" in failed["error"]
+    # in words: no Python class name in front of the sentence
+    assert re.match(r"only \d of 2 engines registered within 0\.2 s", failed["error"]), failed["error"]
+    assert failed["options"] == {"n": 2, "launcher": "local", "backend": "auto", "timeout": 0.2}
     assert failed["ranks"] == [] and failed["attach"] is None
     assert any("starting" in line for line in failed["log"])
     code, body, _ = await api("DELETE", "pools", failed["id"])

@@ -31,8 +31,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def run_lab(tmp_path: Path, notebooks: dict[str, dict], install_kernel: str | None = None):
+def run_lab(tmp_path: Path, notebooks: dict[str, dict], install_kernel: str | tuple[str, ...] = (),
+            wrap: list[str] = (), extra_env: dict[str, str] | None = None):
     """JupyterLab with its own config, data, runtime, settings and pool-state dirs, serving ``notebooks``.
+
+    ``install_kernel``: the workbench kernel specs to install for it (one name or several). ``wrap``: a
+    command the server runs under (e.g. ``nsenter --net=...``: another network namespace, which this
+    process cannot reach, so readiness is read from the server's log); ``extra_env``: more environment.
 
     Yields ``{"base", "token", "state_dir", "work", "log"}``. On exit the server is stopped (it
     stops its kernels and the pools it started) and any pool left in its state dir is ended.
@@ -48,16 +53,18 @@ def run_lab(tmp_path: Path, notebooks: dict[str, dict], install_kernel: str | No
         (work / name).write_text(json.dumps(nb))
     env = dict(os.environ, HOME=str(home), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
                JUPYTER_DATA_DIR=str(tmp_path / "data"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               WORKBENCH_STATE_DIR=str(tmp_path / "pool-state"))
+               WORKBENCH_STATE_DIR=str(tmp_path / "pool-state"), IPYTHONDIR=str(tmp_path / "ipython"),
+               **(extra_env or {}))
     if install_kernel:
-        cmd = [sys.executable, "-m", "workbench.cli", "kernels", "install", "--user", install_kernel]
+        names = [install_kernel] if isinstance(install_kernel, str) else list(install_kernel)
+        cmd = [sys.executable, "-m", "workbench.cli", "kernels", "install", "--user", *names]
         subprocess.run(cmd,
                        env=env, check=True, capture_output=True, timeout=60)
     port, token = free_port(), secrets.token_hex(16)
     log_path = tmp_path / "lab.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
+        [*wrap, sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
          "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
          "--LabApp.news_url=None", "--LabApp.expose_app_in_browser=True",
          f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
@@ -69,7 +76,11 @@ def run_lab(tmp_path: Path, notebooks: dict[str, dict], install_kernel: str | No
         deadline = time.monotonic() + 60
         while True:
             try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                if wrap:
+                    if f"127.0.0.1:{port}/lab" not in log_path.read_text():
+                        raise OSError("not yet")
+                else:
+                    urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:

@@ -90,8 +90,13 @@ class EnginePool:
             engines=launchers.engine_launcher(self.config),
             controller=spawn.PoolControllerLauncher,
             cluster_id=f"workbench-{self.pool_id}",
+            # our state folder, not the profile's security/ folder: ipyparallel's own JupyterLab panel lists
+            # every cluster file there (with START and DELETE buttons)
+            cluster_file=str(pool_state.state_dir() / f"cluster-{self.pool_id}.json"),
             controller_ip=self.address,
-            controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}"],
+            # warnings only: at INFO the controller logs a line for every query, e.g. each look of the
+            # sidebar at which ranks are busy
+            controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN"],
             delay=0,  # engines wait for the controller's connection info anyway
             log_level=logging.ERROR,  # our own messages name failures; ipyparallel would dump whole logs
             shutdown_atexit=False,  # stop() and the lease end the pool; ipyparallel's exit hook would block

@@ -3,7 +3,7 @@
 Every verb is authenticated and authorised (resource ``workbench``); only POST and
 DELETE change anything. Errors come back as JSON ``{"message": ...}`` with the right
 status: 400 for a malformed request, 404 for an unknown pool, 409 for a pool that is
-busy starting or stopping.
+busy starting or stopping, 503 while the server shuts down.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import tornado
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
-from workbench.server.manager import PoolBusy, PoolManager, PoolNotFound, parse_start_request
+from workbench.server.manager import PoolBusy, PoolManager, PoolNotFound, ShuttingDown
+from workbench.server.start_request import interfaces, parse_start_request
 
 AUTH_RESOURCE = "workbench"
 POOL_ID = r"(?P<pool_id>[A-Za-z0-9_-]+)"
@@ -49,6 +50,8 @@ class WorkbenchHandler(APIHandler):
             raise tornado.web.HTTPError(404, str(exc)) from None
         except PoolBusy as exc:
             raise tornado.web.HTTPError(409, str(exc)) from None
+        except ShuttingDown as exc:
+            raise tornado.web.HTTPError(503, str(exc)) from None
         except ValueError as exc:
             raise tornado.web.HTTPError(400, str(exc)) from None
 
@@ -60,11 +63,19 @@ class InfoHandler(WorkbenchHandler):
         self.reply(self.manager.info())
 
 
+class InterfacesHandler(WorkbenchHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self):
+        """The network interfaces of this machine, for the dialog's Interface field."""
+        self.reply({"interfaces": interfaces()})
+
+
 class PoolsHandler(WorkbenchHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self):
-        self.reply({"pools": await self.manager.list_pools()})
+        self.reply({"pools": await self.guarded(self.manager.list_pools())})
 
     @tornado.web.authenticated
     @authorized
@@ -74,7 +85,7 @@ class PoolsHandler(WorkbenchHandler):
             config = parse_start_request(body)
         except ValueError as exc:
             raise tornado.web.HTTPError(400, str(exc)) from None
-        self.reply({"pool": await self.manager.start_pool(config)}, status=202)
+        self.reply({"pool": await self.guarded(self.manager.start_pool(config))}, status=202)
 
 
 class PoolHandler(WorkbenchHandler):
@@ -112,6 +123,7 @@ class Route:
 
 ROUTES = [
     Route("/workbench/info", InfoHandler, "/workbench/info"),
+    Route("/workbench/interfaces", InterfacesHandler, "/workbench/interfaces"),
     Route("/workbench/pools", PoolsHandler, "/workbench/pools"),
     Route(f"/workbench/pools/{POOL_ID}", PoolHandler, "/workbench/pools/abc123"),
     Route(f"/workbench/pools/{POOL_ID}/restart", RestartHandler, "/workbench/pools/abc123/restart"),

@@ -24,7 +24,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from workbench.config import BACKENDS, LAUNCHERS, PoolConfig
+from workbench.errors import WorkbenchError
+from workbench.pool import launchers
 from workbench.pool import state as pool_state
+from workbench.server.start_request import start_options
 from workbench.server.usage import UsageSampler
 
 # How long one look at a controller (which ranks are busy) may take before the
@@ -55,39 +58,11 @@ class PoolBusy(RuntimeError):
     """The pool is in the middle of a start or stop."""
 
 
-def parse_start_request(body: Any) -> PoolConfig:
-    """The pool config a POST asks for; ``ValueError`` with a sentence for anything wrong.
+class ShuttingDown(RuntimeError):
+    """The Jupyter server is going away: the manager takes no more requests."""
 
-    >>> parse_start_request({"n": 2}).n
-    2
-    >>> parse_start_request({"n": "two"})
-    Traceback (most recent call last):
-    ...
-    ValueError: n must be a whole number of engines (got 'two').
-    >>> parse_start_request({"engines": 2})
-    Traceback (most recent call last):
-    ...
-    ValueError: unknown field 'engines': a pool takes n, launcher, backend, timeout.
-    """
-    if body is None:
-        body = {}
-    if not isinstance(body, dict):
-        raise ValueError("the request body must be a JSON object, e.g. {\"n\": 2}.")
-    allowed = ("n", "launcher", "backend", "timeout")
-    for key in body:
-        if key not in allowed:
-            raise ValueError(f"unknown field {key!r}: a pool takes {', '.join(allowed)}.")
-    n = body.get("n")
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int)):
-        raise ValueError(f"n must be a whole number of engines (got {n!r}).")
-    timeout = body.get("timeout", 60.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise ValueError(f"timeout must be a number of seconds (got {timeout!r}).")
-    for key in ("launcher", "backend"):
-        if key in body and not isinstance(body[key], str):
-            raise ValueError(f"{key} must be a string (got {body[key]!r}).")
-    return PoolConfig(n=n, launcher=body.get("launcher", "local"), backend=body.get("backend", "auto"),
-                      timeout=float(timeout))
+    def __init__(self):
+        super().__init__("the Jupyter server is shutting down.")
 
 
 @dataclass
@@ -144,9 +119,19 @@ class PoolManager:
         self._rank_states: dict[str, dict[int, str]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._usage = UsageSampler()
+        self._closing = False
 
     async def _run(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        try:
+            future = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        except RuntimeError:  # "cannot schedule new futures after shutdown": a request that came in late
+            raise ShuttingDown() from None
+        return await future
+
+    def _open(self) -> None:
+        """Refuse requests once the server is shutting down (its pools are being stopped)."""
+        if self._closing:
+            raise ShuttingDown()
 
     # -- facts for the panel ---------------------------------------------------------
     def info(self) -> dict:
@@ -161,6 +146,7 @@ class PoolManager:
 
     # -- listing ---------------------------------------------------------------------
     async def list_pools(self) -> list[dict]:
+        self._open()
         states = await self._run(pool_state.list_states)
         owners = await self._owner_labels()
         by_id = {s["id"]: s for s in states}
@@ -252,6 +238,8 @@ class PoolManager:
             "ranks": rows,
             "gpu_detected": any(r["device"].startswith("cuda") for r in ranks),
             "attach": f"%load_ext workbench\n%dist attach {pool_id}" if phase == "running" else None,
+            # how this server started it: what the dialog shows again on Retry
+            "options": start_options(rec.config) if rec is not None else None,
         }
 
     async def _probe(self, pool_id: str, state: dict, rec: _Started | None) -> dict[int, str]:
@@ -260,8 +248,9 @@ class PoolManager:
         if lock.locked():
             return self._rank_states.get(pool_id, {})
         async with lock:
-            client = rec.session.client if rec is not None and rec.session is not None else None
             try:
+                # the owner's client (a session being stopped has none: then no look at all)
+                client = rec.session.client if rec is not None and rec.session is not None else None
                 states = await asyncio.wait_for(
                     self._run(self._probe_sync, pool_id, state, client), PROBE_TIMEOUT_S)
             except Exception:
@@ -302,8 +291,9 @@ class PoolManager:
     # -- start -------------------------------------------------------------------------
     async def start_pool(self, config: PoolConfig) -> dict:
         """Begin starting a pool owned by this server; returns its pending description at once."""
-        if config.n is None:  # what Session.start will take: one per GPU, else 2
-            config = replace(config, n=self._usage.gpu_count() or 2)
+        self._open()
+        if config.n is None:  # what Session.start will take: one per GPU (on every node or host), else 2
+            config = replace(config, n=launchers.default_engines(config, self._usage.gpu_count()))
         rec = _Started(key="new-" + uuid.uuid4().hex[:8], config=config)
         rec.progress("starting")
         self._started[rec.key] = rec
@@ -315,15 +305,15 @@ class PoolManager:
     async def _start(self, rec: _Started) -> None:
         from workbench.session import Session
 
-        rec.session = Session(rec.config)
         try:
+            rec.session = Session(rec.config)
             await self._run(lambda: rec.session.start(progress=rec.progress))
         except Exception as exc:  # the real error goes on the card
             if rec.phase == "stopping":  # cancelled while starting: nothing to show
                 self._started.pop(rec.key, None)
                 return
             rec.phase = "failed"
-            rec.error = f"{type(exc).__name__}: {exc}"
+            rec.error = in_words(exc)
             rec.message = "failed to start"
             rec.log.append(rec.error)
             rec.session = None
@@ -337,6 +327,7 @@ class PoolManager:
     # -- stop ---------------------------------------------------------------------------
     async def stop_pool(self, pool_id: str) -> dict:
         """Stop a pool, whoever started it; a failed start is dismissed."""
+        self._open()
         rec = self._find_started(pool_id)
         if rec is not None and rec.pool_id:
             pool_id = rec.pool_id
@@ -369,6 +360,7 @@ class PoolManager:
 
     async def restart_pool(self, pool_id: str) -> dict:
         """Stop the pool and start a new one like it (owned by this server); a failed start is retried."""
+        self._open()
         rec = self._find_started(pool_id)
         if rec is not None and rec.pool_id:
             pool_id = rec.pool_id
@@ -393,17 +385,36 @@ class PoolManager:
 
     # -- shutdown ---------------------------------------------------------------------------
     async def shutdown(self) -> None:
-        """Stop every pool this server started (the server is going away)."""
+        """Stop every pool this server started (the server is going away).
+
+        The manager closes first (every later request is answered "shutting down"), then stops the
+        pools, and only then its worker threads: no request ever finds them gone.
+        """
+        self._closing = True
         for task in list(self._tasks):
             await asyncio.wait([task], timeout=120)
         for rec in list(self._started.values()):
             if rec.session is not None and rec.session.running:
+                rec.phase = "stopping"
                 await self._run(rec.session.stop)
         self._started.clear()
         for probe in self._probes.values():
             await self._run(_close_quietly, probe)
         self._probes.clear()
         self._executor.shutdown(wait=False)
+
+
+def in_words(exc: BaseException) -> str:
+    """A failure as a sentence for the card: our own errors say it all; others say what they are.
+
+    >>> in_words(ValueError("n must be at least 1."))
+    'n must be at least 1.'
+    >>> in_words(FileNotFoundError(2, "No such file or directory", "sbatch"))
+    "could not start the pool: [Errno 2] No such file or directory: 'sbatch'"
+    """
+    if isinstance(exc, (WorkbenchError, ValueError)):
+        return str(exc)
+    return f"could not start the pool: {exc}"
 
 
 def _close_quietly(probe) -> None:

@@ -3,15 +3,20 @@ import {
   formatBytes,
   formatPercent,
   IInfo,
+  IInterface,
   IPool,
   IRank,
   IStartOptions,
+  inWords,
   IWorkbenchAPI,
   MAX_BACKOFF_MS,
+  poolHealth,
   PoolsModel,
   poolStatusText,
   progressText,
-  rankSummary
+  rankSummary,
+  startFromDialog,
+  startRequest
 } from '../model';
 
 function rank(r: number, state: IRank['state'] = 'idle'): IRank {
@@ -47,6 +52,7 @@ function pool(overrides: Partial<IPool> = {}): IPool {
     ranks: [rank(0), rank(1)],
     gpu_detected: false,
     attach: '%load_ext workbench\n%dist attach abc123',
+    options: { n: 2, launcher: 'local', backend: 'auto', timeout: 60 },
     ...overrides
   };
 }
@@ -58,6 +64,16 @@ const INFO: IInfo = {
   default_n: 2
 };
 
+/** An error as the REST client throws it: the server's sentence and the HTTP status. */
+class HTTPError extends Error {
+  constructor(
+    message: string,
+    readonly status: number
+  ) {
+    super(message);
+  }
+}
+
 /** An API whose answers the test sets, counting the calls. */
 class FakeAPI implements IWorkbenchAPI {
   pools: IPool[] = [];
@@ -66,6 +82,12 @@ class FakeAPI implements IWorkbenchAPI {
   async info(): Promise<IInfo> {
     this.calls.push('info');
     return INFO;
+  }
+  async interfaces(): Promise<IInterface[]> {
+    if (this.failWith) {
+      throw this.failWith;
+    }
+    return [{ name: 'lo', address: '127.0.0.1', loopback: true }];
   }
   async list(): Promise<IPool[]> {
     this.calls.push('list');
@@ -139,6 +161,202 @@ describe('text for people', () => {
     expect(formatPercent(42.4)).toBe('42%');
     expect(elapsedSeconds(100, 103_500)).toBe(3);
     expect(elapsedSeconds(200, 100_000)).toBe(0);
+  });
+});
+
+describe('the start dialog', () => {
+  it('sends the fields of the chosen launcher only, numbers as numbers', () => {
+    const fields = {
+      launcher: 'slurm',
+      backend: 'auto',
+      timeout: '120',
+      n: '',
+      nodes: '2',
+      gpus_per_node: '4',
+      partition: ' gpu ',
+      time: '2:00:00',
+      account: '',
+      hosts: 'left,over',
+      interface: 'ib0'
+    };
+    expect(startRequest(fields)).toEqual({
+      launcher: 'slurm',
+      backend: 'auto',
+      timeout: 120,
+      nodes: 2,
+      gpus_per_node: 4,
+      partition: 'gpu',
+      time: '2:00:00',
+      interface: 'ib0'
+    });
+    expect(
+      startRequest({ ...fields, launcher: 'ssh', hosts: 'a,b', nodes: '3' })
+    ).toEqual({
+      launcher: 'ssh',
+      backend: 'auto',
+      timeout: 120,
+      gpus_per_node: 4,
+      hosts: 'a,b',
+      interface: 'ib0'
+    });
+    // not a number: sent as typed, for the server to say what is wrong with it
+    expect(startRequest({ launcher: 'mpi', n: 'two' })).toEqual({
+      launcher: 'mpi',
+      n: 'two'
+    });
+    // a ticked box is true; an unticked one is left out
+    expect(
+      startRequest({ launcher: 'local', n: '9', oversubscribe: 'true' })
+    ).toEqual({ launcher: 'local', n: 9, oversubscribe: true });
+    expect(startRequest({ launcher: 'local', oversubscribe: '' })).toEqual({
+      launcher: 'local'
+    });
+  });
+
+  it('asks again with the same values and the sentence while the server refuses', async () => {
+    const api = new FakeAPI();
+    const model = new PoolsModel(api, 1000);
+    const asked: [object, string | null][] = [];
+    const answers = [
+      { launcher: 'slurm', time: 'soon', interface: 'lo' },
+      { launcher: 'slurm', time: '10', interface: 'lo' }
+    ];
+    const start = api.start.bind(api);
+    api.start = async options => {
+      if (options.time === 'soon') {
+        throw new HTTPError(
+          "time 'soon' is not a Slurm time limit: write minutes ('30').",
+          400
+        );
+      }
+      return start(options);
+    };
+    const ok = await startFromDialog(
+      model,
+      async (initial, error) => {
+        asked.push([initial, error]);
+        return answers.shift() ?? null;
+      },
+      { launcher: 'local', n: 2 }
+    );
+    expect(ok).toBe(true);
+    expect(asked).toEqual([
+      [{ launcher: 'local', n: 2 }, null],
+      [
+        { launcher: 'slurm', time: 'soon', interface: 'lo' },
+        "time 'soon' is not a Slurm time limit: write minutes ('30')."
+      ]
+    ]);
+    // the refusal started nothing and is not a banner: the dialog said it
+    expect(model.pools.map(p => p.state)).toEqual(['starting']);
+    expect(model.actionError).toBeNull();
+    model.dispose();
+  });
+
+  it('starts nothing when the person cancels', async () => {
+    const api = new FakeAPI();
+    const model = new PoolsModel(api, 1000);
+    expect(await startFromDialog(model, async () => null)).toBe(false);
+    expect(api.calls).toEqual([]);
+    model.dispose();
+  });
+
+  it('keeps other failures of a start for the banner', async () => {
+    const api = new FakeAPI();
+    api.failWith = new HTTPError('could not reach the Jupyter server', 503);
+    const model = new PoolsModel(api, 1000);
+    expect(await model.tryStart({ n: 2 })).toBeNull();
+    expect(model.actionError).toBe('could not reach the Jupyter server');
+    expect(await model.interfaces()).toEqual([]);
+    model.dispose();
+  });
+});
+
+describe('messages in words', () => {
+  it('drops the Python class name in front', () => {
+    expect(
+      inWords('PoolStartError: only 1 of 2 engines registered within 0.2 s.')
+    ).toBe('only 1 of 2 engines registered within 0.2 s.');
+    expect(inWords('ValueError: n must be at least 1.')).toBe(
+      'n must be at least 1.'
+    );
+    expect(
+      inWords('engines exited. Their output:\nipyparallel.error.TimeoutError: no')
+    ).toBe('engines exited. Their output:\nno');
+    expect(inWords('rank 1 raised a ValueError: bad')).toBe(
+      'rank 1 raised a ValueError: bad'
+    );
+  });
+
+  it("names the dialog's fields instead of command-line flags", () => {
+    expect(
+      inWords(
+        '--launcher slurm starts engines on other machines, and cluster nodes cannot reach ' +
+          'this kernel on loopback (127.0.0.1). Name the interface they reach it on, e.g. ' +
+          '--interface eth0 (interfaces here: eth0 10.0.0.5, lo 127.0.0.1); --interface lo ' +
+          'only works when the nodes are this machine.'
+      )
+    ).toBe(
+      'Launcher “slurm” starts engines on other machines, and cluster nodes cannot reach ' +
+        'this kernel on loopback (127.0.0.1). Name the interface they reach it on, e.g. ' +
+        'Interface “eth0” (interfaces here: eth0 10.0.0.5, lo 127.0.0.1); Interface “lo” ' +
+        'only works when the nodes are this machine.'
+    );
+    expect(
+      inWords(
+        '--launcher ssh needs the hosts to start engines on: --hosts node1,node2.'
+      )
+    ).toBe(
+      'Launcher “ssh” needs the hosts to start engines on: Hosts “node1,node2”.'
+    );
+    expect(
+      inWords(
+        'only 0 of 2 engines registered within 0.2 s. Try a longer --timeout, or fewer engines.'
+      )
+    ).toBe(
+      'only 0 of 2 engines registered within 0.2 s. Try a longer Start timeout, or fewer engines.'
+    );
+    expect(
+      inWords('-n 3 does not match 2 nodes x 4 GPUs = 8 engines: give one of them.')
+    ).toBe(
+      'Engines “3” does not match 2 nodes x 4 GPUs = 8 engines: give one of them.'
+    );
+    expect(inWords('gpus-per-node must be at least 1 (got 0).')).toBe(
+      'GPUs per node must be at least 1 (got 0).'
+    );
+    expect(inWords('--- engine 0 ---\nboom')).toBe('--- engine 0 ---\nboom');
+  });
+
+  it('leaves out what only code or the magics can set', () => {
+    expect(
+      inWords(
+        '-n 9 is more than this machine holds: 2 cores x 4 = 8 ranks. Start at most 8, or add ' +
+          '--oversubscribe (PoolConfig(oversubscribe=True)) to start 9 anyway; nothing was started.'
+      )
+    ).toBe(
+      'Engines “9” is more than this machine holds: 2 cores x 4 = 8 ranks. Start at most 8, or tick ' +
+        'Oversubscribe to start 9 anyway; nothing was started.'
+    );
+    expect(
+      inWords(
+        'the controller exited. Check --interface or --address: it must name an address of this machine.'
+      )
+    ).toBe(
+      'the controller exited. Check Interface: it must name an address of this machine.'
+    );
+    expect(
+      inWords(
+        'Run where `sbatch` is, or start a local pool: %dist start -n 2. Every process was stopped.'
+      )
+    ).toBe('Run where `sbatch` is, or start a local pool. Every process was stopped.');
+  });
+
+  it('turns the dot amber when a rank of a running pool failed', () => {
+    expect(poolHealth(pool())).toBe('running');
+    expect(poolHealth(pool({ ranks: [rank(0), rank(1, 'failed')] }))).toBe(
+      'degraded'
+    );
+    expect(poolHealth(pool({ state: 'failed', ranks: [] }))).toBe('failed');
   });
 });
 

@@ -1,0 +1,348 @@
+"""The sidebar as a person meets it, in a real JupyterLab in Debian's Chromium (Playwright).
+
+One server and one browser page for the module; each test leaves the page as it found it:
+- the launcher shows the workbench kernels with their logo, not a letter;
+- ipyparallel's own "IPython Parallel" sidebar lists no workbench pool;
+- a card is compact (name, state, counts), its 5 ranks sit behind an expander, nothing overflows at the
+  default width, "Use in notebook" looks disabled without a notebook, the dot turns amber when a rank dies;
+- the panel is open again after a page reload;
+- the Advanced dialog has each launcher's fields, checks them before anything starts and says what is
+  wrong in the dialog's own words;
+- a failed start says what failed in words, and Retry reopens the dialog with the values it had.
+Screenshots go to build/ui/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import alive
+from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, run_lab
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "build" / "ui"
+
+pytestmark = [pytest.mark.slow, needs_chromium]
+
+BIG = 5  # ranks of the pool the cards are looked at with: more than the 4 a card shows at once
+
+
+def _api(lab, method: str, path: str, body=None) -> tuple[int, dict | list | None]:
+    req = urllib.request.Request(f"{lab['base']}/{path}", method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": f"token {lab['token']}"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            text = r.read()
+            return r.status, (json.loads(text) if text else None)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def _pools(lab) -> list[dict]:
+    return _api(lab, "GET", "workbench/pools")[1]["pools"]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("panel")
+    with run_lab(tmp, {}, install_kernel=("workbench-cpu", "workbench-gpu")) as server:
+        server["tmp"] = tmp
+        yield server
+
+
+@pytest.fixture(scope="module")
+def page(lab):
+    """The Lab page (no notebook open: the launcher shows), with our sidebar open."""
+    from playwright.sync_api import expect, sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            str(lab["tmp"] / "chromium-profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+            headless=True, viewport={"width": 1400, "height": 850})
+        page = browser.new_page()
+        page.goto(f"{lab['base']}/lab?token={lab['token']}")
+        page.wait_for_selector("#jp-main-dock-panel", timeout=60_000)
+        page.locator('li.lm-TabBar-tab[data-id="workbench-pools"]').click()
+        expect(page.locator("#workbench-pools .wb-StartRow")).to_be_visible(timeout=30_000)
+        try:
+            yield page
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def big_pool(lab):
+    """A running pool of 5 CPU ranks started from the panel's API; stopped at the end."""
+    code, body = _api(lab, "POST", "workbench/pools", {"n": BIG})
+    assert code == 202, body
+    request_id = body["pool"]["request_id"]
+    deadline = time.monotonic() + 200
+    while True:
+        pool = next(p for p in _pools(lab) if request_id in (p["id"], p["request_id"]))
+        if pool["state"] == "running" and len(pool["ranks"]) == BIG:
+            break
+        assert pool["state"] != "failed" and time.monotonic() < deadline, pool
+        time.sleep(0.5)
+    yield pool
+    _api(lab, "DELETE", f"workbench/pools/{pool['id']}")
+    pids = [r["pid"] for r in pool["ranks"]]
+    deadline = time.monotonic() + 20
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(pids)
+
+
+def _no_dialog(page) -> None:
+    """Close a dialog an earlier test may have left open (each test starts from the plain panel)."""
+    for _ in range(3):
+        if page.locator(".jp-Dialog").count() == 0:
+            return
+        page.keyboard.press("Escape")
+        page.wait_for_timeout(300)
+
+
+def _shot(page, name: str) -> None:
+    page.screenshot(path=str(SHOTS / name))
+
+
+def _no_overflow(page) -> list[str]:
+    """Elements of the panel wider than their box (what would be cut off or scroll sideways)."""
+    return page.evaluate("""() => {
+        const panel = document.querySelector('#workbench-pools');
+        const out = [];
+        for (const el of [panel, ...panel.querySelectorAll('.wb-Card, .wb-Card > *')]) {
+            if (el.scrollWidth > el.clientWidth + 1) {
+                out.push(`${el.className}: ${el.scrollWidth} > ${el.clientWidth}`);
+            }
+        }
+        return out;
+    }""")
+
+
+def _warn_colour(page) -> str:
+    return page.evaluate("""() => {
+        const probe = document.createElement('div');
+        probe.style.background = 'var(--jp-warn-color1)';
+        document.body.appendChild(probe);
+        const colour = getComputedStyle(probe).backgroundColor;
+        probe.remove();
+        return colour;
+    }""")
+
+
+@pytest.mark.timeout(120)
+def test_the_launcher_shows_the_workbench_kernels_with_their_logo(page, lab):
+    from playwright.sync_api import expect
+
+    for label in ("Python 3 (workbench, CPU)", "Python 3 (workbench, GPU)"):
+        card = page.locator(".jp-LauncherCard").filter(has_text=label).first
+        expect(card).to_be_visible(timeout=30_000)
+        # without a logo JupyterLab shows the kernel name's first letter ("P") instead
+        expect(card.locator(".jp-LauncherCard-noKernelIcon")).to_have_count(0)
+        logo = card.locator(".jp-LauncherCard-icon img")
+        expect(logo).to_have_count(1)
+        assert logo.evaluate("img => img.complete && img.naturalWidth >= 32"), "the logo did not load"
+    _shot(page, "launcher-kernel-logos.png")
+
+
+@pytest.mark.timeout(300)
+def test_ipyparallels_own_sidebar_lists_no_workbench_pool(page, lab, big_pool):
+    from playwright.sync_api import expect
+
+    page.locator('li.lm-TabBar-tab[data-id="ipp-cluster-launcher"]').click()
+    listing = page.locator(".ipp-ClusterListing")
+    expect(listing).to_be_visible(timeout=30_000)
+    page.wait_for_timeout(1500)  # its first listing
+    _shot(page, "ipyparallel-panel-no-workbench-pool.png")
+    try:
+        expect(listing).not_to_contain_text("workbench")
+        expect(listing).not_to_contain_text(big_pool["id"])
+    finally:
+        page.locator('li.lm-TabBar-tab[data-id="workbench-pools"]').click()
+    # what its panel lists, from ipyparallel's server extension
+    code, clusters = _api(lab, "GET", "ipyparallel/clusters")
+    assert code == 200
+    assert not [c["id"] for c in clusters if "workbench" in json.dumps(c)], clusters
+
+
+@pytest.mark.timeout(300)
+def test_a_card_is_compact_expands_and_turns_amber_when_a_rank_dies(page, lab, big_pool):
+    from playwright.sync_api import expect
+
+    panel = page.locator("#workbench-pools")
+    card = panel.locator(f'.wb-Card[data-pool-id="{big_pool["id"]}"]')
+    expect(card).to_have_attribute("data-state", "running", timeout=30_000)
+    expect(card.locator(".wb-Card-status")).to_have_text("running")
+    expect(card.locator(".wb-Card-meta").first).to_contain_text(f"{BIG} ranks")
+    # 5 ranks: the table waits behind an expander; the card is a few lines
+    expect(card.locator(".wb-Ranks")).to_have_count(0)
+    expander = card.get_by_role("button", name=f"Show {BIG} ranks")
+    expect(expander).to_be_visible()
+    _shot(page, "sidebar-card-compact.png")
+    assert card.bounding_box()["height"] < 130, card.bounding_box()
+    # no notebook is open: "Use in notebook" is disabled and looks it
+    use = card.get_by_role("button", name="Use in notebook")
+    expect(use).to_be_disabled()
+    assert float(use.evaluate("b => getComputedStyle(b).opacity")) <= 0.6
+    assert _no_overflow(page) == []
+
+    expander.click()
+    expect(card.locator(".wb-Ranks tbody tr")).to_have_count(BIG)
+    expect(card.get_by_role("button", name="Hide ranks")).to_be_visible()
+    assert _no_overflow(page) == []
+    _shot(page, "sidebar-card-expanded.png")
+
+    # a rank dies: the dot turns amber, the counts say so
+    victim = big_pool["ranks"][-1]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    expect(card).to_have_attribute("data-health", "degraded", timeout=30_000)
+    expect(card.locator(".wb-Card-meta").first).to_contain_text("1 failed")
+    dot = card.locator(".wb-Dot")
+    assert dot.evaluate("d => getComputedStyle(d).backgroundColor") == _warn_colour(page)
+    expect(card.locator(".wb-Rank.wb-mod-failed")).to_have_count(1)
+    assert _no_overflow(page) == []
+    _shot(page, "sidebar-card-amber.png")
+
+
+@pytest.mark.timeout(120)
+def test_the_panel_is_open_again_after_a_reload(page, lab):
+    from playwright.sync_api import expect
+
+    # the layout restorer saves the workspace a moment after a change
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        code, workspaces = _api(lab, "GET", "lab/api/workspaces")
+        if "workbench-pools" in json.dumps(workspaces):
+            break
+        time.sleep(0.5)
+    page.reload()
+    page.wait_for_selector("#jp-main-dock-panel", timeout=60_000)
+    page.wait_for_timeout(3000)  # the restorer's turn
+    _shot(page, "sidebar-after-reload.png")
+    expect(page.locator("#workbench-pools .wb-StartRow")).to_be_visible(timeout=30_000)
+
+
+def _field(form, name: str):
+    return form.locator(f'[name="{name}"]')
+
+
+def _visible_fields(form) -> set[str]:
+    return set(form.evaluate("""f => [...f.querySelectorAll('[name]')]
+        .filter(e => e.offsetParent !== null).map(e => e.getAttribute('name'))"""))
+
+
+@pytest.mark.timeout(180)
+def test_the_slurm_dialog_has_its_fields_and_checks_them_before_starting(page, lab):
+    from playwright.sync_api import expect
+
+    _no_dialog(page)
+    panel = page.locator("#workbench-pools")
+    before = [p["id"] for p in _pools(lab)]
+    panel.get_by_role("button", name="Advanced…").click()
+    form = page.locator(".jp-Dialog .wb-StartForm")
+    expect(form).to_be_visible()
+    _field(form, "launcher").select_option("slurm")
+    assert _visible_fields(form) == {"launcher", "n", "nodes", "gpus_per_node", "partition", "time",
+                                     "account", "interface", "backend", "timeout"}
+    for label in ("Nodes", "GPUs per node", "Partition", "Time limit", "Account", "Interface"):
+        expect(form.get_by_text(label, exact=True)).to_be_visible()
+    # the interfaces of this machine to pick from
+    _, body = _api(lab, "GET", "workbench/interfaces")
+    offered = _field(form, "interface").evaluate("s => [...s.options].map(o => o.value)")
+    assert {i["name"] for i in body["interfaces"]} <= set(offered) and "lo" in offered
+    _field(form, "nodes").fill("1")
+    _field(form, "partition").fill("debug")
+    _field(form, "time").fill("2 hours")
+    _field(form, "interface").select_option("lo")
+    _shot(page, "dialog-slurm-fields.png")
+
+    # a bad value: the dialog says what is wrong, with the values kept; nothing starts
+    page.locator(".jp-Dialog").get_by_role("button", name="Start").click()
+    error = page.locator(".jp-Dialog .wb-StartForm-error")
+    expect(error).to_contain_text("time '2 hours' is not a Slurm time limit")
+    form = page.locator(".jp-Dialog .wb-StartForm")
+    expect(_field(form, "time")).to_have_value("2 hours")
+    expect(_field(form, "partition")).to_have_value("debug")
+    expect(_field(form, "launcher")).to_have_value("slurm")
+    assert [p["id"] for p in _pools(lab)] == before
+    _shot(page, "dialog-slurm-bad-time.png")
+
+    # loopback for engines on other machines: said with the dialog's field names, no command-line flag
+    _field(form, "time").fill("10")
+    _field(form, "interface").select_option("")
+    page.locator(".jp-Dialog").get_by_role("button", name="Start").click()
+    error = page.locator(".jp-Dialog .wb-StartForm-error")
+    expect(error).to_contain_text("starts engines on other machines")
+    expect(error).to_contain_text("e.g. Interface “eth0”")
+    text = error.inner_text()
+    assert "--" not in text and "Error:" not in text, text
+    assert [p["id"] for p in _pools(lab)] == before
+    _shot(page, "dialog-slurm-no-interface.png")
+
+    form = page.locator(".jp-Dialog .wb-StartForm")
+    _field(form, "launcher").select_option("ssh")
+    expect(error).to_have_count(0)  # it was about slurm's values
+    assert _visible_fields(form) == {"launcher", "n", "hosts", "gpus_per_node", "interface", "backend",
+                                     "timeout"}
+    _field(form, "launcher").select_option("mpi")
+    assert _visible_fields(form) == {"launcher", "n", "hosts", "interface", "backend", "timeout"}
+    _shot(page, "dialog-mpi-fields.png")
+    page.locator(".jp-Dialog").get_by_role("button", name="Cancel").click()
+    expect(page.locator(".jp-Dialog")).to_have_count(0)
+    assert [p["id"] for p in _pools(lab)] == before
+
+
+@pytest.mark.timeout(180)
+def test_a_failed_start_says_it_in_words_and_retry_reopens_the_dialog(page, lab):
+    from playwright.sync_api import expect
+
+    _no_dialog(page)
+    panel = page.locator("#workbench-pools")
+    panel.get_by_role("button", name="Advanced…").click()
+    form = page.locator(".jp-Dialog .wb-StartForm")
+    assert _visible_fields(form) == {"launcher", "n", "oversubscribe", "backend", "timeout"}
+    # more ranks than the machine holds: refused in the dialog, naming the box that allows it
+    _field(form, "n").fill("100000")
+    page.locator(".jp-Dialog").get_by_role("button", name="Start").click()
+    error = page.locator(".jp-Dialog .wb-StartForm-error")
+    expect(error).to_contain_text("Engines “100000” is more than this machine holds")
+    expect(error).to_contain_text("or tick Oversubscribe to start 100000 anyway")
+    assert "--" not in error.inner_text() and "PoolConfig" not in error.inner_text()
+    _shot(page, "dialog-local-too-many.png")
+    form = page.locator(".jp-Dialog .wb-StartForm")
+    _field(form, "n").fill("2")
+    _field(form, "timeout").fill("0.2")
+    page.locator(".jp-Dialog").get_by_role("button", name="Start").click()
+    failed = panel.locator(".wb-Card[data-state=failed]")
+    expect(failed).to_have_count(1, timeout=60_000)
+    error = failed.locator(".wb-Error-text")
+    expect(error).to_contain_text("engines registered within 0.2 s")
+    expect(error).to_contain_text("Try a longer Start timeout")
+    text = error.inner_text()
+    assert "PoolStartError" not in text and "--timeout" not in text, text
+    assert _no_overflow(page) == []
+    first_id = failed.get_attribute("data-pool-id")
+    _shot(page, "sidebar-failed-start-in-words.png")
+
+    failed.get_by_role("button", name="Retry").click()
+    form = page.locator(".jp-Dialog .wb-StartForm")
+    expect(form).to_be_visible()
+    expect(_field(form, "launcher")).to_have_value("local")
+    expect(_field(form, "n")).to_have_value("2")
+    expect(_field(form, "timeout")).to_have_value("0.2")
+    _shot(page, "dialog-retry-last-values.png")
+    # the same again: the new start takes the failed card's place
+    page.locator(".jp-Dialog").get_by_role("button", name="Start").click()
+    expect(panel.locator(f'.wb-Card[data-pool-id="{first_id}"]')).to_have_count(0, timeout=30_000)
+    expect(failed).to_have_count(1, timeout=60_000)
+    failed.get_by_role("button", name="Dismiss").click()
+    expect(failed).to_have_count(0, timeout=10_000)
