@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -102,3 +104,16 @@ class PidsLimit:
                     pass
             time.sleep(0.05)
         self.path.rmdir()
+
+
+@contextlib.contextmanager
+def ctrl_c_after(seconds: float):
+    """Ctrl-C in the notebook: SIGINT to this (main) thread ``seconds`` into the block. Cancelled when
+    the block ends, so a test that ended early never interrupts a later one."""
+    main = threading.get_ident()
+    timer = threading.Timer(seconds, lambda: signal.pthread_kill(main, signal.SIGINT))
+    timer.start()
+    try:
+        yield timer
+    finally:
+        timer.cancel()

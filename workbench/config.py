@@ -10,6 +10,7 @@ LAUNCHERS = ("local", "slurm", "mpi", "ssh")
 BACKENDS = ("auto", "gloo", "nccl")
 # Slurm's accepted time formats: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
 # "days-hours:minutes", "days-hours:minutes:seconds".
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")  # a pool's name: it is typed in `%dist attach NAME`
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")
 
 
@@ -32,7 +33,8 @@ class PoolConfig:
     listen; ``interface`` names a network interface instead (its IPv4 address is used, and the ranks'
     gloo/NCCL traffic goes over the interface of the same network). Loopback is the default, which only
     reaches engines on this machine. ``idle_release``: seconds without a cell after which the pool is
-    stopped and its nodes released (a warning comes first); ``None`` keeps it.
+    stopped and its nodes released (a warning comes first); ``None`` keeps it. ``name``: what people call
+    the pool (``%dist attach NAME``); by default one is made from its id, e.g. ``pool-glad-heron``.
 
     A local pool larger than the machine holds (more ranks than 4 per core, or than the available memory
     at about 330 MiB per rank) is refused before anything starts; ``oversubscribe=True`` starts it anyway.
@@ -63,9 +65,13 @@ class PoolConfig:
     hosts: tuple[str, ...] = ()
     idle_release: float | None = None
     oversubscribe: bool = False
+    name: str | None = None
     launcher_options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self):
+        if self.name is not None and not _NAME.match(self.name):
+            raise ValueError(f"a pool name takes letters, digits, '-' and '_' only, at most 40 (got "
+                             f"{self.name!r}): e.g. team-a.")
         if isinstance(self.hosts, str):
             object.__setattr__(self, "hosts", tuple(h.strip() for h in self.hosts.split(",") if h.strip()))
         else:

@@ -24,13 +24,26 @@ class PoolStartError(WorkbenchError):
 
 
 class NoPoolError(WorkbenchError, ValueError):
-    """An operation needs a running pool and there is none."""
+    """An operation needs a running pool and this notebook drives none.
 
-    def __init__(self, what: str = "this"):
+    ``running``: the pools of this machine another notebook or the JupyterLab panel runs, as
+    ``(name, ranks)``: the message offers to attach to them.
+
+    >>> str(NoPoolError("%%distributed", running=[("pool-glad-heron", 2)])).split(", or ")[1]
+    'attach to a running one: `%dist attach pool-glad-heron` (2 ranks).'
+    """
+
+    def __init__(self, what: str = "this", running=()):
+        offer = "; ".join(f"`%dist attach {name}` ({n} ranks)" for name, n in running)
         super().__init__(
-            f"{what} needs a running pool: start one first with `%dist start -n 2` "
-            "(or `workbench.Session(n=2).start()`)."
+            f"{what} needs a running pool: start one with `%dist start -n 2`"
+            + (f", or attach to a running one: {offer}." if offer else
+               " (or `workbench.Session(n=2).start()`).")
         )
+
+
+class PoolGone(WorkbenchError, ValueError):
+    """The pool this notebook drove was stopped elsewhere (another notebook, the panel, its lease)."""
 
 
 class RankDiedError(WorkbenchError):

@@ -2,6 +2,7 @@ import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
 import {
+  attachedWarning,
   FIELD_LABELS,
   IInfo,
   IInterface,
@@ -168,11 +169,12 @@ export async function confirmPoolAction(
       ? `This ends its ${pool.n} engines (${ranks}) and the controller. `
       : `This ends its ${pool.n} engines (${ranks}) and starts ${pool.n} new ones with a fresh process group. `;
   const result = await showDialog({
-    title: `${action} pool ${pool.id}?`,
+    title: `${action} pool ${pool.name ?? pool.id}?`,
     body:
       what +
       'Notebooks attached to it lose the variables on its ranks' +
-      (pool.owner.kind === 'kernel' ? ` (it was started by ${pool.owner.label}).` : '.'),
+      (pool.owner.kind === 'kernel' ? ` (it was started by ${pool.owner.label})` : '') +
+      attachedWarning(pool),
     buttons: [
       Dialog.cancelButton(),
       Dialog.warnButton({ label: `${action} pool` })

@@ -30,11 +30,36 @@ export interface IPool {
   backend: string | null;
   created: number;
   owner: { kind: 'server' | 'kernel' | 'process'; label: string };
+  /** What people call it (`%dist attach NAME`); null while a panel start has no id yet. */
+  name: string | null;
+  /** Who drives it now: the notebook (or the panel) that started it first, then the attached ones. */
+  notebooks: { notebook: string; role: 'started' | 'attached'; pid: number }[];
   ranks: IRank[];
   gpu_detected: boolean;
   attach: string | null;
   /** How this server started it (what Retry shows again); `null` for pools a notebook started. */
   options: IStartOptions | null;
+}
+
+/** The notebooks attached to a pool (beside the one that started it): `attached: a.ipynb, b.ipynb`. */
+export function attachedText(pool: IPool): string {
+  const attached = attachedNotebooks(pool);
+  return attached.length ? `attached: ${attached.join(', ')}` : '';
+}
+
+/** What a Stop or Restart dialog adds about them: ": a.ipynb is attached and is told at the next cell." */
+export function attachedWarning(pool: IPool): string {
+  const names = attachedNotebooks(pool);
+  if (!names.length) {
+    return '.';
+  }
+  const one = names.length === 1;
+  const list = one ? names[0] : `${names.slice(0, -1).join(', ')} and ${names[names.length - 1]}`;
+  return `: ${list} ${one ? 'is' : 'are'} attached and ${one ? 'is' : 'are'} told at the next cell.`;
+}
+
+function attachedNotebooks(pool: IPool): string[] {
+  return (pool.notebooks ?? []).filter(n => n.role === 'attached').map(n => n.notebook);
 }
 
 /** What the Start dialog offers. */

@@ -3,6 +3,7 @@ import { Message } from '@lumino/messaging';
 import * as React from 'react';
 
 import {
+  attachedText,
   elapsedSeconds,
   formatBytes,
   formatPercent,
@@ -216,7 +217,9 @@ function PoolCard(props: {
           aria-hidden="true"
           title={health === 'degraded' ? 'a rank failed' : pool.state}
         />
-        <span className="wb-Card-title">pool {pool.id}</span>
+        <span className="wb-Card-title" title={`pool id ${pool.id}`}>
+          {pool.name ?? `pool ${pool.id}`}
+        </span>
         <span className="wb-Card-status">
           {pool.state}
         </span>
@@ -227,6 +230,11 @@ function PoolCard(props: {
       <div className="wb-Card-meta" title={where}>
         {where}
       </div>
+      {attachedText(pool) && (
+        <div className="wb-Card-meta wb-Card-notebooks" title={attachedText(pool)}>
+          {attachedText(pool)}
+        </div>
+      )}
 
       {pool.state === 'starting' && (
         <div className="wb-Progress">

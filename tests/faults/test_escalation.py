@@ -8,36 +8,26 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import pytest
 
-from tests.conftest import alive
+from tests.conftest import alive, ctrl_c_after
 from workbench import CellTimeout, RankError
 from workbench.errors import CellInterrupted, RankDiedError
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def ctrl_c_after(seconds: float) -> threading.Timer:
-    """Ctrl-C in the notebook: SIGINT to the main thread (where the cell waits), ``seconds`` from now."""
-    main = threading.get_ident()
-    timer = threading.Timer(seconds, lambda: signal.pthread_kill(main, signal.SIGINT))
-    timer.start()
-    return timer
-
-
 def test_ranks_deadlocked_in_recv_are_released_by_ctrl_c_and_keep_their_state(pool):
     pool.run("import torch\nkept = rank + 40")
     pids = [r.pid for r in pool.ranks]
-    ctrl_c_after(1.0)
     t0 = time.monotonic()
-    with pytest.raises(CellInterrupted) as info:
+    with ctrl_c_after(1.0), pytest.raises(CellInterrupted) as info:
         pool.run("t = torch.zeros(1)\ndist.recv(t, src=1 - rank)")  # both wait: a deadlock
     returned = time.monotonic() - t0 - 1.0
     text = str(info.value)
-    assert returned < 5, f"{returned:.1f} s: the abort did not release the ranks"  # hang guard
+    assert returned < 10, f"{returned:.1f} s: the abort did not release the ranks"  # a hang guard only
     assert "rank 0 stopped at cell line 2" in text and "rank 1 stopped at cell line 2" in text
     assert "killed" not in text and "keeps its Python state" in text
     assert alive(pids) == pids and pool.pull("kept") == [40, 41]  # nobody was killed
@@ -119,8 +109,7 @@ trainer = wb.Trainer(model, data, lr=1e-2, optim="sgd")
 
 def test_ctrl_c_while_a_trainer_runs_stops_every_rank_at_the_same_step(pool):
     pool.run(TRAINER)
-    ctrl_c_after(1.5)
-    with pytest.raises(CellInterrupted) as info:
+    with ctrl_c_after(1.5), pytest.raises(CellInterrupted) as info:
         pool.run("trainer.run(steps=100_000)")
     steps = pool.pull("trainer.step")
     assert steps[0] == steps[1] > 0

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.conftest import alive
+from tests.conftest import alive, ctrl_c_after
 from workbench import CellTimeout, RankError
 from workbench.errors import RankDiedError
 
@@ -50,11 +50,8 @@ def test_sleeping_rank_is_named_at_the_timeout(pool):
 
 
 def test_ctrl_c_stops_every_rank_and_the_pool_stays_usable(pool):
-    main = threading.get_ident()
-    timer = threading.Timer(1.0, lambda: signal.pthread_kill(main, signal.SIGINT))
-    timer.start()
     t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
+    with ctrl_c_after(1.0), pytest.raises(KeyboardInterrupt):
         pool.run("import time\nfor i in range(600):\n    time.sleep(0.05)")
     stopped = time.monotonic() - t0 - 1.0
     print(f"\nCtrl-C: every rank stopped {stopped:.2f} s after the interrupt")

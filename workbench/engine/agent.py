@@ -177,7 +177,7 @@ def _warm_tracebacks(delay: float = 0.2) -> None:
         path = getattr(module, "__file__", None)
         if path:
             try:
-                _ = stack_data.Source.for_filename(path).tree  # stack_data caches it for the engine's lifetime
+                _ = stack_data.Source.for_filename(path).tree  # cached for the engine's lifetime
             except Exception:
                 pass
 

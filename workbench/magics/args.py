@@ -64,12 +64,16 @@ def _dist_parser() -> _Parser:
     net.add_argument("--interface", default=None,
                      help="network interface the engines reach this kernel on (default: loopback)")
     net.add_argument("--address", default=None, help="IP address to listen on instead of an interface name")
+    start.add_argument("--name", default=None,
+                       help="what to call the pool (default: made up from its id, e.g. pool-glad-heron)")
     start.add_argument("--idle-release", dest="idle_release", type=_seconds, default=None,
                        help="stop the pool (release its nodes) after this many idle seconds")
     start.add_argument("--oversubscribe", action="store_true",
                        help="start more local ranks than this machine holds (4 per core, ~330 MiB each)")
     sub.add_parser("status", prog="%dist status", add_help=False, allow_abbrev=False)
-    sub.add_parser("stop", prog="%dist stop", add_help=False, allow_abbrev=False)
+    stop = sub.add_parser("stop", prog="%dist stop", add_help=False, allow_abbrev=False)
+    stop.add_argument("--all", dest="everyone", action="store_true",
+                      help="stop the pool for every notebook attached to it, not only detach this one")
     sub.add_parser("restart", prog="%dist restart", add_help=False, allow_abbrev=False)
     scale = sub.add_parser("scale", prog="%dist scale", add_help=False, allow_abbrev=False)
     scale.add_argument("n", type=_positive_int, help="the new number of ranks")
@@ -85,7 +89,7 @@ def _dist_parser() -> _Parser:
     auto = sub.add_parser("auto", prog="%dist auto", add_help=False, allow_abbrev=False)
     auto.add_argument("mode", choices=("on", "off"))
     attach = sub.add_parser("attach", prog="%dist attach", add_help=False, allow_abbrev=False)
-    attach.add_argument("pool_id", nargs="?", default=None)
+    attach.add_argument("pool", nargs="?", default=None, help="the pool's name or id")
     return p
 
 

@@ -6,13 +6,15 @@ mistakes become ``UsageError`` before any process is touched.
 
 from __future__ import annotations
 
+import os
+
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display, publish_display_data
 
 from workbench import session as session_mod
 from workbench.config import PoolConfig
-from workbench.errors import RankError
+from workbench.errors import NoPoolError, RankError
 from workbench.magics.args import parse_cell, parse_dist
 from workbench.magics.output import LineMerger, print_stream
 from workbench.session import Session, format_ranks
@@ -41,7 +43,7 @@ class DistributedMagics(Magics):
         [--interface IF | --address IP] [--idle-release S] [--oversubscribe]``, ``%dist status``,
         ``%dist stop``, ``%dist restart``, ``%dist scale N``, ``%dist check [--size-mb M]``,
         ``%dist push NAME...``, ``%dist pull NAME [--rank R]``, ``%dist auto on|off``,
-        ``%dist attach [POOL_ID]``.
+        ``%dist attach [NAME]``, ``%dist stop [--all]``.
 
         Example: ``%dist start --launcher slurm --nodes 2 --gpus-per-node 4 --partition gpu --interface ib0``.
         """
@@ -49,20 +51,21 @@ class DistributedMagics(Magics):
         return getattr(self, f"_dist_{args.command}")(args)
 
     def _session(self, what: str) -> Session:
-        s = session_mod.current_or_none()
-        if s is None:
-            raise UsageError(f"{what} needs a running pool: start one first with `%dist start -n 2`.")
-        return s
+        try:
+            return session_mod.current()
+        except NoPoolError as exc:  # names the running pools there are and how to attach
+            raise UsageError(str(exc).replace("this needs", f"{what} needs")) from None
 
     def _dist_start(self, args):
         s = session_mod.current_or_none()
         if s is not None:
-            raise UsageError(f"a pool of {s.world_size} ranks is already running: `%dist stop` it first.")
+            raise UsageError(f"pool {s.name} ({s.world_size} ranks) is already running in this notebook: "
+                             "`%dist stop` it first.")
         options = dict(n=args.n, launcher=args.launcher, backend=args.backend, timeout=args.timeout,
                        nodes=args.nodes, gpus_per_node=args.gpus_per_node, partition=args.partition,
                        time=args.time, account=args.account, hosts=args.hosts or (),
                        interface=args.interface, idle_release=args.idle_release,
-                       oversubscribe=args.oversubscribe)
+                       oversubscribe=args.oversubscribe, name=args.name)
         if args.address:
             options["address"] = args.address
         try:
@@ -82,41 +85,58 @@ class DistributedMagics(Magics):
             s.start(progress=progress)
         except ValueError as exc:  # e.g. loopback with engines on other machines: nothing was started
             raise UsageError(str(exc)) from None
+        print(f"pool {s.name} ({s.pool_id}): {s.world_size} ranks, backend {s.backend}")
         print(format_table(s.status(), STATUS_COLUMNS))
 
     def _dist_attach(self, args):
         s = session_mod.current_or_none()
         if s is not None:
-            raise UsageError(f"this notebook already drives pool {s.pool_id}: `%dist stop` it first.")
-        pool_id = args.pool_id
-        if pool_id is None:
-            running = [st["id"] for st in session_mod.running_pools()]
+            raise UsageError(f"this notebook already drives pool {s.name}: `%dist stop` detaches it first.")
+        ref = args.pool
+        if ref is None:
+            running = [st.get("name") or st["id"] for st in session_mod.running_pools()]
             if len(running) != 1:
-                raise UsageError(f"name the pool to attach to; running pools: {', '.join(running) or 'none'}.")
-            pool_id = running[0]
+                raise UsageError(f"name the pool to attach to: `%dist attach NAME`; running pools: "
+                                 f"{', '.join(running) or 'none'}.")
+            ref = running[0]
         try:
-            s = Session.attach(pool_id)
+            s = Session.attach(ref)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        print(f"attached to pool {pool_id}: {s.world_size} ranks, backend {s.backend}")
+        print(f"attached to pool {s.name} ({s.pool_id}): {s.world_size} ranks, backend {s.backend}; "
+              + _notebooks(s))
         print(format_table(s.status(), STATUS_COLUMNS))
 
     def _dist_status(self, args):
         s = session_mod.current_or_none()
         if s is None:
-            print("no pool is running: start one with `%dist start -n 2`.")
+            running = session_mod.running_pools()
+            print("this notebook drives no pool: start one with `%dist start -n 2`"
+                  + "".join(f"\n  or `%dist attach {st.get('name') or st['id']}` ({st['n']} ranks)"
+                            for st in running))
             return
-        print(f"pool {s.pool_id}: {s.world_size} ranks, backend {s.backend}, launcher {s.config.launcher}")
-        print(format_table(s.status(), STATUS_COLUMNS))
+        rows = s.status()
+        print(f"pool {s.name} ({s.pool_id}): {s.world_size} ranks, backend {s.backend}, launcher "
+              f"{s.config.launcher}; {_notebooks(s)}")
+        print(format_table(rows, STATUS_COLUMNS))
 
     def _dist_stop(self, args):
         s = session_mod.current_or_none()
         if s is None:
-            print("no pool is running.")
+            print("this notebook drives no pool.")
             return
-        n = s.world_size
-        s.stop()
-        print(f"stopped {n} ranks; no process of the pool is left.")
+        n, name = s.world_size, s.name
+        others = [c["notebook"] for c in s.notebooks() if c["pid"] != os.getpid()]
+        if s.attached and not args.everyone:
+            s.detach()
+            print(f"detached from pool {name}; it keeps running"
+                  + (f" for {', '.join(others)}" if others else "")
+                  + ". `%dist stop --all` stops it for everyone (the JupyterLab sidebar's Stop asks first).")
+            return
+        s.stop(everyone=True)
+        print(f"stopped pool {name} ({n} ranks); no process of it is left."
+              + (f" It was also driven by {', '.join(others)}: they are told at their next cell." if others
+                 else ""))
 
     def _dist_restart(self, args):
         s = self._session("%dist restart")
@@ -150,13 +170,19 @@ class DistributedMagics(Magics):
         if missing:
             raise UsageError(f"not defined in the notebook: {', '.join(missing)}. Define them, then push.")
         ranks = self._targets(s, args.ranks)
-        s.push({n: self.shell.user_ns[n] for n in args.names}, ranks=ranks)
+        try:
+            s.push({n: self.shell.user_ns[n] for n in args.names}, ranks=ranks)
+        except ValueError as exc:  # a value pickle refuses
+            raise UsageError(str(exc)) from None
 
     def _dist_pull(self, args):
         s = self._session("%dist pull")
         if args.rank is not None:
             self._targets(s, [args.rank])
-        value = s.pull(args.name, rank=args.rank)
+        try:
+            value = s.pull(args.name, rank=args.rank)
+        except NameError as exc:
+            raise UsageError(str(exc)) from None
         self.shell.user_ns[args.name] = value
         return value
 
@@ -237,13 +263,20 @@ class DistributedMagics(Magics):
             self._running_local = False
 
 
+def _notebooks(s: Session) -> str:
+    """"notebooks: a.ipynb (started it), b.ipynb": who drives the pool."""
+    names = [f"{c['notebook']}" + (" (started it)" if c["role"] == "started" else "") for c in s.notebooks()]
+    return "notebooks: " + (", ".join(names) or "none here (started from the JupyterLab panel)")
+
+
 def _show_results(result) -> None:
     """Each rank's last-expression value; identical plain-text values shown once."""
     values = [(r.rank.rank, r.result) for r in result.ranks if r.result]
     if not values:
         return
     texts = {v.get("text/plain") for _, v in values}
-    if len(values) > 1 and len(values) == len(result.ranks) and len(texts) == 1 and all(len(v) == 1 for _, v in values):
+    plain = all(len(v) == 1 for _, v in values)
+    if len(values) > 1 and len(values) == len(result.ranks) and len(texts) == 1 and plain:
         label = f"[ranks {format_ranks([r for r, _ in values])}]"
         publish_display_data({"text/plain": f"{label} {texts.pop()}"})
         return

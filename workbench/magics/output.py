@@ -51,9 +51,9 @@ class LineMerger:
                 if len(self.ranks) > 1 and len(set(heads)) == 1:
                     self._line(stream, f"[ranks {format_ranks(self.ranks)}] ", heads[0])
                 else:
-                    for r, line in zip(self.ranks, heads):
+                    for r, line in zip(self.ranks, heads, strict=True):
                         self._line(stream, f"[rank {r}] ", line)
-            for r, q in zip(self.ranks, queues):
+            for r, q in zip(self.ranks, queues, strict=True):
                 while q and now - q[0][1] >= self.hold:
                     self._line(stream, f"[rank {r}] ", q.popleft()[0])
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 
 def connect(channel: dict, **kwargs) -> dict:
-    """On an engine: start its publisher and device sampler up the pool's side channel (see ``publisher.connect``)."""
+    """On an engine: start its publisher and device sampler (see ``publisher.connect``)."""
     from workbench.metrics import publisher
 
     return publisher.connect(channel, **kwargs)

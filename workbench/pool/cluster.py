@@ -19,18 +19,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 import ipyparallel as ipp
+import psutil
 from ipyparallel.cluster.launcher import BatchSystemLauncher, LocalProcessLauncher, SSHLauncher
 
 from workbench import wire
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
-from workbench.pool import capacity, launchers, reap, spawn, start_errors
+from workbench.pool import capacity, launchers, reap, sharing, spawn, start_errors
 from workbench.pool import state as pool_state
 from workbench.pool.relay import Relay
 
 # The controller counts newly registered engines only at its next heartbeat round:
 # the default 3 s period makes a local start wait seconds for nothing.
 HEARTBEAT_MS = 100
+# ...but an engine that misses pings on a loaded machine must not be dropped as dead after 1 s (the
+# default 10 misses): the controller would then fail its cells and forget it. Deaths are found by our
+# own watcher (a pidfd locally, the beacons elsewhere) within a second; this is the controller's
+# last resort, at 10 s.
+HEARTBEAT_MISSES = 100
 
 # Engines import torch in the background while they register: that import is most of the
 # time to a ready pool, and it overlaps with the controller's registration round trip.
@@ -51,14 +57,16 @@ class EnginePool:
     """
 
     def __init__(self, *, n: int, launcher: str = "local", address: str = "127.0.0.1",
-                 timeout: float = 60.0, env: dict[str, str] | None = None, config: PoolConfig | None = None):
+                 timeout: float = 60.0, env: dict[str, str] | None = None, config: PoolConfig | None = None,
+                 pool_id: str | None = None):
         self.config = config or PoolConfig(launcher=launcher, timeout=timeout, address=address)
         self.n = n
         self.launcher = self.config.launcher
         self.address = address
         self.timeout = timeout
         self.env = dict(env or {})
-        self.pool_id = uuid.uuid4().hex[:8]
+        self.pool_id = pool_id or uuid.uuid4().hex[:8]  # given: a pool started again keeps its id
+        self.name = self.config.name or sharing.name_for(self.pool_id)
         self.work_dir: str | None = None  # scratch folder: batch scripts, never the notebook's folder
         self.cluster: ipp.Cluster | None = None
         self.client: ipp.Client | None = None
@@ -96,7 +104,8 @@ class EnginePool:
             controller_ip=self.address,
             # warnings only: at INFO the controller logs a line for every query, e.g. each look of the
             # sidebar at which ranks are busy
-            controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN"],
+            controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN",
+                             f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"],
             delay=0,  # engines wait for the controller's connection info anyway
             log_level=logging.ERROR,  # our own messages name failures; ipyparallel would dump whole logs
             shutdown_atexit=False,  # stop() and the lease end the pool; ipyparallel's exit hook would block
@@ -252,22 +261,23 @@ class EnginePool:
 
     # -- attach --------------------------------------------------------------------------
     @classmethod
-    def attach(cls, pool_id: str, timeout: float = 10.0) -> EnginePool:
-        """Connect to a pool another process started (a kernel, or the Jupyter server)."""
-        state = pool_state.read_state(pool_state.state_path(pool_id))
-        if state is None or not pool_state.process_alive(state.get("owner", {})):
-            running = ", ".join(s["id"] for s in pool_state.list_states()) or "none"
-            raise ValueError(f"no running pool {pool_id!r}; running pools: {running}.")
+    def attach(cls, ref: str, timeout: float = 10.0) -> EnginePool:
+        """Connect to a pool another process started (a kernel, or the Jupyter server), by name or id."""
+        running = pool_state.list_states()
+        state = next((s for s in running if ref in (s["id"], s.get("name"))), None)
+        if state is None:
+            names = ", ".join(s.get("name") or s["id"] for s in running) or "none"
+            raise ValueError(f"no running pool {ref!r}; running pools: {names}.")
         self = cls(n=state["n"], launcher=state["launcher"], timeout=timeout,
-                   address=state.get("address", "127.0.0.1"))
-        self.pool_id = pool_id
+                   address=state.get("address", "127.0.0.1"), pool_id=state["id"])
+        self.name = state.get("name") or self.name
         self.state = state
         # quiet: when the owner stops the pool, ipyparallel would log the controller's whole output here
         self.cluster = ipp.Cluster.from_file(state["cluster_file"], log_level=logging.CRITICAL,
                                              shutdown_atexit=False)
         self.client = self.cluster.connect_client_sync()
         self.client.wait_for_engines(self.n, timeout=timeout)
-        self.state_file = pool_state.state_path(pool_id)
+        self.state_file = pool_state.state_path(self.pool_id)
         self.channel = state.get("channel")
         self.attached = True
         return self
@@ -307,6 +317,7 @@ class EnginePool:
         state = {
             **self.state,  # what update_state added (ranks, backend)
             "id": self.pool_id,
+            "name": self.name,
             "owner": pool_state.process_record(os.getpid()),
             "launcher": self.launcher,
             "address": self.address,
@@ -346,8 +357,35 @@ class EnginePool:
         return ["scancel"]
 
     def update_state(self, **extra) -> None:
-        if self.state_file is not None and not self.attached:
+        """Record what the session knows (ranks, backend, the group's generation) for every other process.
+
+        An attached session writes only these, into the owner's file (the pool's cell lock is held)."""
+        if self.state_file is None:
+            return
+        if not self.attached:
             self._record(**extra)
+            return
+        state = pool_state.read_state(self.state_file)
+        if state is not None:
+            self.state = {**state, **extra}
+            pool_state.write_state(self.pool_id, self.state)
+
+    def _engine_processes(self) -> list[psutil.Process]:
+        """The engine processes this process launched on this machine (none for an attached pool)."""
+        procs = []
+        for el in ([] if self.attached else self._local_launchers()):
+            with contextlib.suppress(psutil.Error, ValueError):
+                if el.pid > 0:
+                    procs.append(psutil.Process(el.pid))
+        return procs
+
+    def close(self) -> None:
+        """Let go of a pool without stopping it (an attached session detaches): the client closes."""
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.close()
+        self.client = None
+        self.cluster = None
 
     # -- stop ------------------------------------------------------------------------
     def stop(self, grace: float = 1.0) -> None:
@@ -363,11 +401,20 @@ class EnginePool:
         if self.cluster is not None:
             spawn.cancel(self.cluster.cluster_id)
             self.cluster.cluster_file = ""  # ipyparallel's callbacks must not write it again
+        engines = self._engine_processes()
         if self.client is not None:
             with contextlib.suppress(Exception):  # shutting engines down first keeps their tracebacks quiet
                 self.client.shutdown(targets="all", block=False)
             self.client.close()
             self.client = None
+            # an engine asked to shut down exits in a moment, quietly; a SIGTERMed one writes a traceback
+            # into the log, and ipyparallel copies a failed engine's log into its owner's (the Jupyter
+            # server's) log. One that takes longer (torch._dynamo makes exit take seconds) is SIGKILLed:
+            # its state is being thrown away.
+            _, slow = psutil.wait_procs(engines, timeout=grace)
+            for proc in slow:
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
         pool_state.state_path(self.pool_id).unlink(missing_ok=True)
         if self._lease is not None:  # before the pool's processes: with its owner alive it only watches
             self._lease.terminate()
@@ -398,9 +445,12 @@ def interrupts_held():
         signal.signal(signal.SIGINT, previous)
 
 
-def stop_pool(pool_id: str) -> None:
-    """Stop a pool by its id, whichever process started it.
+def stop_pool(ref: str, by: str) -> None:
+    """Stop a pool by its name or id, whichever process started it; ``by``: who, for the notebooks
+    still attached (e.g. "the JupyterLab panel").
 
-    >>> stop_pool("1a2b3c4d")       # doctest: +SKIP
+    >>> stop_pool("pool-glad-heron", by="the JupyterLab panel")       # doctest: +SKIP
     """
-    EnginePool.attach(pool_id).stop()
+    pool = EnginePool.attach(ref)
+    pool.stop()
+    sharing.note_stopped(pool.pool_id, pool.name, by)

@@ -25,11 +25,12 @@ from typing import Any
 
 from workbench.config import BACKENDS, LAUNCHERS, PoolConfig
 from workbench.errors import WorkbenchError
-from workbench.pool import launchers
+from workbench.pool import launchers, sharing
 from workbench.pool import state as pool_state
 from workbench.server.start_request import start_options
 from workbench.server.usage import UsageSampler
 
+PANEL = "the JupyterLab panel"  # who stopped a pool, as the notebooks still attached are told
 # How long one look at a controller (which ranks are busy) may take before the
 # listing goes on without it.
 PROBE_TIMEOUT_S = 2.0
@@ -235,12 +236,24 @@ class PoolManager:
             "backend": (state or {}).get("backend"),
             "created": (state or {}).get("created") or (rec.created if rec else time.time()),
             "owner": owner,
+            "name": (state or {}).get("name") or (rec.config.name if rec is not None else None),
+            "notebooks": await self._run(self._notebooks, pool_id, owners) if state is not None else [],
             "ranks": rows,
             "gpu_detected": any(r["device"].startswith("cuda") for r in ranks),
-            "attach": f"%load_ext workbench\n%dist attach {pool_id}" if phase == "running" else None,
+            "attach": (f"%load_ext workbench\n%dist attach {(state or {}).get('name') or pool_id}"
+                       if phase == "running" else None),
             # how this server started it: what the dialog shows again on Retry
             "options": start_options(rec.config) if rec is not None else None,
         }
+
+    @staticmethod
+    def _notebooks(pool_id: str, owners: dict[int, str]) -> list[dict]:
+        """Who drives the pool: the notebooks (kernels) attached to it, the one that started it first."""
+        out = []
+        for c in sharing.clients(pool_id):
+            label = "the JupyterLab panel" if c["pid"] == os.getpid() else owners.get(c["pid"], c["notebook"])
+            out.append({"notebook": label, "role": c["role"], "pid": c["pid"]})
+        return out
 
     async def _probe(self, pool_id: str, state: dict, rec: _Started | None) -> dict[int, str]:
         """Which ranks are idle or busy, as the pool's controller sees them (at most one look at a time)."""
@@ -289,12 +302,14 @@ class PoolManager:
                 self._probe_locks.pop(pool_id, None)
 
     # -- start -------------------------------------------------------------------------
-    async def start_pool(self, config: PoolConfig) -> dict:
-        """Begin starting a pool owned by this server; returns its pending description at once."""
+    async def start_pool(self, config: PoolConfig, pool_id: str | None = None) -> dict:
+        """Begin starting a pool owned by this server; returns its pending description at once.
+
+        ``pool_id``: start it under that id (a restarted pool keeps its id and its name)."""
         self._open()
         if config.n is None:  # what Session.start will take: one per GPU (on every node or host), else 2
             config = replace(config, n=launchers.default_engines(config, self._usage.gpu_count()))
-        rec = _Started(key="new-" + uuid.uuid4().hex[:8], config=config)
+        rec = _Started(key="new-" + uuid.uuid4().hex[:8], config=config, known_id=pool_id)
         rec.progress("starting")
         self._started[rec.key] = rec
         task = asyncio.get_running_loop().create_task(self._start(rec))
@@ -306,7 +321,7 @@ class PoolManager:
         from workbench.session import Session
 
         try:
-            rec.session = Session(rec.config)
+            rec.session = Session(rec.config, pool_id=rec.known_id)
             await self._run(lambda: rec.session.start(progress=rec.progress))
         except Exception as exc:  # the real error goes on the card
             if rec.phase == "stopping":  # cancelled while starting: nothing to show
@@ -348,12 +363,12 @@ class PoolManager:
                 await self._run(_close_quietly, probe)
             if rec is not None:
                 rec.phase = "stopping"
-                await self._run(rec.session.stop)
+                await self._run(lambda: rec.session.stop(by=PANEL))
                 self._started.pop(rec.key, None)
             else:
                 from workbench.pool.cluster import stop_pool
 
-                await self._run(stop_pool, pool_id)
+                await self._run(stop_pool, pool_id, PANEL)
         finally:
             self._stopping.discard(pool_id)
         return {"id": pool_id, "state": "stopped"}
@@ -364,18 +379,19 @@ class PoolManager:
         rec = self._find_started(pool_id)
         if rec is not None and rec.pool_id:
             pool_id = rec.pool_id
+        state = next((s for s in await self._run(pool_state.list_states) if s["id"] == pool_id), None)
         if rec is not None:
             config = rec.config
+        elif state is None:
+            raise PoolNotFound(pool_id, [p["id"] for p in await self.list_pools()])
         else:
-            state = next((s for s in await self._run(pool_state.list_states) if s["id"] == pool_id), None)
-            if state is None:
-                raise PoolNotFound(pool_id, [p["id"] for p in await self.list_pools()])
             config = PoolConfig(n=state["n"], launcher=state["launcher"],
-                                backend=state.get("backend_requested", "auto"))
+                                backend=state.get("backend_requested", "auto"), name=state.get("name"))
+        same_id = pool_id if state is not None else None  # the pool starts again as itself
         if rec is not None and rec.phase in ("starting", "stopping") or pool_id in self._stopping:
             raise PoolBusy(f"pool {pool_id} is {rec.phase if rec else 'stopping'}: wait until it is done.")
         await self.stop_pool(pool_id)
-        return await self.start_pool(config)
+        return await self.start_pool(config, pool_id=same_id)
 
     def _find_started(self, pool_id: str) -> _Started | None:
         for rec in self._started.values():
@@ -396,7 +412,7 @@ class PoolManager:
         for rec in list(self._started.values()):
             if rec.session is not None and rec.session.running:
                 rec.phase = "stopping"
-                await self._run(rec.session.stop)
+                await self._run(lambda s=rec.session: s.stop(by="the Jupyter server, shutting down"))
         self._started.clear()
         for probe in self._probes.values():
             await self._run(_close_quietly, probe)

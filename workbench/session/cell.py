@@ -264,12 +264,15 @@ class CellRun:
                 self.group.signal(running, SIGNALS[step])
 
     def _finishing(self, rank: int) -> bool:
-        """Whether ``rank``'s fresh beacon shows its main thread reporting how the cell ended (out of
-        the user's code and of any collective: it is writing its traceback)."""
-        beats = self.health.beacons.latest if self.health.beacons else {}
-        beat = beats.get(rank) or {}
-        fresh = self.health.beacons is not None and self.health.beacons.silent_for(rank) < 1.0
-        return fresh and bool(beat.get("reporting")) and not beat.get("inflight")
+        """Whether ``rank`` may be finishing rather than stuck: its beacon shows its main thread reporting
+        how the cell ended (writing its traceback), or its beacons are late, which on a loaded machine
+        means the main thread holds the GIL without a break (IPython parsing a big source file to show
+        it does). A rank stuck in the user's Python code or in a collective still beacons on time."""
+        if self.health.beacons is None:
+            return False
+        beat = self.health.beacons.latest.get(rank) or {}
+        late = self.health.beacons.silent_for(rank) > 1.0
+        return late or bool(beat.get("reporting")) and not beat.get("inflight")
 
     def _rank_result(self, info: RankInfo, child) -> RankResult:
         md = child.output.metadata

@@ -21,10 +21,10 @@ import uuid
 
 from workbench import wire
 from workbench.config import PoolConfig
-from workbench.errors import PoolStartError
+from workbench.errors import PoolStartError, RankDiedError
 from workbench.pool import netif
 from workbench.pool.cluster import EnginePool
-from workbench.pool.rankmap import EngineInfo, RankInfo
+from workbench.pool.rankmap import EngineInfo, RankInfo, build_rank_map, format_ranks, remap_engines
 
 
 class ProcessGroup:
@@ -49,7 +49,13 @@ class ProcessGroup:
 
     def view(self, targets: list[RankInfo]):
         """An ipyparallel view on the engines of ``targets``."""
-        return self.pool.client[[r.engine_id for r in targets]]
+        try:
+            return self.pool.client[[r.engine_id for r in targets]]
+        except (KeyError, IndexError):  # the controller dropped an engine: it is gone
+            known = set(self.pool.client.ids)
+            lost = next(r for r in targets if r.engine_id not in known)
+            raise RankDiedError(f"{lost.label()} is gone (its engine left the controller): `%dist restart` "
+                                "brings it back.") from None
 
     def describe(self, engine_ids) -> list[EngineInfo]:
         """Host, pid and visible GPUs of each engine (they answer once ``import torch`` is done)."""
@@ -93,6 +99,27 @@ class ProcessGroup:
         self.backend, self.generation = joined[0]["backend"], generation
         self.gloo_ports = sorted({p for j in joined for p in j.get("gloo_ports", [])})
         self.ok = True
+
+    def replace(self, ranks: list[int]) -> None:
+        """New engines (through the pool's launcher) for these dead ranks, on the same host and device."""
+        new_ids = self.pool.start_more(len(ranks), set(self.pool.client.ids))
+        for info in remap_engines([self.ranks[r] for r in ranks], self.describe(new_ids)):
+            self.ranks[info.rank] = info
+
+    def resize(self, n: int, progress) -> bool:
+        """Start or stop engines so there are ``n`` ranks (the highest stop first); False: nothing to do."""
+        if n == len(self.ranks):
+            return False
+        keep = [r.engine_id for r in self.ranks[:n]]
+        if n > len(self.ranks):
+            progress(f"starting {n - len(self.ranks)} engines")
+            keep += self.pool.start_more(n - len(self.ranks), set(self.pool.client.ids))
+        else:
+            progress(f"stopping rank {format_ranks(range(n, len(self.ranks)))}")
+            self.pool.stop_engines([r.engine_id for r in self.ranks[n:]])
+        self.ranks = build_rank_map(self.describe(keep))
+        self.pool.n = n
+        return True
 
     def abort(self, infos: list[RankInfo]) -> None:
         """Abort the group on ``infos``, even while their main thread is blocked in a collective.

@@ -38,12 +38,14 @@ class Health:
     """
 
     def __init__(self, *, pool_id: str | None, busy: threading.Lock, beacons: BeaconReceiver | None = None,
-                 report: Callable[[str], None] = lambda text: print(text, flush=True)):
+                 report: Callable[[str], None] = lambda text: print(text, flush=True),
+                 pool_running: Callable[[], bool] = lambda: True):
         self.pool_id = pool_id
         self.beacons = beacons
         self.dead: dict[int, str] = {}  # rank -> how it died
         self.faults: list[faults.FaultEvent] = []
         self._busy, self._report = busy, report
+        self._pool_running = pool_running  # a pool stopped on purpose elsewhere: its ends are no faults
         self._pending: faults.FaultEvent | None = None  # written to the log once recovered (or at close)
         self._ranks: list[RankInfo] = []
         # rank -> pidfd (or a Process where there are no pidfds); only the watcher thread closes them
@@ -127,7 +129,7 @@ class Health:
             elif handle is None and self.beacons is not None \
                     and self.beacons.silent_for(r.rank) > REMOTE_SILENCE_S:
                 self._found(r.rank, f"sent no heartbeat for {REMOTE_SILENCE_S:g} s", local)
-        if self.dead.keys() - self._announced and self._busy.acquire(blocking=False):
+        if self.dead.keys() - self._announced and self._pool_running() and self._busy.acquire(blocking=False):
             try:  # no cell runs: nobody else will say it
                 for rank in sorted(self.dead.keys() - self._announced):
                     info = self._ranks[rank]

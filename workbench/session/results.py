@@ -114,7 +114,7 @@ def summary_line(ranks: list[RankResult]) -> str:
         these = [r for r in ranks if r.outcome == outcome]
         if not these:
             continue
-        part = f"{len(these)} {outcome}"
+        part = f"{len(these)} {outcome}{'s' if outcome == 'error' and len(these) > 1 else ''}"
         if outcome in ("error", "died", "killed"):
             first = these[0]
             part += f" (rank {first.rank.rank}: {first.error.ename}: {_short(first.error.evalue)})"

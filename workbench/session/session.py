@@ -2,8 +2,9 @@
 
 A :class:`Session` wires the rooms for a pool it started or one it attached to, the same way for
 both: the pool (:mod:`workbench.pool`: processes), the process group (:mod:`.group`), health
-(:mod:`.health`: dead ranks, beacons, the fault log) and the cell (:mod:`.cell`). It adds what a
-notebook does with ranks: run a cell, push, pull, apply.
+(:mod:`.health`: dead ranks, beacons, the fault log), the cell (:mod:`.cell`) and the pool as other
+notebooks share it (:mod:`.shared`). It adds what a notebook does with ranks: run a cell, push,
+pull, apply.
 
 >>> from workbench import Session
 >>> with Session(n=2).start() as s:                        # doctest: +SKIP
@@ -16,27 +17,30 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
+import pickle
 import threading
 import time
 import warnings
 from collections.abc import Callable
 
-import psutil
+from ipyparallel.error import CompositeError, RemoteError
 
 from workbench.config import PoolConfig
 from workbench.errors import NoPoolError, PoolStartError, RankDiedError
-from workbench.pool import netif
+from workbench.pool import netif, sharing
 from workbench.pool import state as pool_state
 from workbench.pool.cluster import EnginePool, interrupts_held
 from workbench.pool.devices import visible_gpu_count
 from workbench.pool.idle import IdleRelease
 from workbench.pool.launchers import default_engines
-from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks, remap_engines
+from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks
 from workbench.pool.watch import BeaconReceiver
 from workbench.session.cell import CellRun, OutputCallback, RunHandle
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
 from workbench.session.results import CellResult
+from workbench.session.shared import Shared
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +50,7 @@ _current: Session | None = None
 def current() -> Session:
     """The session that the magics drive in this process (the one started or attached last)."""
     if _current is None or not _current.running:
-        raise NoPoolError()
+        raise NoPoolError(running=[(p.get("name") or p["id"], p["n"]) for p in running_pools()])
     return _current
 
 
@@ -62,12 +66,14 @@ def use(session: Session | None) -> None:
 
 
 def running_pools() -> list[dict]:
-    """The pools of this machine's Jupyter runtime folder whose owner is alive: ``[{"id": ..., ...}]``."""
+    """The pools of this machine's Jupyter runtime folder whose owner is alive: ``[{"id", "name", ...}]``."""
     return pool_state.list_states()
 
 
 class Session:
     """A pool of engines joined into one torch.distributed process group.
+
+    ``pool_id``: start the pool under this id (a pool started again keeps its id and name).
 
     >>> s = Session(n=2, timeout=30)     # doctest: +SKIP
     >>> s.start(progress=print)          # doctest: +SKIP
@@ -77,15 +83,18 @@ class Session:
     >>> s.stop()                         # doctest: +SKIP
     """
 
-    def __init__(self, config: PoolConfig | None = None, **kwargs):
+    def __init__(self, config: PoolConfig | None = None, *, pool_id: str | None = None, **kwargs):
         self.config = netif.resolve(config or PoolConfig(**kwargs))  # --interface -> its address
         self.start_seconds: float | None = None
-        self.metrics = None  # the kernel-side metrics collector (workbench.metrics), once started
+        self.metrics = None  # the kernel-side metrics collector (workbench.metrics), once connected
+        self.notify: Callable[[str], None] = lambda text: print(text, flush=True)  # "pool busy ..."
+        self._pool_id = pool_id
         self._pool: EnginePool | None = None
         self._group: ProcessGroup | None = None
         self._health: Health | None = None
         self._beacons: BeaconReceiver | None = None
-        self._busy = threading.Lock()  # held while a cell, a restart or a scale runs
+        self._shared: Shared | None = None
+        self._busy = threading.Lock()  # held while a cell, a restart or a scale of this session runs
         self._idle: IdleRelease | None = None  # config.idle_release: stops a pool nobody uses
 
     # -- what it is ---------------------------------------------------------------------
@@ -119,6 +128,16 @@ class Session:
         return self._pool.pool_id if self._pool else None
 
     @property
+    def name(self) -> str | None:
+        """What people call the pool: ``%dist attach NAME``."""
+        return self._pool.name if self._pool else None
+
+    @property
+    def attached(self) -> bool:
+        """Whether another notebook (or the JupyterLab panel) started the pool this session drives."""
+        return self._pool is not None and self._pool.attached
+
+    @property
     def local(self) -> bool:
         return self.config.launcher == "local"
 
@@ -132,6 +151,10 @@ class Session:
         """Every process the pool started (controller, engines, lease)."""
         return self._pool.pids() if self._pool else []
 
+    def notebooks(self) -> list[dict]:
+        """The notebooks driving the pool now: ``[{"notebook", "role" ("started"/"attached"), "pid"}]``."""
+        return sharing.clients(self.pool_id) if self._pool else []
+
     # -- lifecycle -----------------------------------------------------------------
     def start(self, progress: Callable[[str], None] = lambda msg: None) -> Session:
         """Start the engines and form the process group; returns self once every rank is ready."""
@@ -143,12 +166,13 @@ class Session:
             warnings.warn(netif.UNAUTHENTICATED.format(address=self.config.address),
                           netif.UnauthenticatedNetworkWarning, stacklevel=2)
         pool = EnginePool(n=n, launcher=self.config.launcher, address=self.config.address,
-                          timeout=self.config.timeout, env=self._engine_env(n), config=self.config)
+                          timeout=self.config.timeout, env=self._engine_env(n), config=self.config,
+                          pool_id=self._pool_id)
         self._pool = pool
         client = pool.start(progress)
         try:
             progress("forming the process group")
-            self._connect(pool)
+            self._connect(pool, "started")
             self._group.ranks = build_rank_map(self._group.describe(client.ids))
             self._form()
         except BaseException as exc:  # one short error naming the log, and nothing left running
@@ -158,7 +182,6 @@ class Session:
             raise error from None
         self.start_seconds = time.perf_counter() - t0
         progress(f"ready: {n} ranks, backend {self.backend}, {self.start_seconds:.1f} s")
-        atexit.register(self.stop)  # kernel shutdown and restart end the pool too
         if self.config.idle_release:
             self._idle = IdleRelease(self.config.idle_release, warn=self._idle_warning,
                                      release=self._idle_stop, busy=self._busy.locked)
@@ -166,40 +189,34 @@ class Session:
         return self
 
     def _engine_env(self, n: int) -> dict[str, str]:
-        import os
-
         if not self.local:
             return {"OMP_NUM_THREADS": "1"}
         return {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))}
 
     @classmethod
-    def attach(cls, pool_id: str) -> Session:
-        """Drive a pool that another notebook or the JupyterLab panel started.
+    def attach(cls, ref: str) -> Session:
+        """Drive a pool that another notebook or the JupyterLab panel started, by its name or id.
 
-        The ranks keep their process group and their state.
+        The same abilities as a session that started it: dead ranks and hangs named, the live
+        dashboard, restart and scale. The ranks keep their process group and their state.
 
-        >>> s = Session.attach("1a2b3c4d")      # doctest: +SKIP
+        >>> s = Session.attach("pool-glad-heron")      # doctest: +SKIP
         """
-        pool = EnginePool.attach(pool_id)
+        pool = EnginePool.attach(ref)
         state = pool.state
         self = cls(PoolConfig(n=state["n"], launcher=state["launcher"],
                               backend=state.get("backend_requested", "auto"),
                               address=state.get("address", "127.0.0.1")))
-        ranks = [RankInfo(**r) for r in state.get("ranks", [])]
-        if len(ranks) != state["n"]:
+        if len(state.get("ranks", [])) != state["n"]:
             pool.client.close()
-            raise PoolStartError(f"pool {pool_id} has not finished starting: try again in a moment.")
+            raise PoolStartError(f"pool {pool.name} has not finished starting: try again in a moment.")
         self._pool = pool
-        self._connect(pool)
-        self._group.ranks, self._group.backend, self._group.ok = ranks, state.get("backend"), True
-        self._group.generation = state.get("generation", 0)
-        self._health.watch(ranks, local=self.local)
-        if self.metrics is not None:
-            self.metrics.set_ranks(ranks)
+        self._connect(pool, "attached")
+        self._shared.catch_up()  # ranks, backend, the group's generation: from the state file
         use(self)
         return self
 
-    def _connect(self, pool: EnginePool) -> None:
+    def _connect(self, pool: EnginePool, role: str) -> None:
         """Wire the rooms over ``pool``, started here or attached: the same rooms either way.
 
         Beacons and metrics come from the pool's relay, to which every session subscribes (before
@@ -211,7 +228,11 @@ class Session:
         if pool.channel:
             self._beacons = BeaconReceiver(pool.channel)
             self.metrics = Collector(pool.channel)
-        self._health = Health(pool_id=pool.pool_id, busy=self._busy, beacons=self._beacons)
+        self._health = Health(pool_id=pool.pool_id, busy=self._busy, beacons=self._beacons,
+                              pool_running=lambda: self._shared is None or not self._shared.gone())
+        on_ranks = self.metrics.set_ranks if self.metrics is not None else (lambda ranks: None)
+        self._shared = Shared(pool, self._group, self._health, local=self.local, role=role, on_ranks=on_ranks)
+        atexit.register(self.stop)  # kernel shutdown and restart: the pool ends, or this notebook detaches
 
     def _form(self, reform: bool = False) -> None:
         """(Re-)form the group on every rank, then watch the ranks and (re)connect their metrics."""
@@ -220,71 +241,51 @@ class Session:
         else:
             self._group.form()
         self._health.watch(self.ranks, local=self.local)
-        self._pool.update_state(ranks=[r.__dict__ for r in self.ranks], backend=self.backend,
-                                backend_requested=self.config.backend, generation=self._group.generation)
-        self._connect_metrics()
+        self._shared.publish(ranks=[r.__dict__ for r in self.ranks], backend=self.backend,
+                             backend_requested=self.config.backend, generation=self._group.generation,
+                             gloo_ports=self._group.gloo_ports, group_ok=True)
+        if self.metrics is not None:  # every rank's publisher (re)connects: metrics never stop a pool
+            from workbench.metrics import remote
 
-    def _connect_metrics(self) -> None:
-        """Every rank's publisher (re)connects up the side channel. Metrics never stop a pool."""
-        from workbench.metrics import remote
-
-        if self.metrics is None:
-            return
-        try:
             self.metrics.set_ranks(self.ranks)
-            self.apply(remote.connect, self._pool.channel)
-        except Exception:
-            log.warning("live metrics are off for this pool: the ranks' publishers did not start",
-                        exc_info=True)
+            try:
+                self._group.view(self.ranks).apply_sync(remote.connect, self._pool.channel)
+            except Exception:
+                log.warning("live metrics are off: the ranks' publishers did not start", exc_info=True)
 
-    def stop(self) -> None:
-        """Stop every engine and the controller; nothing of the pool is left running."""
+    def stop(self, everyone: bool = False, by: str | None = None) -> None:
+        """End this session: the pool stops (nothing of it is left running) when this session started it
+        or ``everyone`` is asked for; an attached session only detaches, the pool runs on for the others.
+
+        ``by``: who stopped it, said to the notebooks still attached (default: this notebook).
+        """
+        pool = self._pool
+        if pool is None:
+            return
+        end = everyone or not pool.attached
+        self._close(end_pool=end, by=by)
+
+    def detach(self) -> None:
+        """Leave the pool to the other notebooks: this session closes, the ranks run on."""
+        self._close(end_pool=False)
+
+    def _close(self, end_pool: bool, by: str | None = None, note: bool = True) -> None:
         global _current
-        if self._idle is not None:
-            self._idle.close()
-            self._idle = None
-        if self._health is not None:
-            self._health.close()  # writes a pending fault to the log
-        if self._group is not None:
-            self._group.close()
-        if self.metrics is not None:
-            self.metrics.close()
-            self.metrics = None
-        if self._pool is not None:
-            self._end_local_engines()
-            self._pool.stop()
-        self._pool = None
-        if self._beacons is not None:
-            self._beacons.close()
-            self._beacons = None
+        pool, self._pool = self._pool, None
+        for room in (self._idle, self._health, self._group, self.metrics, self._beacons):
+            if room is not None:
+                room.close()  # the health room writes a pending fault to the log
+        self._idle = self.metrics = self._beacons = None
+        if self._shared is not None:
+            self._shared.close()
+        if end_pool:
+            pool.stop(grace=0.5)  # an engine with torch._dynamo takes ~3 s to exit: its state is thrown away
+            if note:
+                sharing.note_stopped(pool.pool_id, pool.name, by or sharing.this_notebook())
+        else:
+            pool.close()
         if _current is self:
             _current = None
-
-    def _end_local_engines(self, grace: float = 0.5) -> None:
-        """Ask the engines to shut down; SIGKILL local ones still exiting after ``grace``.
-
-        Once torch._dynamo is imported (FSDP and pipelining import it) an engine spends about
-        3 s in interpreter exit; its state is being thrown away, so we do not wait for that.
-        """
-        if not self.local or self._pool.client is None or self._pool.attached:
-            return
-        procs = []
-        for r in self.ranks:
-            try:
-                procs.append(psutil.Process(r.pid))
-            except psutil.Error:
-                pass
-        try:
-            self._pool.client.shutdown(targets="all", block=False)  # no reply to wait for at exit
-        except Exception:
-            pass  # an engine already gone: the pool's stop cleans up the rest
-        _, slow = psutil.wait_procs(procs, timeout=grace)
-        for proc in slow:
-            try:  # its helpers too (ipyparallel's nanny): they would wait for a parent that is gone
-                doomed = [*proc.children(recursive=True), proc]
-            except psutil.Error:
-                continue
-            pool_state.end(doomed, grace=0)
 
     def __enter__(self) -> Session:
         return self if self.running else self.start()
@@ -296,6 +297,19 @@ class Session:
     def dead_ranks(self) -> dict[int, str]:
         """Ranks whose engine is gone, with how (the health watcher notices at once)."""
         return dict(self._health.dead) if self._health else {}
+
+    def _turn(self, what: str):
+        """This session's turn on the pool: no other cell of this process or another notebook meanwhile."""
+        if not self.running:
+            raise NoPoolError(what)
+        self._check()
+        return self._shared.turn(self.notify, what=what)
+
+    def _check(self) -> None:
+        """A pool stopped elsewhere (another notebook, the panel, its lease) ends this session in one line."""
+        if self._shared is not None and self._shared.gone():
+            self._close(end_pool=not self.attached, note=False)  # whoever stopped it said so already
+            self._shared.catch_up()  # raises PoolGone with who stopped it and when
 
     def _ensure_group(self) -> None:
         """Before a cell: refuse with dead ranks, re-form a process group that a fault aborted."""
@@ -318,9 +332,7 @@ class Session:
 
         The surviving ranks keep their Python state. Returns the ranks that were restarted.
         """
-        if not self.running:
-            raise NoPoolError("restart")
-        with self._busy:  # keep the health watcher from reporting the ranks half-way
+        with self._busy, self._turn("a restart"):  # the health watcher waits for the new ranks too
             t0 = time.perf_counter()
             dead = sorted(self.dead_ranks())
             if dead:
@@ -328,9 +340,7 @@ class Session:
                     raise ValueError("restarting ranks is supported for local pools; stop and start the "
                                      "pool.")
                 progress(f"starting {len(dead)} engine(s) for rank {', '.join(map(str, dead))}")
-                new_ids = self._pool.start_more(len(dead), set(self._pool.client.ids))
-                for info in remap_engines([self.ranks[r] for r in dead], self._group.describe(new_ids)):
-                    self.ranks[info.rank] = info
+                self._group.replace(dead)
             progress("re-forming the process group")
             self._reform(since=t0)
             return dead
@@ -348,44 +358,33 @@ class Session:
         """
         if n < 1:
             raise ValueError(f"a pool needs at least one rank (got {n}).")
-        if not self.running:
-            raise NoPoolError("scale")
-        with self._busy:
+        with self._busy, self._turn("a scale"):
             dead = self.dead_ranks()
             if dead:
                 raise RankDiedError(f"rank {min(dead)} is dead: `%dist restart` it (or stop and start the "
                                     "pool) before scaling.")
             t0 = time.perf_counter()
-            keep = [r.engine_id for r in self.ranks[:n]]
-            if n > self.world_size:
-                progress(f"starting {n - self.world_size} engines")
-                keep += self._pool.start_more(n - self.world_size, set(self._pool.client.ids))
-            elif n < self.world_size:
-                progress(f"stopping rank {format_ranks(range(n, self.world_size))}")
-                self._pool.stop_engines([r.engine_id for r in self.ranks[n:]])
-            else:
-                return list(self.ranks)
-            self._group.ranks = build_rank_map(self._group.describe(keep))
-            self._pool.n = n
-            progress(f"re-forming the process group at world size {n}")
-            self._reform(since=t0)
+            if self._group.resize(n, progress):
+                progress(f"re-forming the process group at world size {n}")
+                self._reform(since=t0)
         return list(self.ranks)
 
     def _idle_warning(self, seconds_left: float) -> None:
-        print(f"workbench: pool {self.pool_id} has been idle; it stops in {seconds_left:.0f} s to release "
-              "its nodes. Run a cell on it to keep it.", flush=True)
+        self.notify(f"workbench: pool {self.name} has been idle; it stops in {seconds_left:.0f} s to release "
+                    "its nodes. Run a cell on it to keep it.")
 
     def _idle_stop(self) -> None:
         n = self.world_size
-        self.stop()
-        print(f"workbench: stopped the idle pool ({n} ranks) after {self.config.idle_release:g} s without "
-              "a cell; its nodes are released. `%dist start` starts a new one.", flush=True)
+        self.stop(everyone=True, by="its idle release")
+        self.notify(f"workbench: stopped the idle pool ({n} ranks) after {self.config.idle_release:g} s "
+                    "without a cell; its nodes are released. `%dist start` starts a new one.")
 
     # -- ranks and data ------------------------------------------------------------------
     def targets(self, ranks=None) -> list[RankInfo]:
         """Resolve ``None`` (all), a rank, a list of ranks or a spec like ``"0,2-3"``."""
         if not self.running:
             raise NoPoolError()
+        self._check()
         if self._idle is not None:
             self._idle.touch()  # every cell, push, pull and apply comes through here
         if ranks is None:
@@ -400,18 +399,46 @@ class Session:
         return [self.ranks[r] for r in sorted(set(ranks))]
 
     def push(self, values: dict, ranks=None) -> None:
-        """Send ``{name: value}`` into the namespace of the target ranks."""
-        self._group.view(self.targets(ranks)).push(values, block=True)
+        """Send ``{name: value}`` into the namespace of the target ranks.
+
+        A value that cannot be sent (a generator, a lock, an open file) is a ``ValueError`` saying so.
+        """
+        view = self._group.view(self._alive(self.targets(ranks)))
+        try:
+            view.push(values, block=True)
+        except (TypeError, AttributeError, pickle.PicklingError) as exc:  # pickle's refusals
+            raise ValueError(f"cannot send {', '.join(values)} to the ranks: {exc}. Send data (numbers, "
+                             "lists, arrays, tensors), or build the object on the ranks in a "
+                             "%%distributed cell.") from None
 
     def pull(self, name: str, rank: int | None = None):
-        """A value from one rank, or a list with every rank's value (in rank order)."""
-        if rank is not None:
-            return self._group.view(self.targets(rank)).pull(name, block=True)[0]
-        return self._group.view(self.targets()).pull(name, block=True)
+        """A value from one rank, or a list with every rank's value (in rank order).
+
+        A name some rank does not have is a ``NameError`` naming those ranks.
+        """
+        targets = self._alive(self.targets(rank) if rank is not None else self.targets())
+        try:
+            values = self._group.view(targets).pull(name, block=True)
+        except (RemoteError, CompositeError) as exc:
+            errors = exc.elist if isinstance(exc, CompositeError) else [(exc.ename, exc.evalue, None, None)]
+            if any(e[0] == "NameError" for e in errors):
+                where = format_ranks([r.rank for r in targets])
+                raise NameError(f"{name!r} is not defined on rank {where}: set it in a %%distributed cell "
+                                "first.") from None
+            raise
+        return values[0] if rank is not None else values
 
     def apply(self, fn: Callable, *args, ranks=None, **kwargs) -> list:
         """Call ``fn(*args, **kwargs)`` on the target ranks at once; the results in rank order."""
-        return self._group.view(self.targets(ranks)).apply_sync(fn, *args, **kwargs)
+        return self._group.view(self._alive(self.targets(ranks))).apply_sync(fn, *args, **kwargs)
+
+    def _alive(self, targets: list[RankInfo]) -> list[RankInfo]:
+        dead = self.dead_ranks()
+        gone = [r for r in targets if r.rank in dead]
+        if gone:
+            raise RankDiedError(f"{gone[0].label()} is dead ({dead[gone[0].rank]}): `%dist restart` brings "
+                                "it back.")
+        return targets
 
     # -- cells ---------------------------------------------------------------------------
     def run(self, code: str, *, ranks=None, timeout: float | None = None,
@@ -422,6 +449,7 @@ class Session:
         dead engine), :class:`CellTimeout` naming the stalled rank when ``timeout``
         passes, and :class:`CellInterrupted` (a ``KeyboardInterrupt``) on Ctrl-C, saying where
         each rank stopped. In each case the other ranks are stopped within seconds, gently first.
+        While another notebook's cell runs on the pool this one waits, saying so.
         """
         return self._run(self._cell(ranks, timeout, on_output, on_tick), code)
 
@@ -429,7 +457,9 @@ class Session:
         return CellRun(self._group, self._health, self.targets(ranks), timeout, on_output, on_tick)
 
     def _run(self, cell: CellRun, code: str) -> CellResult:
-        with self._busy:
+        with self._busy, self._turn("a cell"):
+            # another notebook may have restarted or re-formed ranks while this one waited
+            cell.targets = self.targets([r.rank for r in cell.targets])
             self._ensure_group()
             return cell.run(code)
 
@@ -447,6 +477,7 @@ class Session:
         """One row per rank: rank, host, pid, device, state (idle, busy or dead)."""
         if not self.running:
             return []
+        self._check()
         dead = self.dead_ranks()
         client = self.client
         alive = set(client.ids)

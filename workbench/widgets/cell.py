@@ -41,7 +41,7 @@ class CellMonitor:
         self.handle = display(self.dashboard, display_id=True)
 
     def tick(self) -> None:
-        """Called from the cell's wait loop (the kernel's main thread): show the dashboard once a run starts."""
+        """From the cell's wait loop (the kernel's main thread): show the dashboard when a run starts."""
         if self.dashboard is not None or self.collector is None or self._finished:
             return
         latest = self.collector.latest_run()

@@ -1,4 +1,6 @@
 import {
+  attachedText,
+  attachedWarning,
   elapsedSeconds,
   formatBytes,
   formatPercent,
@@ -49,6 +51,8 @@ function pool(overrides: Partial<IPool> = {}): IPool {
     backend: 'gloo',
     created: 1000,
     owner: { kind: 'server', label: 'started from the panel' },
+    name: 'pool-glad-heron',
+    notebooks: [{ notebook: 'the JupyterLab panel', role: 'started', pid: 1 }],
     ranks: [rank(0), rank(1)],
     gpu_detected: false,
     attach: '%load_ext workbench\n%dist attach abc123',
@@ -465,5 +469,21 @@ describe('PoolsModel', () => {
     model.dismissActionError();
     expect(model.actionError).toBeNull();
     model.dispose();
+  });
+});
+
+describe('attached notebooks', () => {
+  it('are listed on the card and warned about before a stop', () => {
+    const shared = pool({
+      notebooks: [
+        { notebook: 'train.ipynb', role: 'started', pid: 1 },
+        { notebook: 'a.ipynb', role: 'attached', pid: 2 },
+        { notebook: 'b.ipynb', role: 'attached', pid: 3 }
+      ]
+    });
+    expect(attachedText(shared)).toBe('attached: a.ipynb, b.ipynb');
+    expect(attachedWarning(shared)).toBe(': a.ipynb and b.ipynb are attached and are told at the next cell.');
+    expect(attachedText(pool())).toBe('');
+    expect(attachedWarning(pool())).toBe('.');
   });
 });

@@ -1,0 +1,167 @@
+"""One pool, several notebooks: names people can say, who is attached, one cell at a time, who stopped it.
+
+Everything lives beside the pool's state file in the Jupyter runtime folder, so every kernel of the
+machine and the Jupyter server see the same picture:
+
+- ``pool-<id>.clients/<pid>.json``: one file per session driving the pool (the one that started it,
+  attached ones): its notebook and since when. Files of processes that are gone do not count.
+- ``pool-<id>.lock``: the cell lock (``flock``). A cell holds it while it runs on the ranks, so two
+  notebooks' cells never interleave on the engines; its content says who holds it.
+- ``pool-<id>.stopped.json``: written when a pool is stopped, saying by whom and when, so a notebook
+  still attached hears it in one line.
+
+>>> name_for("1a2b3c4d")
+'pool-glad-heron'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+from workbench.pool import state as pool_state
+
+_ADJECTIVES = ("amber", "bold", "brisk", "calm", "clever", "crisp", "eager", "fair", "glad", "gentle",
+               "jolly", "keen", "kind", "lucky", "merry", "neat", "noble", "proud", "quick", "quiet",
+               "rapid", "shy", "snug", "steady", "sunny", "swift", "tidy", "warm", "wise", "witty")
+_ANIMALS = ("badger", "beaver", "bison", "crane", "eagle", "falcon", "ferret", "finch", "fox", "gecko",
+            "heron", "ibis", "koala", "lark", "lemur", "lynx", "marmot", "moose", "newt", "otter", "owl",
+            "panda", "puffin", "quail", "raven", "robin", "seal", "stork", "tapir", "wren")
+STOPPED_KEPT_S = 24 * 3600  # how long a stopped pool's note stays for notebooks that were attached
+
+
+def name_for(pool_id: str) -> str:
+    """A short name a person can say, derived from the pool id (the same id, the same name)."""
+    pick = random.Random(pool_id)
+    return f"pool-{pick.choice(_ADJECTIVES)}-{pick.choice(_ANIMALS)}"
+
+
+def this_notebook() -> str:
+    """The notebook of this kernel (Jupyter tells kernels in ``JPY_SESSION_NAME``), else its process."""
+    path = os.environ.get("JPY_SESSION_NAME")
+    if path:
+        return os.path.basename(path) if os.path.isabs(path) else path
+    return f"process {os.getpid()}"
+
+
+# -- who is attached -----------------------------------------------------------------------
+def _clients_dir(pool_id: str) -> Path:
+    return pool_state.state_dir() / f"pool-{pool_id}.clients"
+
+
+def register(pool_id: str, role: str, notebook: str | None = None) -> None:
+    """Say that this process drives the pool (``role``: "started" or "attached")."""
+    folder = _clients_dir(pool_id)
+    folder.mkdir(mode=0o700, exist_ok=True)
+    record = {**pool_state.process_record(os.getpid()), "notebook": notebook or this_notebook(),
+              "role": role, "since": time.time()}
+    with pool_state.private_file(folder / f"{os.getpid()}.json", "w") as f:
+        json.dump(record, f)
+
+
+def unregister(pool_id: str) -> None:
+    (_clients_dir(pool_id) / f"{os.getpid()}.json").unlink(missing_ok=True)
+
+
+def clients(pool_id: str) -> list[dict]:
+    """The sessions driving the pool whose process is alive: ``[{"pid", "notebook", "role", "since"}]``."""
+    out = []
+    for path in sorted(_clients_dir(pool_id).glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if pool_state.process_alive(record):
+            out.append(record)
+        else:
+            path.unlink(missing_ok=True)
+    return sorted(out, key=lambda r: (r["role"] != "started", r["since"]))
+
+
+# -- one cell at a time ----------------------------------------------------------------------
+class CellLock:
+    """The pool's cell lock, shared by every process on this machine (``flock`` on a file).
+
+    >>> lock = CellLock("1a2b3c4d")                             # doctest: +SKIP
+    >>> with lock.held(waiting=lambda who: print("busy:", who)):  # doctest: +SKIP
+    ...     run_the_cell()
+    """
+
+    POLL_S = 0.05
+
+    def __init__(self, pool_id: str):
+        self.path = pool_state.state_dir() / f"pool-{pool_id}.lock"
+        self._fd: int | None = None
+
+    @contextlib.contextmanager
+    def held(self, waiting=lambda who: None, what: str = "a cell"):
+        """Hold the lock for the block; while another notebook holds it, ``waiting(who)`` once and wait
+        (Ctrl-C cancels the wait: nothing was sent to the ranks)."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        told = False
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not told:
+                        waiting(self.holder() or "another notebook")
+                        told = True
+                    time.sleep(self.POLL_S)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps({"notebook": this_notebook(), "pid": os.getpid(), "what": what,
+                                      "since": time.time()}).encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
+
+    def holder(self) -> str | None:
+        """Who holds the lock, as "<notebook>" (None if nobody says)."""
+        try:
+            info = json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return None
+        return info.get("notebook")
+
+
+# -- who stopped it ------------------------------------------------------------------------------
+def _stopped_path(pool_id: str) -> Path:
+    return pool_state.state_dir() / f"pool-{pool_id}.stopped.json"
+
+
+def note_stopped(pool_id: str, name: str | None, by: str) -> None:
+    """Leave word that the pool was stopped, ``by`` whom (e.g. "the JupyterLab panel")."""
+    with pool_state.private_file(_stopped_path(pool_id), "w") as f:
+        json.dump({"id": pool_id, "name": name, "by": by, "at": time.time()}, f)
+    for path in pool_state.state_dir().glob("pool-*.stopped.json"):  # forget old notes
+        with contextlib.suppress(OSError):
+            if time.time() - path.stat().st_mtime > STOPPED_KEPT_S:
+                path.unlink()
+    with contextlib.suppress(OSError):
+        (pool_state.state_dir() / f"pool-{pool_id}.lock").unlink()
+
+
+def stopped(pool_id: str) -> dict | None:
+    """``{"by": ..., "at": ...}`` if the pool was stopped (and by whom), else None."""
+    try:
+        return json.loads(_stopped_path(pool_id).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def describe_stop(pool_id: str, name: str | None) -> str:
+    """The one line a notebook shows when its pool went away under it."""
+    note = stopped(pool_id) or {}
+    label = name or pool_id
+    if note:
+        when = time.strftime("%H:%M", time.localtime(note["at"]))
+        return (f"pool {label} was stopped (by {note['by']} at {when}); `%dist start` starts a new one, "
+                "`%dist attach` joins another.")
+    return (f"pool {label} is gone (its processes ended); `%dist start` starts a new one, `%dist attach` "
+            "joins another.")

@@ -1,0 +1,90 @@
+"""The pool as other notebooks see it and change it: the same picture for every session.
+
+The pool's state file is the one truth about its ranks, its process group (generation, whether a
+fault aborted it) and whether it still runs. Every session (the one that started the pool and the
+attached ones) takes a cell's turn through the pool's cell lock, catches up with what another
+notebook changed (a restart, a scale, a re-formed or aborted group) before it acts, and writes what
+it changed itself. A pool stopped elsewhere turns the next call into one line saying by whom.
+
+>>> shared = Shared(pool, group, health, local=True, role="attached")     # doctest: +SKIP
+>>> with shared.turn(notify=print):                                       # doctest: +SKIP
+...     run_the_cell()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+
+from workbench.errors import PoolGone
+from workbench.pool import sharing
+from workbench.pool import state as pool_state
+from workbench.pool.cluster import EnginePool
+from workbench.pool.rankmap import RankInfo
+from workbench.session.group import ProcessGroup
+from workbench.session.health import Health
+
+
+class Shared:
+    """One session's view of a pool that other notebooks may drive too."""
+
+    def __init__(self, pool: EnginePool, group: ProcessGroup, health: Health, *, local: bool, role: str,
+                 on_ranks: Callable[[list[RankInfo]], None] = lambda ranks: None):
+        self.pool, self.group, self.health, self.local = pool, group, health, local
+        self.on_ranks = on_ranks  # told when another notebook changed the ranks (the metrics' rank map)
+        self.lock = sharing.CellLock(pool.pool_id)
+        self._seen: int | None = None
+        sharing.register(pool.pool_id, role)
+
+    @contextlib.contextmanager
+    def turn(self, notify: Callable[[str], None] = print, what: str = "a cell"):
+        """Hold the pool's cell lock for the block, caught up with the other notebooks' changes."""
+        def waiting(who: str) -> None:
+            notify(f"pool busy: running {what} from {who}, waiting ... (Ctrl-C stops waiting)")
+
+        with self.lock.held(waiting=waiting, what=what):
+            self.catch_up()
+            yield
+            if not self.group.ok:  # a fault aborted the group: whoever comes next re-forms it
+                self.publish(group_ok=False)
+
+    def catch_up(self) -> None:
+        """Take in what another notebook changed; :class:`PoolGone` if the pool was stopped."""
+        mtime = self._mtime()
+        if mtime is None:
+            raise PoolGone(sharing.describe_stop(self.pool.pool_id, self.pool.name))
+        if mtime == self._seen:
+            return
+        state = pool_state.read_state(self.pool.state_file) or {}
+        self._seen = mtime
+        ranks = [RankInfo(**r) for r in state.get("ranks", [])]
+        if not ranks:
+            return
+        changed = ranks != self.group.ranks or state.get("generation", 0) != self.group.generation
+        self.group.ok = state.get("group_ok", True) and (changed or self.group.ok)
+        if changed:
+            self.group.ranks, self.group.backend = ranks, state.get("backend")
+            self.group.generation = state.get("generation", 0)
+            self.group.gloo_ports = state.get("gloo_ports", [])
+            self.pool.n = len(ranks)
+            self.health.watch(ranks, local=self.local)
+            self.on_ranks(ranks)
+
+    def publish(self, **what) -> None:
+        """Write what this session changed (ranks, backend, generation, group_ok) for the others."""
+        self.pool.update_state(**what)
+        self._seen = self._mtime()
+
+    def gone(self) -> bool:
+        return self._mtime() is None
+
+    def close(self) -> None:
+        sharing.unregister(self.pool.pool_id)
+
+    def _mtime(self) -> int | None:
+        path = self.pool.state_file or pool_state.state_path(self.pool.pool_id)
+        try:
+            return os.stat(path).st_mtime_ns
+        except FileNotFoundError:
+            return None
