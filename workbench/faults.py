@@ -39,17 +39,46 @@ class FaultEvent:
         return ", ".join(parts)
 
 
-def is_secondary(ename: str, evalue: str) -> bool:
+def is_secondary(ename: str, evalue: str, origin: str | None = None) -> bool:
     """Whether an error is the echo of another rank's failure (a closed connection, an abort).
+
+    ``origin`` is what the rank itself knows (:func:`origin_of` its beacon): ``"local"`` (its own backend
+    failed: a root cause even as a ``DistBackendError``), ``"peer"`` or ``"aborted"`` (an echo). Without
+    it, the error's type and text decide.
 
     >>> is_secondary("RuntimeError", "[pair.cc:553] Connection closed by peer [127.0.0.1]:1234")
     True
     >>> is_secondary("ValueError", "bad shape")
     False
+    >>> is_secondary("DistBackendError", "NCCL error: unhandled cuda error", origin="local")
+    False
     """
+    if origin == "local":
+        return False
+    if origin in ("peer", "aborted"):
+        return True
     # KeyboardInterrupt on a rank is our own escalation's SIGINT (Ctrl-C in the notebook raises in the kernel)
     return (ename in ("DistBackendError", "DistNetworkError", "KeyboardInterrupt")
             or any(m in evalue for m in SECONDARY_MARKERS))
+
+
+def origin_of(beat: dict | None, since: float) -> str | None:
+    """Where a rank's failure in a cell that started at ``since`` (engine clock) came from, as its beacon
+    says: an abort of its group during the cell, else the origin of its last failed collective.
+
+    >>> origin_of({"aborted_at": None, "failure": {"t": 12.0, "origin": "local"}}, since=10.0)
+    'local'
+    >>> origin_of({"aborted_at": 11.0, "failure": {"t": 12.0, "origin": None}}, since=10.0)
+    'aborted'
+    >>> origin_of({"aborted_at": None, "failure": {"t": 9.0, "origin": "local"}}, since=10.0) is None
+    True
+    """
+    if not beat:
+        return None
+    if (beat.get("aborted_at") or 0) >= since:
+        return "aborted"
+    failure = beat.get("failure") or {}
+    return failure.get("origin") if failure.get("t", 0) >= since else None
 
 
 def log_path():

@@ -28,10 +28,17 @@ from workbench.errors import NoPoolError, PoolStartError, RankDiedError
 from workbench.pool import netif
 from workbench.pool import state as pool_state
 from workbench.pool.cluster import EnginePool, interrupts_held
-from workbench.pool.devices import visible_gpu_count
+from workbench.pool.devices import check_gpu_fit, visible_gpu_count
 from workbench.pool.idle import IdleRelease
 from workbench.pool.launchers import default_engines
-from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks, remap_engines
+from workbench.pool.rankmap import (
+    RankInfo,
+    build_rank_map,
+    extend_rank_map,
+    format_ranks,
+    parse_ranks,
+    remap_engines,
+)
 from workbench.pool.watch import BeaconReceiver
 from workbench.session.cell import CellRun, OutputCallback, RunHandle
 from workbench.session.group import ProcessGroup
@@ -138,7 +145,9 @@ class Session:
         if self.running:
             raise ValueError("this session is already running: stop it first, or use it as it is.")
         t0 = time.perf_counter()
-        n = default_engines(self.config, visible_gpu_count() if self.local else 0)
+        gpus = visible_gpu_count() if self.local else 0
+        n = default_engines(self.config, gpus)
+        check_gpu_fit(n, gpus, share=self.config.share_gpus)  # more ranks than GPUs: refused before any start
         if not netif.is_loopback(self.config.address):
             warnings.warn(netif.UNAUTHENTICATED.format(address=self.config.address),
                           netif.UnauthenticatedNetworkWarning, stacklevel=2)
@@ -149,7 +158,8 @@ class Session:
         try:
             progress("forming the process group")
             self._connect(pool)
-            self._group.ranks = build_rank_map(self._group.describe(client.ids))
+            engines = self._group.describe(client.ids)
+            self._group.ranks = build_rank_map(engines, share_gpus=self.config.share_gpus)
             self._form()
         except BaseException as exc:  # one short error naming the log, and nothing left running
             error = pool.explain(exc)
@@ -356,16 +366,20 @@ class Session:
                 raise RankDiedError(f"rank {min(dead)} is dead: `%dist restart` it (or stop and start the "
                                     "pool) before scaling.")
             t0 = time.perf_counter()
-            keep = [r.engine_id for r in self.ranks[:n]]
-            if n > self.world_size:
+            group = self._group
+            if n > self.world_size:  # the ranks there keep rank, engine and device; new engines come after
+                if self.local:
+                    check_gpu_fit(n, visible_gpu_count(), share=self.config.share_gpus)
                 progress(f"starting {n - self.world_size} engines")
-                keep += self._pool.start_more(n - self.world_size, set(self._pool.client.ids))
+                new = self._pool.start_more(n - self.world_size, set(self._pool.client.ids))
+                engines = group.describe(new)
+                group.ranks = extend_rank_map(self.ranks, engines, share_gpus=self.config.share_gpus)
             elif n < self.world_size:
                 progress(f"stopping rank {format_ranks(range(n, self.world_size))}")
                 self._pool.stop_engines([r.engine_id for r in self.ranks[n:]])
+                group.ranks = self.ranks[:n]
             else:
                 return list(self.ranks)
-            self._group.ranks = build_rank_map(self._group.describe(keep))
             self._pool.n = n
             progress(f"re-forming the process group at world size {n}")
             self._reform(since=t0)
