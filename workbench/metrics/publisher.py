@@ -94,7 +94,8 @@ class Publisher(_callback_base()):
         get = lambda name: getattr(stats, name, None)
         self.step(step=get("step"), loss=get("loss"), lr=get("lr"), samples=get("samples"),
                   tokens=get("tokens"), step_time=get("step_time"), compute_time=get("compute_time"),
-                  comm_time=get("comm_time"), data_time=get("data_time"))
+                  comm_time=get("comm_time"), data_time=get("data_time"), mem_bytes=get("mem_peak"),
+                  mem_reserved_bytes=get("mem_reserved_peak"))
 
     def on_run_end(self, trainer=None) -> None:
         """The run ended: a ``run_end`` event, and everything queued is sent before returning (<= 2 s)."""
@@ -106,8 +107,9 @@ class Publisher(_callback_base()):
         """Queue one step record; ``fields`` as in :func:`workbench.metrics.records.step_row`."""
         if self.run == 0:
             self.on_run_start(None)
-        mem = self._mem() if self._mem is not None else None
-        row = records.step_row(t=time.time(), run=self.run, step=step, mem_bytes=mem, **fields)
+        if fields.get("mem_bytes") is None and self._mem is not None:  # a loop that measures no peak
+            fields["mem_bytes"] = self._mem()
+        row = records.step_row(t=time.time(), run=self.run, step=step, **fields)
         self._put("step", row)
 
     def event(self, name: str, **details) -> None:
