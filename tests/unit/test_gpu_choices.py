@@ -29,3 +29,15 @@ def test_the_step_flags_live_where_the_group_reduces_them(monkeypatch):
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "gloo")
     assert trainer._flag_device(GPU) == torch.device("cpu")
     assert trainer._flag_device(torch.device("cpu")) == torch.device("cpu")
+
+
+def test_a_cpu_model_goes_to_the_ranks_gpu(monkeypatch):
+    from workbench.strategies.compose import rank_device
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "cpu:gloo,cuda:nccl")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert rank_device(torch.device("cpu")) == torch.device("cuda", 3)  # not trained on the CPU over gloo
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "gloo")
+    assert rank_device(torch.device("cpu")) == torch.device("cpu")
