@@ -256,7 +256,7 @@ def run_check(session, *, size_mb: float = 4.0, iters: int = 10, timeout: float 
                f"{max(p['latency_s'] for p in probes) * 1e6:.0f} us, bus bandwidth "
                f"{min(p['busbw_gbps'] for p in probes):.2f} GB/s ({p0['bytes'] / 2**20:g} MiB)"]
     if any(p["collective_device"] != p["device"] for p in probes):
-        summary.append("a device failed, so every rank measured on the CPU (gloo): the figures are not the GPUs'")
+        summary.append("a device failed, so every rank measured on the CPU: these figures are not the GPUs'")
     inter = [p["internode"] for p in probes if "internode" in p]
     if inter:
         leaders = ", ".join(map(str, inter[0]["ranks"]))
