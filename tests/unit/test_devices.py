@@ -50,3 +50,19 @@ def test_a_mig_rank_samples_its_own_instance_and_says_what_it_cannot_read():
     assert info["unsupported"] == ["util", "power_w", "temp_c", "clock_mhz"]
     r = s.read()
     assert r["util"] is None and r["mem_used"] == 30 * 2**30
+
+
+def test_the_sidebar_finds_a_ranks_gpu_by_the_uuid_recorded_at_join(monkeypatch):
+    import os
+    import socket
+
+    from workbench.server.usage import UsageSampler
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")  # the server's own mask says nothing about the engine's
+    usage = UsageSampler()
+    usage._nvml = FakeNVML(TOPOLOGY)
+    got = usage.sample(os.getpid(), socket.gethostname(), "cuda:0", gpu_uuid="b2")
+    assert got["gpu_memory_total_bytes"] == 70 * 2**30  # MIG instance b2, not GPU c (index 2), not GPU a
+    assert got["gpu_util"] is None  # not supported on a MIG instance: unknown, not 0
+    whole = usage.sample(os.getpid(), socket.gethostname(), "cuda:0", gpu_uuid="GPU-a")
+    assert (whole["gpu_util"], whole["gpu_memory_total_bytes"]) == (87.0, 140 * 2**30)

@@ -249,12 +249,14 @@ def connect(channel: dict, *, rank: int | None = None, device: str | None = None
     is kept (Trainers made earlier hold it), taking the new rank if it changed.
     """
     global _publisher
+    uuid = None
     if rank is None or device is None:
         from workbench.engine import rendezvous
 
         here = rendezvous.identity()
         rank = here["rank"] if rank is None else rank
         device = str(here["device"]) if device is None else device
+        uuid = here.get("gpu_uuid")  # the GPU this rank joined on, whatever CUDA_VISIBLE_DEVICES says
     pub = _publisher
     if pub is not None and pub.channel == channel and pub.alive and pub.device == str(device):
         if pub.rank != rank:
@@ -265,8 +267,9 @@ def connect(channel: dict, *, rank: int | None = None, device: str | None = None
     threads = 1
     if "torch" in sys.modules:
         threads = sys.modules["torch"].get_num_threads()
-    _publisher = Publisher(channel, rank=rank, device=device, threads=threads,
-                           flush_interval=flush_interval, sample_interval=sample_interval)
+    sampler = make_sampler(str(device), threads, uuid=uuid)
+    _publisher = Publisher(channel, rank=rank, device=device, threads=threads, flush_interval=flush_interval,
+                           sample_interval=sample_interval, sampler=sampler)
     registered = _register(_publisher)
     return {"rank": rank, "device": device, "sampler": _publisher.info["kind"], "registered": registered}
 
