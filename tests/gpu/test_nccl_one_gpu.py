@@ -14,9 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
+from bench.gpu_cells import CASES, STEPS, TOLERANCE, batches, make_model, reference, train_sharded  # noqa: E402
 
-STEPS, LR, B = 3, 0.1, 8
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
 
 @pytest.fixture()
@@ -38,59 +38,25 @@ def gpu_rank():
     rendezvous.close()
 
 
-def _model(kind: str):
-    from workbench.train import MLP, GPTConfig, MLPConfig, TinyGPT, char_vocab
-
-    torch.manual_seed(0)
-    if kind == "mlp":
-        return MLP(MLPConfig(d_in=8, d_hidden=16, d_out=4, n_layers=4, expansion=2))
-    return TinyGPT(GPTConfig(vocab=char_vocab(), block_size=8, n_layers=2, n_head=2, d_model=16))
-
-
-def _batches(kind: str, device) -> list:
-    from workbench.train import char_dataset, regression_data
-
-    if kind == "mlp":
-        data = [regression_data(B, d_in=8, d_out=4, seed=s) for s in range(STEPS)]
-    else:
-        x, y = char_dataset(block_size=8).tensors
-        data = [(x[s * B:(s + 1) * B], y[s * B:(s + 1) * B]) for s in range(STEPS)]
-    return [(x.to(device), y.to(device)) for x, y in data]
-
-
-def _reference(kind: str, device) -> dict:
-    model = _model(kind).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    for x, y in _batches(kind, device):
-        model.loss_fn(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
-
-
-CASES = [("mlp", "ddp"), ("mlp", "fsdp"), ("gpt", "fsdp"), ("gpt", "tp"), ("mlp", "pp")]
-
-
 @pytest.mark.parametrize(("kind", "strategy"), CASES)
 def test_every_strategy_on_nccl_equals_a_single_process(gpu_rank, kind, strategy):
     from workbench.strategies import shard, unwrap
-    from workbench.train import Trainer, full_state_dict
 
-    model = shard(_model(kind), strategy)  # built on the CPU: shard puts it on this rank's GPU
-    assert next(unwrap(model).parameters()).device.type == "cuda"
-    Trainer(model, _batches(kind, gpu_rank), optim="sgd", lr=LR, clip=None, precision="fp32").run(steps=STEPS)
-    torch.testing.assert_close(full_state_dict(model), _reference(kind, gpu_rank), atol=1e-4, rtol=1e-3)
+    sharded = shard(make_model(kind), strategy)  # built on the CPU: shard puts it on this rank's GPU
+    assert next(unwrap(sharded).parameters()).device.type == "cuda"
+    torch.testing.assert_close(train_sharded(kind, strategy, gpu_rank), reference(kind, gpu_rank),
+                               **TOLERANCE["fp32"])
 
 
 def test_bf16_only_where_the_gpu_does_it_natively(gpu_rank):
     from workbench.strategies import shard
     from workbench.train import Trainer
 
-    model = shard(_model("mlp"), "fsdp")
+    model = shard(make_model("mlp"), "fsdp")
     seen = []
     linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
     linear.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
-    result = Trainer(model, _batches("mlp", gpu_rank), lr=1e-2, precision="auto").run(steps=STEPS)
+    result = Trainer(model, batches("mlp", gpu_rank), lr=1e-2, precision="auto").run(steps=STEPS)
     native = torch.cuda.is_bf16_supported(including_emulation=False)
     assert set(seen) == {torch.bfloat16 if native else torch.float32}
     assert all(torch.isfinite(torch.tensor(s.loss)) for s in result.history)
@@ -115,8 +81,8 @@ def test_steps_report_communication_and_peak_memory(gpu_rank):
     from workbench.strategies import shard
     from workbench.train import Trainer
 
-    model = shard(_model("mlp"), "ddp")
-    trainer = Trainer(model, _batches("mlp", gpu_rank), lr=1e-2)
+    model = shard(make_model("mlp"), "ddp")
+    trainer = Trainer(model, batches("mlp", gpu_rank), lr=1e-2)
     assert trainer._flag_device.type == "cuda"
     history = trainer.run(steps=STEPS).history
     assert all(s.comm_time > 0 for s in history)  # CUDA events: the all-reduces' own time, not enqueue time
@@ -126,7 +92,7 @@ def test_steps_report_communication_and_peak_memory(gpu_rank):
 def test_shard_again_reuses_the_mesh(gpu_rank):
     from workbench.strategies import shard
 
-    assert shard(_model("gpt"), "fsdp").wb_layout.mesh is shard(_model("gpt"), "fsdp").wb_layout.mesh
+    assert shard(make_model("gpt"), "fsdp").wb_layout.mesh is shard(make_model("gpt"), "fsdp").wb_layout.mesh
 
 
 def test_abort_from_a_background_thread_ends_every_group_and_the_rank_joins_again(gpu_rank):
@@ -137,7 +103,7 @@ def test_abort_from_a_background_thread_ends_every_group_and_the_rank_joins_agai
     from workbench.strategies import shard
 
     kept = torch.arange(4.0, device=gpu_rank)
-    model = shard(_model("gpt"), "fsdp")  # a mesh, and a subgroup made after the join
+    model = shard(make_model("gpt"), "fsdp")  # a mesh, and a subgroup made after the join
     sub = dist.new_group([0])
     dist.all_reduce(torch.ones(1, device=gpu_rank), group=sub)
     assert len(c10d._world.pg_map) >= 2
