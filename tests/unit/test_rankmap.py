@@ -60,6 +60,8 @@ def test_config_validation():
         PoolConfig(launcher="k8s")
     with pytest.raises(ValueError, match="timeout"):
         PoolConfig(timeout=0)
+    with pytest.raises(ValueError, match="collective_timeout"):
+        PoolConfig(collective_timeout=-1)
 
 
 # -- device placement on a fake topology (issue 15) -------------------------------------------------------
