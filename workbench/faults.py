@@ -62,23 +62,29 @@ def is_secondary(ename: str, evalue: str, origin: str | None = None) -> bool:
             or any(m in evalue for m in SECONDARY_MARKERS))
 
 
-def origin_of(beat: dict | None, since: float) -> str | None:
-    """Where a rank's failure in a cell that started at ``since`` (engine clock) came from, as its beacon
-    says: an abort of its group during the cell, else the origin of its last failed collective.
+def origin_of(beat: dict | None, since: float, failed_at: float | None = None) -> str | None:
+    """Where a rank's failure at ``failed_at`` in a cell that started at ``since`` came from, as its beacon
+    says (engine clocks): the origin of a collective that failed in the cell, else an abort of its group
+    before the failure. An error raised before the abort (the root cause, which the abort answered) has none.
 
     >>> origin_of({"aborted_at": None, "failure": {"t": 12.0, "origin": "local"}}, since=10.0)
     'local'
-    >>> origin_of({"aborted_at": 11.0, "failure": {"t": 12.0, "origin": None}}, since=10.0)
+    >>> origin_of({"aborted_at": 11.0, "failure": None}, since=10.0, failed_at=12.0)
     'aborted'
+    >>> origin_of({"aborted_at": 11.0, "failure": None}, since=10.0, failed_at=10.5) is None
+    True
     >>> origin_of({"aborted_at": None, "failure": {"t": 9.0, "origin": "local"}}, since=10.0) is None
     True
     """
     if not beat:
         return None
-    if (beat.get("aborted_at") or 0) >= since:
-        return "aborted"
     failure = beat.get("failure") or {}
-    return failure.get("origin") if failure.get("t", 0) >= since else None
+    if failure.get("t", 0) >= since and (failed_at is None or failure["t"] <= failed_at + 1.0):
+        return failure.get("origin")
+    aborted = beat.get("aborted_at") or 0
+    if aborted >= since and (failed_at is None or aborted <= failed_at):
+        return "aborted"
+    return None
 
 
 def log_path():

@@ -35,3 +35,11 @@ def test_the_origin_a_rank_reports():
     beat = {"aborted_at": None, "failure": {"t": 5.0, "origin": "local"}}
     assert faults.origin_of(beat, since=4.0) == "local"
     assert faults.origin_of(None, since=4.0) is None
+
+
+def test_the_abort_that_answered_a_root_cause_does_not_make_it_an_echo():
+    # rank 1 raised at t=10.2; the kernel then aborted its group at t=10.5 to release the others
+    beat = {"aborted_at": 10.5, "failure": None}
+    assert faults.origin_of(beat, since=10.0, failed_at=10.2) is None
+    assert not faults.is_secondary("ValueError", "bad batch", faults.origin_of(beat, 10.0, 10.2))
+    assert faults.origin_of(beat, since=10.0, failed_at=10.9) == "aborted"  # failed after its abort: an echo
