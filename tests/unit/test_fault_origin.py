@@ -31,7 +31,7 @@ def test_the_origin_a_rank_reports():
     timeout = RuntimeError("watchdog")
     assert failure_origin(timeout, aborted=False, backend_errors=["TIMEOUT"]) == "peer"
     assert failure_origin(timeout, aborted=True, backend_errors=["COMM_ERROR"]) == "aborted"
-    assert failure_origin(timeout, aborted=False, backend_errors=[]) is None  # nothing says: type, text decide
+    assert failure_origin(timeout, aborted=False, backend_errors=[]) is None  # unknown: type and text decide
     beat = {"aborted_at": None, "failure": {"t": 5.0, "origin": "local"}}
     assert faults.origin_of(beat, since=4.0) == "local"
     assert faults.origin_of(None, since=4.0) is None
