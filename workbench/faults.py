@@ -62,6 +62,26 @@ def is_secondary(ename: str, evalue: str, origin: str | None = None) -> bool:
             or any(m in evalue for m in SECONDARY_MARKERS))
 
 
+def seconds(when) -> float | None:
+    """A POSIX time from what ipyparallel reports (a datetime, or an ISO string like its ``completed``).
+
+    >>> seconds("1970-01-01T00:00:02.500000Z")
+    2.5
+    >>> seconds(None) is None
+    True
+    """
+    if hasattr(when, "timestamp"):
+        return when.timestamp()
+    if isinstance(when, str):
+        from datetime import datetime
+
+        try:
+            return datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
 def origin_of(beat: dict | None, since: float, failed_at: float | None = None) -> str | None:
     """Where a rank's failure at ``failed_at`` in a cell that started at ``since`` came from, as its beacon
     says (engine clocks): the origin of a collective that failed in the cell, else an abort of its group
