@@ -153,7 +153,8 @@ def _note_failure(exc: BaseException, name: str) -> None:
 
 # Functions of IPython that format an error: a main thread inside one has left the user's code and is
 # reporting how it ended (which can take a second the first time: it parses the files it shows).
-REPORTING = frozenset({"showtraceback", "_showtraceback", "structured_traceback", "format_exception_as_a_whole"})
+REPORTING = frozenset({"showtraceback", "_showtraceback", "structured_traceback",
+                       "format_exception_as_a_whole"})
 
 
 def snapshot(rank: int) -> dict:
