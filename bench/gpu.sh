@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# GPU checks, under 5 minutes on one GPU (about 2-3 of benchmarks, the rest for the gpu tests):
-#   1. training throughput with one rank on CUDA (NCCL, world of 1): %%distributed vs torchrun
-#   2. NVML sampling overhead: samples/s with the metrics publisher off, sampling every 1 s, every 0.05 s
-#   3. pytest -m gpu
+# GPU checks and measurements, one script, under 8 minutes on one GPU, one report (bench/results/gpu.json):
+#   every strategy (DDP, FSDP2, TP, PP) on NCCL vs a single process (fp32, and bf16 where native); the abort
+#   path (a blocked NCCL rank with 2+ GPUs; with one GPU, the abort from a background thread and re-form);
+#   NVML sampling by the join's GPU UUID and its overhead; the dashboard's communication bar; FSDP's peak
+#   memory sharding a CPU model; one rank vs torchrun; and pytest -m gpu. See bench/gpu.py.
 # Needs .venv with a CUDA build of torch, e.g.
 #   make setup TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
-# Writes bench/results/gpu.json. Usage: bash bench/gpu.sh [--quick]
+# Usage: bash bench/gpu.sh [--quick]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -16,11 +17,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
     exit 2
 fi
 "$PY" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, '|', torch.cuda.get_device_name(0))"
-
-status=0
-echo "== 1-2. throughput (world of 1, NCCL) vs torchrun; NVML sampling overhead"
-timeout 200 "$PY" -m bench.gpu "$@" || { echo "bench.gpu failed (exit $?)"; status=1; }
-
-echo "== 3. pytest -m gpu"
-timeout 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider || { echo "pytest -m gpu failed (exit $?)"; status=1; }
+timeout 460 "$PY" -m bench.gpu "$@"
+status=$?
+[ $status -eq 124 ] && echo "bench/gpu.sh: ran past 460 s (the report was not written)" >&2
 exit $status

@@ -20,8 +20,11 @@ class PoolConfig:
 
     ``n``: number of engines (ranks); ``None`` means one per GPU (``nodes`` x ``gpus_per_node`` on a
     cluster, the visible GPUs on this machine), else 2 locally and one per node or host elsewhere.
-    ``timeout``: seconds for engines to register and for the process group to form; also the process
-    group's collective timeout.
+    ``timeout``: seconds for engines to register and for the process group to form.
+    ``collective_timeout``: how long one collective may wait before the backend gives up (``None``: 15
+    minutes, or ``timeout`` if longer); the workbench's own hang detection (``%%distributed --timeout``)
+    acts long before. ``share_gpus``: let more ranks than GPUs share them (over gloo, with a warning)
+    instead of refusing to start.
 
     Launchers: ``local`` (this machine, the default), ``slurm`` (one sbatch job: ``nodes``,
     ``gpus_per_node``, ``partition``, ``time``, ``account``), ``mpi`` (``mpiexec``, optionally over
@@ -66,6 +69,8 @@ class PoolConfig:
     idle_release: float | None = None
     oversubscribe: bool = False
     name: str | None = None
+    collective_timeout: float | None = None
+    share_gpus: bool = False
     launcher_options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self):
@@ -84,6 +89,9 @@ class PoolConfig:
             raise ValueError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}.")
         if not self.timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds (got {self.timeout}).")
+        if self.collective_timeout is not None and not self.collective_timeout > 0:
+            raise ValueError(f"collective_timeout must be a positive number of seconds (got "
+                             f"{self.collective_timeout}).")
         for name in ("nodes", "gpus_per_node"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -115,8 +115,13 @@ def probe(device, size_mb: float = 4.0, iters: int = 10) -> dict:
         out["device_ok"] = bool(ok)
     except Exception as exc:  # a device that is listed but broken
         out["device_ok"], out["device_error"] = False, f"{type(exc).__name__}: {exc}"
-    if not out["device_ok"]:
-        dev = torch.device("cpu")  # still take part in the collectives, so the others do not hang
+    # Every rank must run the collectives on the same kind of device (a CPU tensor on gloo and a CUDA tensor
+    # on NCCL never meet: both would hang), so the ranks first agree, over the group's CPU backend.
+    every_ok = torch.tensor([float(out["device_ok"])])
+    dist.all_reduce(every_ok, op=dist.ReduceOp.MIN)
+    if not every_ok.item():
+        dev = torch.device("cpu")  # some rank's device is broken: every rank measures on the CPU
+    out["collective_device"] = str(dev)
 
     t = torch.full((4,), float(rank + 1), device=dev)
     dist.all_reduce(t)
@@ -250,6 +255,8 @@ def run_check(session, *, size_mb: float = 4.0, iters: int = 10, timeout: float 
     summary = [f"all_reduce over {world} ranks on {p0['nodes']} node{'s' * (p0['nodes'] > 1)}: latency "
                f"{max(p['latency_s'] for p in probes) * 1e6:.0f} us, bus bandwidth "
                f"{min(p['busbw_gbps'] for p in probes):.2f} GB/s ({p0['bytes'] / 2**20:g} MiB)"]
+    if any(p["collective_device"] != p["device"] for p in probes):
+        summary.append("a device failed, so every rank measured on the CPU: these figures are not the GPUs'")
     inter = [p["internode"] for p in probes if "internode" in p]
     if inter:
         leaders = ", ".join(map(str, inter[0]["ranks"]))

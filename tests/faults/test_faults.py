@@ -96,3 +96,17 @@ def test_rank_dying_while_idle_is_reported_without_a_cell(pool, capsys):
     assert pool.restart() == [0]
     pool.run("import torch\nt = torch.ones(1)\ndist.all_reduce(t)")
     assert [t.item() for t in pool.pull("t")] == [2.0, 2.0]
+
+
+def test_scale_after_a_restart_keeps_every_rank_on_its_engine(pool):
+    # the test above restarted rank 0: its new engine's id is now above rank 1's
+    assert pool.ranks[0].engine_id > pool.ranks[1].engine_id
+    pool.run("mine = rank")
+    before = [(r.rank, r.pid, r.device) for r in pool.ranks]
+    pool.scale(3)
+    assert [(r.rank, r.pid, r.device) for r in pool.ranks[:2]] == before
+    assert [pool.pull("mine", rank=r) for r in (0, 1)] == [0, 1]  # Python state stayed with its rank
+    pool.run("import torch\nt = torch.ones(1)\ndist.all_reduce(t)")
+    assert [t.item() for t in pool.pull("t")] == [3.0, 3.0, 3.0]
+    pool.scale(2)
+    assert [(r.rank, r.pid, r.device) for r in pool.ranks] == before

@@ -119,4 +119,4 @@ def test_the_gpu_spec_starts_a_pool_on_the_gpus(jupyter_env):
     ])
     NotebookClient(nb, kernel_name="workbench-gpu", timeout=150, startup_timeout=60).execute()
     text = "".join(o.get("text", "") for o in nb.cells[1].outputs)
-    assert "cuda:0 nccl" in text
+    assert "cuda:0 cpu:gloo,cuda:nccl" in text  # the auto backend: gloo for CPU tensors, NCCL for CUDA ones

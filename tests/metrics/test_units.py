@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 
+from tests.unit.fake_nvml import FakeNVML
 from workbench.metrics import records
 from workbench.metrics.collector import Collector
 from workbench.metrics.history import Series
@@ -89,54 +89,12 @@ def test_ranks_join_one_run_and_states_follow_records():
         c.close()
 
 
-class FakeNVML:
-    """A stand-in for pynvml with fixed readings (the only mock here: NVML needs a GPU)."""
-
-    class NVMLError(Exception):
-        pass
-
-    NVML_TEMPERATURE_GPU = 0
-    NVML_CLOCK_SM = 1
-
-    def __init__(self):
-        self.calls = []
-
-    def nvmlInit(self):
-        self.calls.append("init")
-
-    def nvmlShutdown(self):
-        self.calls.append("shutdown")
-
-    def nvmlDeviceGetHandleByUUID(self, uuid):
-        raise self.NVMLError("not found")
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        return f"gpu{index}"
-
-    def nvmlDeviceGetName(self, h):
-        return b"Fake H200"
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        return SimpleNamespace(gpu=87, memory=40)
-
-    def nvmlDeviceGetMemoryInfo(self, h):
-        return SimpleNamespace(used=30 * 2**30, total=140 * 2**30, free=110 * 2**30)
-
-    def nvmlDeviceGetPowerUsage(self, h):
-        return 412_000  # milliwatts
-
-    def nvmlDeviceGetTemperature(self, h, sensor):
-        return 61
-
-    def nvmlDeviceGetClockInfo(self, h, clock):
-        raise self.NVMLError("Not Supported")
-
-
 def test_nvml_sampler_with_fake_nvml():
-    nv = FakeNVML()
-    s = NvmlSampler(nv, index=1, uuid="GPU-123")
-    assert s.handle == "gpu1"
-    assert s.info() == {"kind": "gpu", "name": "Fake H200", "mem_total": 140 * 2**30}
+    nv = FakeNVML({"GPU-a": [], "GPU-b": []})
+    s = NvmlSampler(nv, index=1, uuid="GPU-123")  # an unknown UUID: the index-th visible device
+    assert s.handle == "GPU-b"
+    assert s.info() == {"kind": "gpu", "name": "Fake H200", "mem_total": 140 * 2**30,
+                        "unsupported": ["clock_mhz"]}
     assert s.read() == {"util": 87, "mem_used": 30 * 2**30, "mem_total": 140 * 2**30, "power_w": 412.0,
                         "temp_c": 61, "clock_mhz": None}
     s.close()
@@ -149,7 +107,7 @@ def test_no_nvml_falls_back_to_psutil():
         def nvmlInit(self):
             raise self.NVMLError("NVML Shared Library Not Found")
 
-    assert isinstance(make_sampler("cuda:0", nvml=Broken()), PsutilSampler)
+    assert isinstance(make_sampler("cuda:0", nvml=Broken({})), PsutilSampler)
     assert isinstance(make_sampler("cpu"), PsutilSampler)
 
 

@@ -113,3 +113,18 @@ def _fsdp_bf16(rank, world):
 def test_fsdp_bf16_mixed_precision_trains():
     losses = run_world(_fsdp_bf16, 2)
     assert losses[0] == losses[1] and len(losses[0]) == 3
+
+
+def _shard_twice(rank, world):
+    from torch.distributed import distributed_c10d as c10d
+
+    first = shard(make("gpt"), dp=2, tp=2)
+    groups = len(c10d._world.pg_map)
+    second = shard(make("gpt"), dp=2, tp=2)
+    return groups, len(c10d._world.pg_map), first.wb_layout.mesh is second.wb_layout.mesh
+
+
+@pytest.mark.timeout(60)
+def test_running_shard_again_reuses_the_mesh_and_its_communicators():
+    for groups, after, same in run_world(_shard_twice, 4):
+        assert after == groups and same, f"{after - groups} new process groups on the second shard()"

@@ -12,6 +12,7 @@ def test_start_defaults():
 def test_start_options():
     args = parse_dist("start -n 4 --backend gloo --timeout 7.5")
     assert (args.n, args.backend, args.timeout) == (4, "gloo", 7.5)
+    assert not args.share_gpus and parse_dist("start -n 4 --share-gpus").share_gpus
 
 
 @pytest.mark.parametrize(

@@ -119,8 +119,8 @@ class Agent:
         self._seen.append(cmd_id)
         if what == "stop":
             _stop.set()
-        elif what == "abort":  # the ports where the group's ranks listen: what the abort cuts
-            cut = guard.abort(cmd.get("ports", []))
+        elif what == "abort":  # where the group's ranks listen, [ip, port] each: what the abort cuts
+            cut = guard.abort(cmd.get("peers", []))
             what = f"abort ({cut} connections cut)" if cut is not None else "abort (no group)"
         elif what == "interrupt":
             os.kill(os.getpid(), signal.SIGINT)

@@ -52,6 +52,8 @@ def _dist_parser() -> _Parser:
     start.add_argument("--launcher", choices=LAUNCHERS, default="local")
     start.add_argument("--backend", choices=BACKENDS, default="auto")
     start.add_argument("--timeout", type=_seconds, default=60.0)
+    start.add_argument("--share-gpus", dest="share_gpus", action="store_true",
+                       help="let more ranks than GPUs share them (over gloo) instead of refusing")
     # cluster launchers (see workbench.pool.launchers)
     start.add_argument("--nodes", type=_positive_int, default=None, help="Slurm: nodes to run engines on")
     start.add_argument("--gpus-per-node", dest="gpus_per_node", type=_positive_int, default=None,

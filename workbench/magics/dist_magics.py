@@ -40,7 +40,8 @@ class DistributedMagics(Magics):
 
         ``%dist start [-n N] [--launcher local|slurm|mpi|ssh] [--backend auto|gloo|nccl] [--timeout S]
         [--nodes K] [--gpus-per-node G] [--partition P] [--time T] [--account A] [--hosts a,b]
-        [--interface IF | --address IP] [--idle-release S] [--oversubscribe]``, ``%dist status``,
+        [--interface IF | --address IP] [--idle-release S] [--oversubscribe] [--share-gpus]``,
+        ``%dist status``,
         ``%dist stop``, ``%dist restart``, ``%dist scale N``, ``%dist check [--size-mb M]``,
         ``%dist push NAME...``, ``%dist pull NAME [--rank R]``, ``%dist auto on|off``,
         ``%dist attach [NAME]``, ``%dist stop [--all]``.
@@ -65,7 +66,7 @@ class DistributedMagics(Magics):
                        nodes=args.nodes, gpus_per_node=args.gpus_per_node, partition=args.partition,
                        time=args.time, account=args.account, hosts=args.hosts or (),
                        interface=args.interface, idle_release=args.idle_release,
-                       oversubscribe=args.oversubscribe, name=args.name)
+                       oversubscribe=args.oversubscribe, share_gpus=args.share_gpus, name=args.name)
         if args.address:
             options["address"] = args.address
         try:

@@ -94,7 +94,8 @@ class Publisher(_callback_base()):
         get = lambda name: getattr(stats, name, None)
         self.step(step=get("step"), loss=get("loss"), lr=get("lr"), samples=get("samples"),
                   tokens=get("tokens"), step_time=get("step_time"), compute_time=get("compute_time"),
-                  comm_time=get("comm_time"), data_time=get("data_time"))
+                  comm_time=get("comm_time"), data_time=get("data_time"), mem_bytes=get("mem_peak"),
+                  mem_reserved_bytes=get("mem_reserved_peak"))
 
     def on_run_end(self, trainer=None) -> None:
         """The run ended: a ``run_end`` event, and everything queued is sent before returning (<= 2 s)."""
@@ -106,8 +107,9 @@ class Publisher(_callback_base()):
         """Queue one step record; ``fields`` as in :func:`workbench.metrics.records.step_row`."""
         if self.run == 0:
             self.on_run_start(None)
-        mem = self._mem() if self._mem is not None else None
-        row = records.step_row(t=time.time(), run=self.run, step=step, mem_bytes=mem, **fields)
+        if fields.get("mem_bytes") is None and self._mem is not None:  # a loop that measures no peak
+            fields["mem_bytes"] = self._mem()
+        row = records.step_row(t=time.time(), run=self.run, step=step, **fields)
         self._put("step", row)
 
     def event(self, name: str, **details) -> None:
@@ -247,12 +249,14 @@ def connect(channel: dict, *, rank: int | None = None, device: str | None = None
     is kept (Trainers made earlier hold it), taking the new rank if it changed.
     """
     global _publisher
+    uuid = None
     if rank is None or device is None:
         from workbench.engine import rendezvous
 
         here = rendezvous.identity()
         rank = here["rank"] if rank is None else rank
         device = str(here["device"]) if device is None else device
+        uuid = here.get("gpu_uuid")  # the GPU this rank joined on, whatever CUDA_VISIBLE_DEVICES says
     pub = _publisher
     if pub is not None and pub.channel == channel and pub.alive and pub.device == str(device):
         if pub.rank != rank:
@@ -263,8 +267,9 @@ def connect(channel: dict, *, rank: int | None = None, device: str | None = None
     threads = 1
     if "torch" in sys.modules:
         threads = sys.modules["torch"].get_num_threads()
-    _publisher = Publisher(channel, rank=rank, device=device, threads=threads,
-                           flush_interval=flush_interval, sample_interval=sample_interval)
+    sampler = make_sampler(str(device), threads, uuid=uuid)
+    _publisher = Publisher(channel, rank=rank, device=device, threads=threads, flush_interval=flush_interval,
+                           sample_interval=sample_interval, sampler=sampler)
     registered = _register(_publisher)
     return {"rank": rank, "device": device, "sampler": _publisher.info["kind"], "registered": registered}
 

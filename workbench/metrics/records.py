@@ -25,11 +25,12 @@ import math
 STREAMS = ("step", "device", "event")
 
 # Every step: when it ended (engine wall clock), which local run of this rank, what the loop reported,
-# and the rates derived from it. Times in seconds, memory in bytes; NaN where unknown. ``samples`` and
-# ``tokens`` are the whole step's, over all data-parallel ranks (as the Trainer's StepStats report them).
+# and the rates derived from it. Times in seconds, memory in bytes (a GPU's peak allocated and reserved during
+# the step); NaN where unknown. ``samples`` and ``tokens`` are the whole step's, over all data-parallel ranks
+# (as the Trainer's StepStats report them).
 STEP_FIELDS = (
     "t", "local_run", "step", "loss", "lr", "samples", "tokens", "step_time", "compute_time", "comm_time",
-    "data_time", "samples_per_s", "tokens_per_s", "mem_bytes",
+    "data_time", "samples_per_s", "tokens_per_s", "mem_bytes", "mem_reserved_bytes",
 )
 
 # Every device sample: utilisation in percent (GPU busy, or this engine's CPU share), memory in bytes,
@@ -51,7 +52,7 @@ def _num(value) -> float:
 
 def step_row(*, t: float, step: int, run: int = 0, loss=None, lr=None, samples=None, tokens=None,
              step_time=None, compute_time=None, comm_time=None, data_time=None,
-             mem_bytes=None) -> list[float]:
+             mem_bytes=None, mem_reserved_bytes=None) -> list[float]:
     """The values of one step record, in ``STEP_FIELDS`` order; rates derived from the step time.
 
     >>> row = step_row(t=1.0, step=3, samples=64, step_time=0.5)
@@ -63,7 +64,7 @@ def step_row(*, t: float, step: int, run: int = 0, loss=None, lr=None, samples=N
     rate = lambda n: n / st if st > 0 and not math.isnan(n) else NAN
     return [float(t), float(run), float(step), _num(loss), _num(lr), n_samples, n_tokens, st,
             _num(compute_time), _num(comm_time), _num(data_time), rate(n_samples), rate(n_tokens),
-            _num(mem_bytes)]
+            _num(mem_bytes), _num(mem_reserved_bytes)]
 
 
 def device_row(*, t: float, util=None, mem_used=None, mem_total=None, power_w=None, temp_c=None,

@@ -43,21 +43,28 @@ class PsutilSampler:
 
 
 class NvmlSampler:
-    """One GPU through NVML. ``nvml`` is the ``pynvml`` module (a fake one in unit tests).
+    """One GPU, or one MIG instance, through NVML. ``nvml``: the ``pynvml`` module (a fake in unit tests).
 
-    Each reading that the GPU does not support (``NVMLError``) comes back as None, not as an error.
+    The device is found by its UUID (torch's, as recorded when the rank joined), else as the ``index``-th
+    device CUDA shows here. Readings the device cannot give (a MIG instance has no utilisation, power or
+    clock of its own) are listed in ``info()["unsupported"]`` and read as None.
     """
 
     def __init__(self, nvml, *, index: int = 0, uuid: str | None = None):
+        from workbench.pool.devices import find_device, visible_devices
+
         self.nvml = nvml
         nvml.nvmlInit()
         handle = None
         if uuid:
             try:
-                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-            except nvml.NVMLError:
+                handle = find_device(nvml, uuid)
+            except LookupError:
                 handle = None
-        self.handle = handle if handle is not None else nvml.nvmlDeviceGetHandleByIndex(index)
+        if handle is None:
+            handle = visible_devices(nvml, os.environ.get("CUDA_VISIBLE_DEVICES"))[index]
+        self.handle = handle
+        self.unsupported = [k for k, v in self.read().items() if v is None]
 
     def _get(self, fn, *args):
         try:
@@ -66,12 +73,13 @@ class NvmlSampler:
             return None
 
     def info(self) -> dict:
-        """What the device is: kind ``gpu``, its name, total memory."""
+        """What the device is: kind ``gpu``, its name, total memory, the readings it cannot give."""
         name = self._get(self.nvml.nvmlDeviceGetName)
         if isinstance(name, bytes):
             name = name.decode()
         mem = self._get(self.nvml.nvmlDeviceGetMemoryInfo)
-        return {"kind": "gpu", "name": name or "GPU", "mem_total": getattr(mem, "total", None)}
+        return {"kind": "gpu", "name": name or "GPU", "mem_total": getattr(mem, "total", None),
+                "unsupported": list(self.unsupported)}
 
     def read(self) -> dict:
         """One sample: util (%), mem_used/mem_total (bytes), power_w, temp_c, clock_mhz (SM)."""
@@ -95,41 +103,31 @@ class NvmlSampler:
             pass
 
 
-def make_sampler(device: str = "cpu", threads: int = 1, nvml=None):
+def make_sampler(device: str = "cpu", threads: int = 1, nvml=None, uuid: str | None = None):
     """The sampler for ``device`` (``"cuda:N"`` or ``"cpu"``): NVML for a GPU, psutil otherwise.
 
-    Falls back to psutil when NVML is missing or fails (no driver, no GPU).
+    ``uuid``: the GPU's UUID (recorded at join); without it, torch's UUID of ``device``. Falls back to
+    psutil when NVML is missing or fails (no driver, no GPU).
 
     >>> make_sampler("cpu").info()["kind"]
     'cpu'
     """
     if str(device).startswith("cuda"):
+        index = int(str(device).split(":", 1)[1]) if ":" in str(device) else 0
         try:
             if nvml is None:
                 import pynvml as nvml
-            index, uuid = _cuda_identity(str(device))
-            return NvmlSampler(nvml, index=index, uuid=uuid)
+            return NvmlSampler(nvml, index=index, uuid=uuid or _torch_uuid(index))
         except Exception:  # NVMLError_LibraryNotFound and friends: no usable NVML here
             pass
     return PsutilSampler(threads=threads)
 
 
-def _cuda_identity(device: str) -> tuple[int, str | None]:
-    """NVML index and UUID of a torch CUDA device (CUDA_VISIBLE_DEVICES renumbers torch's, not NVML's)."""
-    index = int(device.split(":", 1)[1]) if ":" in device else 0
-    uuid = None
+def _torch_uuid(index: int) -> str | None:
+    """torch's UUID of its CUDA device ``index`` (a MIG instance's own UUID on MIG), or None."""
     try:
         import torch
 
-        props = torch.cuda.get_device_properties(index)
-        uuid = str(getattr(props, "uuid", "") or "") or None
-        if uuid and not uuid.startswith("GPU-"):
-            uuid = "GPU-" + uuid
+        return str(torch.cuda.get_device_properties(index).uuid) or None
     except Exception:
-        pass
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    if visible:
-        parts = [p.strip() for p in visible.split(",")]
-        if index < len(parts) and parts[index].isdigit():
-            index = int(parts[index])
-    return index, uuid
+        return None

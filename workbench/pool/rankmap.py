@@ -6,6 +6,7 @@ when engines restart. Pure functions only: no ipyparallel, no torch.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 
 
@@ -17,6 +18,7 @@ class EngineInfo:
     host: str
     pid: int
     gpus: int = 0  # GPUs visible to the engine's process
+    gpu_uuids: tuple[str, ...] = ()  # their UUIDs, in the engine's CUDA order (empty: unknown)
 
 
 @dataclass(frozen=True)
@@ -28,32 +30,104 @@ class RankInfo:
     node_rank: int
     host: str
     pid: int
-    device: str  # "cpu" or "cuda:N"
+    device: str  # "cpu" or "cuda:N" (N in the engine's own CUDA numbering)
     engine_id: int
+    gpu_uuid: str | None = None  # the GPU's identity, whatever CUDA_VISIBLE_DEVICES each process has
 
     def label(self) -> str:
         return f"rank {self.rank} ({self.host}, {self.device})"
 
 
-def build_rank_map(engines: list[EngineInfo]) -> list[RankInfo]:
+def build_rank_map(engines: list[EngineInfo], *, share_gpus: bool = False) -> list[RankInfo]:
     """Give ranks to engines: contiguous per host, hosts in order of their first engine.
 
-    Each engine on a host gets the next local rank and, where the host has GPUs, the
-    GPU of that index; an engine beyond the host's GPU count runs on the CPU.
+    Each engine on a host gets the next local rank and a GPU of its own: its only one when it sees one
+    (Slurm's per-task binding), else the GPU of its local rank. More ranks than GPUs on a host is refused
+    (NCCL cannot put two ranks of a group on one GPU) unless ``share_gpus``, which warns.
 
-    >>> m = build_rank_map([EngineInfo(5, "b", 10, 1), EngineInfo(3, "a", 11), EngineInfo(4, "b", 12, 1)])
+    >>> m = build_rank_map([EngineInfo(5, "b", 10, 2), EngineInfo(3, "a", 11), EngineInfo(4, "b", 12, 2)])
     >>> [(r.rank, r.host, r.local_rank, r.device, r.engine_id) for r in m]
-    [(0, 'a', 0, 'cpu', 3), (1, 'b', 0, 'cuda:0', 4), (2, 'b', 1, 'cpu', 5)]
+    [(0, 'a', 0, 'cpu', 3), (1, 'b', 0, 'cuda:0', 4), (2, 'b', 1, 'cuda:1', 5)]
     """
-    by_host: dict[str, list[EngineInfo]] = {}
+    return extend_rank_map([], engines, share_gpus=share_gpus)
+
+
+def extend_rank_map(ranks: list[RankInfo], engines: list[EngineInfo], *,
+                    share_gpus: bool = False) -> list[RankInfo]:
+    """``ranks`` as they are, then ``engines`` appended as new ranks (``%dist scale`` growing the pool).
+
+    The existing ranks keep rank, engine and device (their Python state lives there); a new engine
+    takes the next local rank on its host and a GPU no rank on that host holds.
+
+    >>> old = build_rank_map([EngineInfo(4, "a", 10, 2)])
+    >>> [(r.rank, r.engine_id, r.device) for r in extend_rank_map(old, [EngineInfo(2, "a", 11, 2)])]
+    [(0, 4, 'cuda:0'), (1, 2, 'cuda:1')]
+    """
+    out = list(ranks)
+    nodes = {r.host: r.node_rank for r in ranks}
     for e in sorted(engines, key=lambda e: e.engine_id):
-        by_host.setdefault(e.host, []).append(e)
-    ranks: list[RankInfo] = []
-    for node_rank, (host, members) in enumerate(by_host.items()):
-        for local_rank, e in enumerate(members):
-            device = f"cuda:{local_rank}" if local_rank < e.gpus else "cpu"
-            ranks.append(RankInfo(len(ranks), local_rank, node_rank, host, e.pid, device, e.engine_id))
-    return ranks
+        nodes.setdefault(e.host, len(nodes))
+    for host in nodes:  # hosts in order of their first engine, new engines in engine-id order
+        members = sorted((e for e in engines if e.host == host), key=lambda e: e.engine_id)
+        for e in members:
+            here = [r for r in out if r.host == host]
+            device, uuid = _pick_gpu(e, here, share_gpus)
+            out.append(RankInfo(len(out), len(here), nodes[host], host, e.pid, device, e.engine_id, uuid))
+    return out
+
+
+def _pick_gpu(e: EngineInfo, here: list[RankInfo], share: bool) -> tuple[str, str | None]:
+    """Device and GPU UUID for engine ``e`` joining a host where the ranks ``here`` hold theirs."""
+    if e.gpus == 0:
+        return "cpu", None
+    uuids = list(e.gpu_uuids) if len(e.gpu_uuids) == e.gpus else [None] * e.gpus
+    if uuids[0] is not None:
+        held = {r.gpu_uuid for r in here}
+        free = [i for i, u in enumerate(uuids) if u not in held]
+    elif e.gpus == 1:  # its only GPU, identity unknown: per-task binding (the local start checked the count)
+        free = [0]
+    else:  # every engine sees the same GPUs in the same order
+        held_index = {int(r.device.split(":")[1]) for r in here if r.device.startswith("cuda:")}
+        free = [i for i in range(e.gpus) if i not in held_index]
+    if free:
+        index = len(here) if len(here) in free else free[0]
+        return f"cuda:{index}", uuids[index]
+    from workbench.pool.devices import SharedGpuWarning
+
+    text = (f"more ranks than GPUs on host {e.host!r}: engine {e.engine_id} would share a GPU with local "
+            f"rank(s) {format_ranks(r.local_rank for r in here)}")
+    if not share:
+        raise ValueError(f"{text}. NCCL cannot run two ranks of a group on one GPU: start at most one rank "
+                         "per GPU (-n), or share them (share_gpus=True, --share-gpus) to try things out over "
+                         "gloo.")
+    warnings.warn(f"{text}: they share it and the group talks over gloo.", SharedGpuWarning, stacklevel=4)
+    index = len(here) % e.gpus
+    return f"cuda:{index}", uuids[index]
+
+
+def group_backend(requested: str, ranks: list[RankInfo], *, shared: bool = False) -> str:
+    """The one backend string every rank passes to ``init_process_group``.
+
+    GPU ranks get ``cpu:gloo,cuda:nccl`` also for ``nccl``: the Trainer's flags and ``broadcast_module``
+    send CPU tensors too. Ranks sharing a GPU use gloo (NCCL refuses them); a pool mixing GPU and CPU
+    ranks needs ``gloo``.
+
+    >>> group_backend("auto", [RankInfo(0, 0, 0, "h", 1, "cuda:0", 0)])
+    'cpu:gloo,cuda:nccl'
+    """
+    cpu = [r for r in ranks if not r.device.startswith("cuda")]
+    if requested == "gloo":
+        return "gloo"
+    if requested == "nccl" and (cpu or shared):
+        why = f"{cpu[0].label()} has no GPU" if cpu else "ranks share a GPU"
+        raise ValueError(f"backend nccl needs a GPU of its own for every rank, but {why}: use --backend gloo "
+                         "or auto.")
+    if cpu and len(cpu) < len(ranks):
+        raise ValueError(f"{cpu[0].label()} has no GPU while other ranks do: the group cannot mix NCCL and "
+                         "CPU ranks. Start the pool on nodes that all have GPUs, or pass --backend gloo.")
+    if cpu or shared:
+        return "gloo"
+    return "cpu:gloo,cuda:nccl"
 
 
 def remap_engines(ranks: list[RankInfo], engines: list[EngineInfo]) -> list[RankInfo]:

@@ -207,7 +207,7 @@ class PoolManager:
             rank_states = await self._probe(pool_id, state, rec)
         rows = []
         for r in ranks:
-            usage = self._usage.sample(r["pid"], r["host"], r["device"])
+            usage = self._usage.sample(r["pid"], r["host"], r["device"], r.get("gpu_uuid"))
             alive = usage.pop("alive")
             rank_state = rank_states.get(r["rank"]) or ("idle" if alive else "unknown")
             if alive is False:

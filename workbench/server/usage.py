@@ -7,7 +7,6 @@ their figures are ``None``.
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 
@@ -17,6 +16,7 @@ import psutil
 class UsageSampler:
     """Samples engine processes by pid; keeps one ``psutil.Process`` per pid so CPU % has a baseline.
 
+    >>> import os
     >>> s = UsageSampler()
     >>> sorted(s.sample(os.getpid(), socket.gethostname(), "cpu"))
     ['alive', 'cpu_percent', 'gpu_memory_bytes', 'gpu_memory_total_bytes', 'gpu_util', 'memory_bytes']
@@ -31,7 +31,9 @@ class UsageSampler:
         self._nvml: object | None = None  # the pynvml module once initialised; False when unavailable
         self._gpu_count: int | None = None
 
-    def sample(self, pid: int, host: str, device: str) -> dict:
+    def sample(self, pid: int, host: str, device: str, gpu_uuid: str | None = None) -> dict:
+        """CPU and memory of engine ``pid``; for a GPU rank, its GPU's figures, found by the UUID the rank
+        recorded when it joined (the server's own CUDA_VISIBLE_DEVICES says nothing about the engine's)."""
         out: dict = {"alive": None, "cpu_percent": None, "memory_bytes": None,
                      "gpu_util": None, "gpu_memory_bytes": None, "gpu_memory_total_bytes": None}
         if host != self._host:
@@ -49,8 +51,8 @@ class UsageSampler:
             self._procs.pop(pid, None)
             out["alive"] = False
             return out
-        if device.startswith("cuda"):
-            out.update(self._gpu(int(device.split(":")[1] or 0)))
+        if device.startswith("cuda") and gpu_uuid:
+            out.update(self._gpu(gpu_uuid))
         return out
 
     # -- NVML ---------------------------------------------------------------------------
@@ -73,18 +75,19 @@ class UsageSampler:
             self._gpu_count = visible_gpu_count()
         return self._gpu_count
 
-    def _gpu(self, index: int) -> dict:
+    def _gpu(self, uuid: str) -> dict:
+        from workbench.pool.devices import find_device
+
         nvml = self._nvml_module()
         if nvml is None:
             return {}
-        mask = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-        if mask and index < len(mask) and mask[index].isdigit():
-            index = int(mask[index])
         try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            util = nvml.nvmlDeviceGetUtilizationRates(handle)
+            handle = find_device(nvml, uuid)  # a whole GPU or a MIG instance
             mem = nvml.nvmlDeviceGetMemoryInfo(handle)
-        except Exception:
+        except (LookupError, nvml.NVMLError):
             return {}
-        return {"gpu_util": float(util.gpu), "gpu_memory_bytes": int(mem.used),
-                "gpu_memory_total_bytes": int(mem.total)}
+        try:
+            util = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except nvml.NVMLError:  # a MIG instance has no utilisation of its own: unknown, not 0
+            util = None
+        return {"gpu_util": util, "gpu_memory_bytes": int(mem.used), "gpu_memory_total_bytes": int(mem.total)}

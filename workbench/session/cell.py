@@ -86,7 +86,7 @@ class CellRun:
         self._wake = threading.Event()
 
     def run(self, code: str) -> CellResult:
-        t0 = time.perf_counter()
+        t0, self.started = time.perf_counter(), time.time()
         ar = self.group.view(self.targets).execute(code, silent=False, block=False)
         by_engine = {r.engine_id: r for r in self.targets}
         self.children = [(by_engine[eid], child)
@@ -108,7 +108,7 @@ class CellRun:
         result = CellResult([self._rank_result(r, c) for r, c in self.children], time.perf_counter() - t0)
         deaths = any(isinstance(r.error, RankDied) for r in result.ranks)
         for r in result.ranks:
-            r.outcome = self._outcome(r.rank.rank, r.error, r.stderr, deaths)
+            r.outcome = self._outcome(r.rank.rank, r.error, r.stderr, deaths, r.origin)
             if r.outcome in ("stopped", "interrupted"):
                 r.where = where_in_cell(r.error) or self.where.get(r.rank.rank)
         if self.fault is not None:
@@ -200,7 +200,8 @@ class CellRun:
                 return
         for r, c in self.children:
             err = c.output.metadata["error"]
-            if err is None or faults.is_secondary(err.ename, str(err.evalue)):
+            if err is None or faults.is_secondary(err.ename, str(err.evalue),
+                                                  self._origin(r, c.output.metadata["completed"])):
                 continue
             if raised_in_collective(err) and now - self._suspects.setdefault(r.rank, now) < ECHO_WAIT_S:
                 continue  # maybe the echo of a peer's death that the watcher is about to report
@@ -257,7 +258,8 @@ class CellRun:
             if step == "stop":  # a Trainer stops at its next step boundary, on every rank the same
                 self.group.command("stop", running)
             elif step == "abort":  # every rank, blocked ones too: their agents release them, state kept
-                self.group.abort([r for r, _ in self.children if r.rank not in dead])
+                self.group.abort([r for r, _ in self.children if r.rank not in dead],
+                                 beats=self.health.beacons.latest if self.health.beacons else None)
             else:
                 for r in running:
                     self.signalled.setdefault(r.rank, set()).add(step)
@@ -274,6 +276,11 @@ class CellRun:
         late = self.health.beacons.silent_for(rank) > 1.0
         return late or bool(beat.get("reporting")) and not beat.get("inflight")
 
+    def _origin(self, info: RankInfo, completed) -> str | None:
+        """Where the rank says its failure came from (its beacon; engine clocks on both sides)."""
+        beats = self.health.beacons.latest if self.health.beacons else {}
+        return faults.origin_of(beats.get(info.rank), self.started, faults.seconds(completed))
+
     def _rank_result(self, info: RankInfo, child) -> RankResult:
         md = child.output.metadata
         error = md["error"]
@@ -289,15 +296,17 @@ class CellRun:
             rank=info, stdout=md["stdout"] or "", stderr=md["stderr"] or "",
             result=(md["execute_result"] or {}).get("data"), outputs=list(md["outputs"]),
             error=error, completed=md["completed"],
+            origin=self._origin(info, md["completed"]) if error is not None else None,
         )
 
-    def _outcome(self, rank: int, error, stderr: str, deaths: bool) -> str:
+    def _outcome(self, rank: int, error, stderr: str, deaths: bool, origin: str | None = None) -> str:
         """How this rank ended (see :data:`workbench.session.results.OUTCOMES`); ``deaths``: a rank died."""
         signals = self.signalled.get(rank, set())
         if isinstance(error, RankDied):
             return "killed" if signals & {"sigterm", "sigkill"} else "died"
         stopped = error is not None and (error.ename in INTERRUPTS or deaths and raised_in_collective(error))
-        if error is not None and not stopped and not faults.is_secondary(error.ename, str(error.evalue)):
+        echo = error is not None and faults.is_secondary(error.ename, str(error.evalue), origin)
+        if error is not None and not stopped and not echo:
             return "error"  # its own failure, whenever it came
         # an echo, our interrupt; or no error at all, where the interrupt hit the engine's own code
         # (it then only prints "KeyboardInterrupt")

@@ -24,7 +24,14 @@ from workbench.config import PoolConfig
 from workbench.errors import PoolStartError, RankDiedError
 from workbench.pool import netif
 from workbench.pool.cluster import EnginePool
-from workbench.pool.rankmap import EngineInfo, RankInfo, build_rank_map, format_ranks, remap_engines
+from workbench.pool.rankmap import (
+    EngineInfo,
+    RankInfo,
+    extend_rank_map,
+    format_ranks,
+    group_backend,
+    remap_engines,
+)
 
 
 class ProcessGroup:
@@ -38,7 +45,7 @@ class ProcessGroup:
         self.ranks: list[RankInfo] = []
         self.backend: str | None = None
         self.ok = False
-        self.gloo_ports: list[int] = []  # where gloo listens, on every rank: what an abort cuts
+        self.endpoints: dict[int, list] = {}  # rank -> its gloo listeners ([ip, port]): what an abort cuts
         self.generation = 0  # counts the groups formed: the engines' agents take commands for the current one
         self._commands = None  # a PUSH socket up the pool's side channel, made on first use
         self._commands_lock = threading.Lock()
@@ -63,7 +70,7 @@ class ProcessGroup:
 
         view = self.pool.client[list(engine_ids)]
         infos = view.apply_async(rendezvous.describe).get(timeout=self.config.timeout)
-        return [EngineInfo(eid, i["host"], i["pid"], i["gpus"])
+        return [EngineInfo(eid, i["host"], i["pid"], i["gpus"], tuple(i.get("gpu_uuids", ())))
                 for eid, i in zip(view.targets, infos, strict=True)]
 
     def form(self) -> None:
@@ -71,8 +78,7 @@ class ProcessGroup:
         from workbench.engine import rendezvous
 
         client = self.pool.client
-        per_host = max(sum(r.host == h for r in self.ranks) for h in {r.host for r in self.ranks})
-        threads = max(1, (os.cpu_count() or 1) // per_host)
+        backend = group_backend(self.config.backend, self.ranks, shared=self.config.share_gpus)
         root = self.ranks[0]
         # Off this machine each rank talks over the interface that reaches the kernel's address, and rank 0
         # binds the store on its own address there (never on all interfaces).
@@ -86,8 +92,9 @@ class ProcessGroup:
         futures = [
             client[r.engine_id].apply_async(
                 rendezvous.join, rank=r.rank, local_rank=r.local_rank, world_size=len(self.ranks),
-                address=store_address, port=port, backend=self.config.backend, device=r.device,
-                timeout_s=self.config.timeout, threads=threads,
+                address=store_address, port=port, backend=backend, device=r.device,
+                timeout_s=self.config.timeout, collective_timeout_s=self.config.collective_timeout,
+                local_pids=[o.pid for o in self.ranks if o.host == r.host],
                 ifname="lo" if self.local else routes[r.rank]["ifname"], channel=self.pool.channel,
                 generation=generation)
             for r in self.ranks
@@ -97,7 +104,7 @@ class ProcessGroup:
         except Exception as exc:
             raise PoolStartError(f"the process group did not form: {exc}") from exc
         self.backend, self.generation = joined[0]["backend"], generation
-        self.gloo_ports = sorted({p for j in joined for p in j.get("gloo_ports", [])})
+        self.endpoints = {j["rank"]: j["endpoints"] for j in joined}
         self.ok = True
 
     def replace(self, ranks: list[int]) -> None:
@@ -106,36 +113,46 @@ class ProcessGroup:
         for info in remap_engines([self.ranks[r] for r in ranks], self.describe(new_ids)):
             self.ranks[info.rank] = info
 
-    def resize(self, n: int, progress) -> bool:
-        """Start or stop engines so there are ``n`` ranks (the highest stop first); False: nothing to do."""
+    def resize(self, n: int, progress, share_gpus: bool = False) -> bool:
+        """Start or stop engines so there are ``n`` ranks; False: nothing to do.
+
+        The ranks that stay keep rank, engine and device (their Python state is on them); new engines
+        come after them, and shrinking stops the highest ranks."""
         if n == len(self.ranks):
             return False
-        keep = [r.engine_id for r in self.ranks[:n]]
         if n > len(self.ranks):
             progress(f"starting {n - len(self.ranks)} engines")
-            keep += self.pool.start_more(n - len(self.ranks), set(self.pool.client.ids))
+            new = self.pool.start_more(n - len(self.ranks), set(self.pool.client.ids))
+            self.ranks = extend_rank_map(self.ranks, self.describe(new), share_gpus=share_gpus)
         else:
             progress(f"stopping rank {format_ranks(range(n, len(self.ranks)))}")
             self.pool.stop_engines([r.engine_id for r in self.ranks[n:]])
-        self.ranks = build_rank_map(self.describe(keep))
+            self.ranks = self.ranks[:n]
         self.pool.n = n
         return True
 
-    def abort(self, infos: list[RankInfo]) -> None:
+    def peers(self, beats: dict | None = None) -> list:
+        """Every rank's gloo listeners ``[ip, port]``: from the join, and from the latest beacons (a mesh
+        made since listens on ports of its own)."""
+        found = {tuple(e) for eps in self.endpoints.values() for e in eps}
+        found |= {tuple(e) for beat in (beats or {}).values() for e in beat.get("endpoints") or []}
+        return sorted(found)
+
+    def abort(self, infos: list[RankInfo], beats: dict | None = None) -> None:
         """Abort the group on ``infos``, even while their main thread is blocked in a collective.
 
         Each rank's agent aborts it from its own thread: peers blocked with them fail at once, and
-        every rank keeps its Python state.
+        every rank keeps its Python state. ``beats``: the ranks' latest beacons (their listeners now).
         """
         if infos:
             self.ok = False
-            self.command("abort", infos, ports=self.gloo_ports)
+            self.command("abort", infos, peers=self.peers(beats))
 
     def reform(self, alive: list[RankInfo]) -> None:
         """Abort what is left of the old group on the ``alive`` ranks (never destroy), then form anew."""
         from workbench.engine import guard
 
-        self.view(alive).apply_sync(guard.abort, self.gloo_ports)
+        self.view(alive).apply_sync(guard.abort, self.peers())
         self.form()
 
     def command(self, what: str, infos: list[RankInfo], **details) -> None:

@@ -44,6 +44,7 @@ class RankResult:
     completed: Any = None
     outcome: str = "ok"
     where: str | None = None  # where it stopped, e.g. "cell line 3 (in f)", when it was cut short
+    origin: str | None = None  # where the rank says its failure came from (faults.origin_of)
 
 
 @dataclass
@@ -58,7 +59,7 @@ class CellResult:
         """The ranks that failed, root cause first: dead ranks, then real errors, then echoes."""
         def order(r):
             err = r.error
-            echo = faults.is_secondary(err.ename, str(err.evalue))
+            echo = faults.is_secondary(err.ename, str(err.evalue), r.origin)
             tier = 0 if isinstance(err, RankDied) else 2 if echo else 1
             done = r.completed.timestamp() if hasattr(r.completed, "timestamp") else float("inf")
             return tier, done, r.rank.rank

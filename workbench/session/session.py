@@ -31,7 +31,7 @@ from workbench.errors import NoPoolError, PoolStartError, RankDiedError
 from workbench.pool import netif, sharing
 from workbench.pool import state as pool_state
 from workbench.pool.cluster import EnginePool, interrupts_held
-from workbench.pool.devices import visible_gpu_count
+from workbench.pool.devices import check_gpu_fit, visible_gpu_count
 from workbench.pool.idle import IdleRelease
 from workbench.pool.launchers import default_engines
 from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks
@@ -161,7 +161,9 @@ class Session:
         if self.running:
             raise ValueError("this session is already running: stop it first, or use it as it is.")
         t0 = time.perf_counter()
-        n = default_engines(self.config, visible_gpu_count() if self.local else 0)
+        gpus = visible_gpu_count() if self.local else 0
+        n = default_engines(self.config, gpus)
+        check_gpu_fit(n, gpus, share=self.config.share_gpus)  # more ranks than GPUs: refused before any start
         if not netif.is_loopback(self.config.address):
             warnings.warn(netif.UNAUTHENTICATED.format(address=self.config.address),
                           netif.UnauthenticatedNetworkWarning, stacklevel=2)
@@ -173,7 +175,8 @@ class Session:
         try:
             progress("forming the process group")
             self._connect(pool, "started")
-            self._group.ranks = build_rank_map(self._group.describe(client.ids))
+            engines = self._group.describe(client.ids)
+            self._group.ranks = build_rank_map(engines, share_gpus=self.config.share_gpus)
             self._form()
         except BaseException as exc:  # one short error naming the log, and nothing left running
             error = pool.explain(exc)
@@ -243,7 +246,7 @@ class Session:
         self._health.watch(self.ranks, local=self.local)
         self._shared.publish(ranks=[r.__dict__ for r in self.ranks], backend=self.backend,
                              backend_requested=self.config.backend, generation=self._group.generation,
-                             gloo_ports=self._group.gloo_ports, group_ok=True)
+                             endpoints=self._group.endpoints, group_ok=True)
         if self.metrics is not None:  # every rank's publisher (re)connects: metrics never stop a pool
             from workbench.metrics import remote
 
@@ -364,7 +367,9 @@ class Session:
                 raise RankDiedError(f"rank {min(dead)} is dead: `%dist restart` it (or stop and start the "
                                     "pool) before scaling.")
             t0 = time.perf_counter()
-            if self._group.resize(n, progress):
+            if n > self.world_size and self.local:
+                check_gpu_fit(n, visible_gpu_count(), share=self.config.share_gpus)
+            if self._group.resize(n, progress, share_gpus=self.config.share_gpus):
                 progress(f"re-forming the process group at world size {n}")
                 self._reform(since=t0)
         return list(self.ranks)

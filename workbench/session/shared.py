@@ -66,7 +66,7 @@ class Shared:
         if changed:
             self.group.ranks, self.group.backend = ranks, state.get("backend")
             self.group.generation = state.get("generation", 0)
-            self.group.gloo_ports = state.get("gloo_ports", [])
+            self.group.endpoints = {int(rank): eps for rank, eps in state.get("endpoints", {}).items()}
             self.pool.n = len(ranks)
             self.health.watch(ranks, local=self.local)
             self.on_ranks(ranks)

@@ -7,6 +7,7 @@ first: "pp", "dp", "tp" (only those above 1).
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -42,15 +43,23 @@ def shard(model: nn.Module, strategy: str | None = None, **options) -> nn.Module
 
     ``strategy``: "ddp", "fsdp", "tp", "pp" or None, plus any :class:`ParallelConfig`
     field (``dp``, ``tp``, ``pp``, ``schedule``, ``microbatches``, ...). Every rank must
-    call it with the same model (rank 0's weights are broadcast first).
+    call it with the same model (rank 0's weights are what every rank starts from). A model
+    still on the CPU goes to this rank's GPU when the ranks have GPUs; under FSDP only this
+    rank's shard of each parameter ever reaches the GPU (the model is sharded on the meta
+    device, then rank 0's weights are loaded into the shards one tensor at a time).
 
     >>> model = wb.shard(TinyGPT(cfg), "fsdp")                            # doctest: +SKIP
     >>> model = wb.shard(MLP(), dp=2, pp=2, schedule="gpipe")            # doctest: +SKIP
     """
     config = plan(model, strategy, **options)
     arch, loss_fn = _arch(model), getattr(model, "loss_fn", None)
-    device = device_of(model)
-    broadcast_module(model)
+    device = rank_device(device_of(model))
+    on_meta = config.data_parallel == "fsdp"
+    if on_meta:
+        weights, extra = _to_meta(model)
+    else:
+        model.to(device)
+        broadcast_module(model)
     mesh = build_mesh(config.degrees, device.type)
     layout = Layout(config=config, mesh=mesh, arch=arch, loss_fn=loss_fn)
     stage = mesh["pp"].get_local_rank() if config.pp > 1 else 0
@@ -63,8 +72,9 @@ def shard(model: nn.Module, strategy: str | None = None, **options) -> nn.Module
     if config.compile:
         for block in model.blocks.values():
             block.compile()
-    if config.data_parallel == "fsdp":
+    if on_meta:
         fsdp(model, mesh, mixed_precision=config.mixed_precision)
+        _materialize(model, device, weights, extra)
     layout.base = model
     if config.pp > 1:
         model = Pipelined(model, stage, config.pp, mesh["pp"].get_group(), device, loss_fn,
@@ -76,6 +86,38 @@ def shard(model: nn.Module, strategy: str | None = None, **options) -> nn.Module
     layout.comm = layout.comm or CommTimer()
     model.wb_layout = layout
     return model
+
+
+def rank_device(model_device: torch.device) -> torch.device:
+    """Where this rank trains: a model on the CPU moves to this rank's GPU when the group reduces CUDA
+    tensors (NCCL), instead of training on the CPU over gloo while a GPU waits."""
+    nccl = dist.is_initialized() and "nccl" in str(dist.get_backend())
+    if model_device.type == "cpu" and nccl and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return model_device
+
+
+def _to_meta(model: nn.Module) -> tuple[dict, dict]:
+    """Move ``model`` to the meta device; returns its weights (rank 0's are loaded later) and the buffers
+    a state dict leaves out."""
+    weights = model.state_dict()
+    extra = {name: buf for name, buf in model.named_buffers() if name not in weights}
+    model.to("meta")
+    return weights, extra
+
+
+def _materialize(model: nn.Module, device: torch.device, weights: dict, extra: dict) -> None:
+    """Give the sharded meta ``model`` storage on ``device`` and rank 0's ``weights`` (tensor by tensor)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model.to_empty(device=device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    set_model_state_dict(model, weights if dist.get_rank() == 0 else {}, options=options)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            saved = extra.get(name.replace("_checkpoint_wrapped_module.", ""))
+            if saved is not None:
+                buf.copy_(saved)
 
 
 def _checkpoint_blocks(model: nn.Module) -> None:

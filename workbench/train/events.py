@@ -18,6 +18,8 @@ class StepStats:
     ``loss``: mean over the data-parallel ranks; ``samples``/``tokens``: over all of them.
     ``comm_time``: measured collectives (gradient all-reduces through the DDP hook, the
     step's flag all-reduce, the grad-norm all-reduce); under DDP it overlaps compute.
+    ``mem_peak``/``mem_reserved_peak``: the most CUDA memory allocated/reserved during the step
+    (bytes; None on the CPU).
     """
 
     step: int
@@ -29,6 +31,8 @@ class StepStats:
     compute_time: float
     comm_time: float
     data_time: float
+    mem_peak: int | None = None
+    mem_reserved_peak: int | None = None
 
 
 class Callback:

@@ -34,7 +34,8 @@ from workbench.train.events import Callback, StepStats, default_callbacks
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """``precision``: "fp32", "bf16" or "auto" (bf16 autocast where CUDA supports it).
+    """``precision``: "fp32", "bf16" or "auto" (bf16 autocast where the GPU does bf16 natively), the same
+    for every strategy (pipeline stages too).
     ``on_nonfinite``: "raise" (every rank raises at the same step) or "skip" the update."""
 
     lr: float = 1e-3
@@ -124,6 +125,7 @@ class Trainer:
         self.stopped_at: int | None = None  # the step the last run was interrupted at (Ctrl-C)
         self._cut_mid_step = False  # an error or a hard interrupt left a step half done
         self._generation = rendezvous.generation()  # the process group the wrappers were made on
+        self._flag_device = _flag_device(self.device)
 
     # -- data -----------------------------------------------------------------------------
     @property
@@ -173,9 +175,11 @@ class Trainer:
             cb.on_run_start(self)
         agent.trainer_status.update(running=True, step=self.step)
         try:
+            _memory_peaks(self.device)  # the first step's peak counts from here
             if self._pending is None and not self._exhausted:
                 self._pending = self._fetch()
-                self._exhausted = bool(_world_sum(torch.tensor([float(self._pending is None)]))[0])
+                empty = torch.tensor([float(self._pending is None)], device=self._flag_device)
+                self._exhausted = bool(_world_sum(empty).cpu()[0])
             for _ in range(steps):
                 if self._exhausted:
                     break
@@ -236,8 +240,9 @@ class Trainer:
         flags = torch.tensor([loss * holds_loss, float(holds_loss),
                               float(holds_loss and not math.isfinite(loss)),
                               float(self._pending is None), float(agent.stop_requested())],
-                             dtype=torch.float64)
-        total, comm = _world_sum(flags), time.perf_counter() - t_comm
+                             dtype=torch.float64, device=self._flag_device)
+        total = _world_sum(flags).cpu()  # one all-reduce, and its wait: NCCL returns once it is enqueued
+        comm = time.perf_counter() - t_comm
         mean_loss = float(total[0] / max(total[1], 1.0))
         self._exhausted = bool(total[3])
         norm_ok, norm_comm = True, 0.0
@@ -268,7 +273,7 @@ class Trainer:
         stats = StepStats(step=self.step, loss=mean_loss, lr=lr, samples=samples, tokens=tokens,
                           step_time=step_time, compute_time=max(0.0, step_time - data_time - explicit),
                           comm_time=explicit + self.layout.comm.take() if self.layout.comm else explicit,
-                          data_time=data_time)
+                          data_time=data_time, **_memory_peaks(self.device))
         self.history.append(stats)
         if self.config.log_every and self.step % self.config.log_every == 0 and _rank() == 0:
             print(f"step {self.step:5d}  loss {mean_loss:.4f}  {samples / step_time:.0f} samples/s")
@@ -286,7 +291,8 @@ class Trainer:
         total = 0.0
         if isinstance(self.model, Pipelined):
             for x, y in batches:
-                loss = self.model.step(x, y)
+                with self._autocast:  # the same precision as every other strategy
+                    loss = self.model.step(x, y)
                 total += loss.item() if loss is not None else 0.0
             if n > 1:
                 for p in self.module.parameters():
@@ -309,28 +315,20 @@ class Trainer:
         return nullcontext()
 
     def _clip(self, max_norm: float) -> tuple[bool, float]:
-        """Clip by the global grad norm (over shards and stages); (finite?, comm seconds)."""
-        from torch.distributed.tensor import DTensor
+        """Clip by the global grad norm (over shards and stages); (finite?, comm seconds).
 
+        One reduction per device mesh (DTensor grads reduce their partial norms together, not one
+        collective per parameter), one over the pipeline stages, one host sync for the finite check.
+        """
         t0 = time.perf_counter()
-        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-        sq = torch.zeros((), dtype=torch.float64, device=self.device)
-        for g in grads:
-            n = torch.linalg.vector_norm(g)
-            if isinstance(n, DTensor):
-                n = n.full_tensor()
-            sq += n.double() ** 2
-        if self.layout.pp > 1:
-            dist.all_reduce(sq, group=self.layout.group("pp"))
-        norm = float(sq.sqrt())
+        groups = _by_mesh([p for p in self.module.parameters() if p.grad is not None])
+        norm = _grad_norm(groups, self.device, self.layout.group("pp") if self.layout.pp > 1 else None)
+        finite = bool(torch.isfinite(norm))
         comm = time.perf_counter() - t0
-        if norm != norm or norm == float("inf"):
-            return False, comm
-        coef = min(1.0, max_norm / (norm + 1e-6))
-        if coef < 1.0:
-            for g in grads:
-                g.mul_(coef)
-        return True, comm
+        if finite:
+            for params in groups.values():  # torch's foreach kernels take DTensors or tensors, not both
+                torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return finite, comm
 
     # -- checkpointing --------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -378,11 +376,53 @@ def _make_optimizer(model: nn.Module, c: TrainConfig) -> torch.optim.Optimizer:
 
 
 def _autocast(precision: str, device: torch.device):
+    """bf16 autocast for "bf16", and for "auto" on a GPU that does bf16 natively (not emulated)."""
     if precision == "auto":
-        use = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        use = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
     else:
         use = precision == "bf16"
     return torch.autocast(device.type, dtype=torch.bfloat16) if use else nullcontext()
+
+
+def _flag_device(device: torch.device) -> torch.device:
+    """Where the per-step flags live: the GPU when the group reduces CUDA tensors with NCCL (an NCCL-only
+    group has no CPU backend at all), else the CPU."""
+    nccl = dist.is_initialized() and "nccl" in str(dist.get_backend())
+    return device if device.type == "cuda" and nccl else torch.device("cpu")
+
+
+def _by_mesh(params: list[torch.Tensor]) -> dict:
+    """Parameters grouped by the device mesh of their gradient (None: plain tensors)."""
+    from torch.distributed.tensor import DTensor
+
+    groups: dict = {}
+    for p in params:
+        groups.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+    return groups
+
+
+def _grad_norm(groups: dict, device: torch.device, pp_group=None) -> torch.Tensor:
+    """The 2-norm over the gradients of every group of :func:`_by_mesh`, summed over ``pp_group``
+    (on ``device`` on every stage, so the stages' reduction meets on one backend)."""
+    sq = torch.zeros((), dtype=torch.float64, device=device)
+    for mesh, params in groups.items():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        if mesh is not None:
+            norm = norm.full_tensor()  # one reduction of the partial norms on this mesh
+        sq = sq + norm.to(device).double() ** 2
+    if pp_group is not None:
+        dist.all_reduce(sq, group=pp_group)
+    return sq.sqrt()
+
+
+def _memory_peaks(device: torch.device) -> dict:
+    """Peak allocated and reserved CUDA bytes since the last call (then reset); nothing on the CPU."""
+    if device.type != "cuda":
+        return {}
+    peaks = {"mem_peak": torch.cuda.max_memory_allocated(device),
+             "mem_reserved_peak": torch.cuda.max_memory_reserved(device)}
+    torch.cuda.reset_peak_memory_stats(device)
+    return peaks
 
 
 def _world_sum(t: torch.Tensor) -> torch.Tensor:

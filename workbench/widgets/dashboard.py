@@ -15,6 +15,7 @@ whole run, thinned), so a fast loop cannot flood the browser.
 from __future__ import annotations
 
 import collections
+import functools
 import html
 import logging
 import math
@@ -417,6 +418,18 @@ def _header(run, data: dict, status: dict, stats: dict) -> str:
             f"{states}{lost}</div>")
 
 
+def _reading(sample: dict, info: dict, key: str, spec: str, unit: str) -> str:
+    """One reading of a device sample; "not supported" where the device has none (a MIG instance's
+    utilisation, power, clock), rather than a 0 or a dash that reads as "no data yet".
+
+    >>> _reading({}, {"unsupported": ["util"]}, "util", ".0f", "%")
+    'not supported'
+    """
+    if key in (info.get("unsupported") or ()):
+        return "not supported"
+    return _fmt(sample.get(key), spec, unit)
+
+
 def _device_table(ranks, devices, infos, status, data) -> str:
     rows = []
     hosts: dict[str, list[int]] = {}
@@ -436,15 +449,16 @@ def _device_table(ranks, devices, infos, status, data) -> str:
             state = status.get(r, "idle")
             step = data.get(r, {}).get("step", ())
             name = html.escape(str(info.get("name") or info.get("device") or "?"))
+            fmt = functools.partial(_reading, d, info)
             rows.append(
                 f"<tr data-rank='{r}'><td>{r}</td>"
                 f"<td style='color:{STATE_COLOURS.get(state, '#333')};font-weight:bold'>{state}</td>"
                 f"<td>{name}</td>"
-                f"<td style='background:{load_colour(util)}'>{_fmt(util, '.0f', '%')}</td>"
+                f"<td style='background:{load_colour(util)}'>{fmt('util', '.0f', '%')}</td>"
                 f"<td style='background:{load_colour(mem_pct)}'>{_fmt_bytes(used)} / {_fmt_bytes(total)}</td>"
-                f"<td>{_fmt(d.get('power_w'), '.0f', ' W')}</td>"
-                f"<td>{_fmt(d.get('temp_c'), '.0f', ' °C')}</td>"
-                f"<td>{_fmt(d.get('clock_mhz'), '.0f', ' MHz')}</td>"
+                f"<td>{fmt('power_w', '.0f', ' W')}</td>"
+                f"<td>{fmt('temp_c', '.0f', ' °C')}</td>"
+                f"<td>{fmt('clock_mhz', '.0f', ' MHz')}</td>"
                 f"<td>{int(step[-1]) if len(step) else '–'}</td></tr>")
     note = "" if any_gpu else ("<span style='color:#666;font-size:90%'>· no GPU detected: util is each "
                                "engine's CPU share, memory its resident size</span>")
