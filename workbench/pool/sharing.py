@@ -10,8 +10,8 @@ machine and the Jupyter server see the same picture:
 - ``pool-<id>.stopped.json``: written when a pool is stopped, saying by whom and when, so a notebook
   still attached hears it in one line.
 
->>> name_for("1a2b3c4d")
-'pool-glad-heron'
+>>> name_for("1a2b3c4d"), name_for("1a2b3c4d") == name_for("1a2b3c4d")
+('pool-bold-tapir', True)
 """
 
 from __future__ import annotations
