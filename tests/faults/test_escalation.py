@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.conftest import alive, ctrl_c_after
+from tests.conftest import alive, ctrl_c_after, until
 from workbench import CellTimeout, RankError
 from workbench.errors import CellInterrupted, RankDiedError
 
@@ -113,7 +113,21 @@ def test_ctrl_c_while_a_trainer_runs_stops_every_rank_at_the_same_step(pool):
         pool.run("trainer.run(steps=100_000)")
     steps = pool.pull("trainer.step")
     assert steps[0] == steps[1] > 0
-    assert str(info.value) == f"interrupted at step {steps[0]} on all ranks; `trainer.run()` continues from here."
+    said = f"interrupted at step {steps[0]} on all ranks; `trainer.run()` continues from here."
+    assert str(info.value) == said
     assert [r.outcome for r in info.value.result.ranks] == ["interrupted", "interrupted"]
     pool.run("r = trainer.run(steps=3)")
     assert pool.pull("trainer.step") == [steps[0] + 3] * 2
+
+
+def test_push_and_pull_on_a_dead_rank_name_it_in_one_line(pool):
+    pool.run("import torch")
+    os.kill(pool.ranks[1].pid, signal.SIGKILL)
+    assert until(lambda: 1 in pool.dead_ranks(), 10)
+    says = r"^rank 1 \(.*\) is dead \(exited\): `%dist restart` brings it back"
+    with pytest.raises(RankDiedError, match=says) as info:
+        pool.push({"x": 1})
+    assert "\n" not in str(info.value)
+    with pytest.raises(RankDiedError, match="rank 1"):
+        pool.pull("x", rank=1)
+    assert pool.restart() == [1]

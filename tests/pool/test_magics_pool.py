@@ -66,7 +66,8 @@ def test_identical_output_shown_once_and_last_value_per_rank(ipshell, pool):
 
 
 def test_names_ready_in_every_cell(ipshell, pool):
-    result, shown = run(ipshell, "%%distributed\nprint(rank, local_rank, world_size, str(device), dist.is_initialized())")
+    cell = "%%distributed\nprint(rank, local_rank, world_size, str(device), dist.is_initialized())"
+    result, shown = run(ipshell, cell)
     assert result.success, shown
     assert "[rank 1] 1 1 2 cpu True" in shown
 
@@ -86,7 +87,8 @@ def test_state_persists_between_cells(ipshell, pool):
 
 
 def test_exception_on_rank_1_names_rank_1(ipshell, pool):
-    result, shown = run(ipshell, "%%distributed\nprint('before', rank)\nif rank == 1:\n    raise ValueError('boom on one')")
+    cell = "%%distributed\nprint('before', rank)\nif rank == 1:\n    raise ValueError('boom on one')"
+    result, shown = run(ipshell, cell)
     err = result.error_in_exec
     assert isinstance(err, RankError) and err.rank == 1
     assert str(err).startswith(f"rank 1 ({pool.ranks[1].host}, cpu) raised ValueError: boom on one")
@@ -146,3 +148,16 @@ def test_every_listening_socket_is_on_loopback(pool):
     assert {ip for _, ip, _ in listening} == {"127.0.0.1"}, listening
     # the store is rank 0's and listens too
     assert pool.ranks[0].pid in {pid for pid, _, _ in listening}
+
+
+@pytest.mark.parametrize(("cell", "says"), [
+    ("gen = (i for i in range(3))\n%dist push gen",
+     "cannot send gen to the ranks: cannot pickle 'generator'"),
+    ("%dist pull nosuchname",
+     "'nosuchname' is not defined on rank 0-1: set it in a %%distributed cell first."),
+])
+def test_push_and_pull_mistakes_are_one_sentence(ipshell, pool, cell, says):
+    result, shown = run(ipshell, cell)
+    err = result.error_in_exec
+    assert isinstance(err, UsageError) and says in str(err), shown
+    assert "\n" not in str(err) and "Traceback" not in shown  # one sentence, no internals

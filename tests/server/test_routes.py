@@ -154,11 +154,12 @@ async def test_start_list_restart_stop_a_real_pool(api):
         assert state["cluster_file"] not in text and "ipcontroller" not in text
     pids = [rec["pid"] for rec in state["processes"]]
 
-    # restart: a fresh pool like it, the old processes gone
+    # restart: fresh engines and a fresh group under the same id and name, the old processes gone
     code, body, _ = await api("POST", "pools", pool["id"], "restart", body={})
     assert code == 202
     fresh = await wait_for(api, body["pool"]["id"], "running")
-    assert fresh["id"] != pool["id"] and len(fresh["ranks"]) == 2
+    assert (fresh["id"], fresh["name"]) == (pool["id"], pool["name"]) and len(fresh["ranks"]) == 2
+    assert {r["pid"] for r in fresh["ranks"]}.isdisjoint(r["pid"] for r in pool["ranks"])
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     state = pool_state.read_state(pool_state.state_path(fresh["id"]))
     pids = [rec["pid"] for rec in state["processes"]]

@@ -93,6 +93,7 @@ class EnginePool:
         pool_state.private_file(self.log_file).close()
         self.work_dir = tempfile.mkdtemp(prefix=f"workbench-{self.pool_id}-")
         self.env = {**self.env, **reap.tag(self.pool_id)}  # every process of the pool carries it
+        spawn.allow(f"workbench-{self.pool_id}")  # a pool started again keeps its id
         self.cluster = ipp.Cluster(
             n=self.n,
             engines=launchers.engine_launcher(self.config),

@@ -16,7 +16,7 @@ class SharedGpuWarning(UserWarning):
     """Ranks share a GPU (``share_gpus``): fine for trying things out, not for training speed."""
 
 
-def check_gpu_fit(n: int, gpus: int, *, share: bool = False) -> None:
+def check_gpu_fit(n: int, gpus: int, *, share: bool = False, backend: str = "auto") -> None:
     """Refuse ``n`` ranks on ``gpus`` GPUs (0: a CPU pool, any ``n``) before anything starts.
 
     >>> check_gpu_fit(2, 2)
@@ -24,7 +24,13 @@ def check_gpu_fit(n: int, gpus: int, *, share: bool = False) -> None:
     Traceback (most recent call last):
     ...
     ValueError: 3 ranks on 2 GPUs: NCCL cannot run two ranks of a group on one GPU. Start -n 2 or ...
+    >>> check_gpu_fit(2, 0, backend="nccl")
+    Traceback (most recent call last):
+    ...
+    ValueError: --backend nccl needs a GPU per rank, and this machine shows none: use --backend gloo.
     """
+    if backend == "nccl" and not gpus:
+        raise ValueError("--backend nccl needs a GPU per rank, and this machine shows none: use --backend gloo.")
     if not gpus or n <= gpus:
         return
     text = f"{n} ranks on {gpus} GPU{'s' * (gpus > 1)}"

@@ -65,7 +65,10 @@ def register(pool_id: str, role: str, notebook: str | None = None) -> None:
 
 
 def unregister(pool_id: str) -> None:
-    (_clients_dir(pool_id) / f"{os.getpid()}.json").unlink(missing_ok=True)
+    folder = _clients_dir(pool_id)
+    (folder / f"{os.getpid()}.json").unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        folder.rmdir()  # the last one out: nothing of the pool is left in the runtime folder
 
 
 def clients(pool_id: str) -> list[dict]:

@@ -36,6 +36,11 @@ class LaunchCancelled(RuntimeError):
     """The pool was stopped while its engines were being started."""
 
 
+def allow(cluster_id: str) -> None:
+    """A pool starts (again) under ``cluster_id``: a cancel of an earlier pool with that id is over."""
+    _cancelled.discard(cluster_id)
+
+
 def cancel(cluster_id: str) -> None:
     """No engine of ``cluster_id`` starts after this returns (bar an ssh start stuck past 5 s)."""
     _cancelled.add(cluster_id)

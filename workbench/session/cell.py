@@ -82,6 +82,7 @@ class CellRun:
         self.signalled: dict[int, set[str]] = {}  # rank -> the signals it got ("sigint", "sigterm", ...)
         self.where: dict[int, str] = {}  # rank -> where its beacon said it was when the escalation began
         self._suspects: dict[int, float] = {}  # rank -> when its error from inside a collective was seen
+        self._places: dict[int, tuple] = {}  # rank -> (where its beacon said it was, since when)
         self._asked = 0  # interrupts asked for from another thread (RunHandle.stop), not yet taken
         self._wake = threading.Event()
 
@@ -239,6 +240,7 @@ class CellRun:
         self._escalate(now)
 
     def _escalate(self, now: float) -> None:
+        self._note_places(now)
         dead = self.health.dead
         for after, step in self.ladder:
             if step in self.steps_done or now - self.fault_at < after:
@@ -266,15 +268,26 @@ class CellRun:
                 self.group.signal(running, SIGNALS[step])
 
     def _finishing(self, rank: int) -> bool:
-        """Whether ``rank`` may be finishing rather than stuck: its beacon shows its main thread reporting
-        how the cell ended (writing its traceback), or its beacons are late, which on a loaded machine
-        means the main thread holds the GIL without a break (IPython parsing a big source file to show
-        it does). A rank stuck in the user's Python code or in a collective still beacons on time."""
+        """Whether ``rank`` may be finishing rather than stuck, so SIGTERM waits: its beacon shows it
+        reporting how the cell ended (writing its traceback), or the line its main thread is on changed
+        within the last second (it is moving), or its beacons are late (on a loaded machine: the main
+        thread holds the GIL without a break, as when IPython parses a big file to show it). A rank
+        spinning on one line, or blocked in a collective, still beacons on time from the same place."""
         if self.health.beacons is None:
             return False
         beat = self.health.beacons.latest.get(rank) or {}
         late = self.health.beacons.silent_for(rank) > 1.0
-        return late or bool(beat.get("reporting")) and not beat.get("inflight")
+        moved = time.monotonic() - self._places.get(rank, (None, 0.0))[1] < 1.0
+        return late or bool(beat.get("reporting")) or moved
+
+    def _note_places(self, now: float) -> None:
+        """Keep, for every rank, where its beacon says it is and since when (see :meth:`_finishing`)."""
+        beats = self.health.beacons.latest if self.health.beacons else {}
+        for r, _ in self.children:
+            beat = beats.get(r.rank) or {}
+            where = (beat.get("where"), beat.get("inflight"))
+            if self._places.get(r.rank, (None,))[0] != where:
+                self._places[r.rank] = (where, now)
 
     def _origin(self, info: RankInfo, completed) -> str | None:
         """Where the rank says its failure came from (its beacon; engine clocks on both sides)."""

@@ -163,7 +163,8 @@ class Session:
         t0 = time.perf_counter()
         gpus = visible_gpu_count() if self.local else 0
         n = default_engines(self.config, gpus)
-        check_gpu_fit(n, gpus, share=self.config.share_gpus)  # more ranks than GPUs: refused before any start
+        if self.local:  # more ranks than GPUs, or nccl without a GPU: refused before anything starts
+            check_gpu_fit(n, gpus, share=self.config.share_gpus, backend=self.config.backend)
         if not netif.is_loopback(self.config.address):
             warnings.warn(netif.UNAUTHENTICATED.format(address=self.config.address),
                           netif.UnauthenticatedNetworkWarning, stacklevel=2)
@@ -181,7 +182,7 @@ class Session:
         except BaseException as exc:  # one short error naming the log, and nothing left running
             error = pool.explain(exc)
             with interrupts_held():
-                self.stop()
+                self._close(end_pool=True, note=False)  # nobody was attached to a pool that never ran
             raise error from None
         self.start_seconds = time.perf_counter() - t0
         progress(f"ready: {n} ranks, backend {self.backend}, {self.start_seconds:.1f} s")
@@ -281,7 +282,9 @@ class Session:
         self._idle = self.metrics = self._beacons = None
         if self._shared is not None:
             self._shared.close()
-        if end_pool:
+        if pool is None:
+            pass
+        elif end_pool:
             pool.stop(grace=0.5)  # an engine with torch._dynamo takes ~3 s to exit: its state is thrown away
             if note:
                 sharing.note_stopped(pool.pool_id, pool.name, by or sharing.this_notebook())
