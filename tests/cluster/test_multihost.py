@@ -32,7 +32,7 @@ def test_pool_across_hosts_over_ssh(three_hosts, workdir):
 
     # if the kernel died, its lease would end the remote engines over ssh
     assert sorted(r["id"].split(":")[0] for r in result["state_remote"]) == [a1, a2]
-    assert all(r["cancel"][0] == "ssh" and r["cancel"][-2] == "kill" for r in result["state_remote"])
+    assert all("ssh" in r["cancel"] and r["cancel"][-2] == "kill" for r in result["state_remote"])
 
     # one rank per host, contiguous, each talking over its own host's interface; the store on rank 0's host
     assert [(r["rank"], r["host"], r["node_rank"], r["local_rank"]) for r in result["ranks"]] == [

@@ -109,7 +109,7 @@ def test_walkthrough_runs_clean(path: Path, tmp_path):
         if GPU_TAG in _tags(cell) and not visible_gpu_count():
             assert cell.outputs == [], "a GPU cell ran without a GPU"
     assert code[-1].source.strip() == "%dist stop", "a walkthrough must end by stopping its pool"
-    assert "stopped 2 ranks" in "".join(o.get("text", "") for o in code[-1].outputs)
+    assert "(2 ranks); no process of it is left" in "".join(o.get("text", "") for o in code[-1].outputs)
     assert summary is not None and summary["ranks"] == 2, summary
     CHECKS[path.name[:2]](summary)
     deadline = time.monotonic() + 10

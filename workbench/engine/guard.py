@@ -97,6 +97,8 @@ def track_collectives() -> None:
         fn = getattr(dist, name, None)
         if fn is not None and not getattr(fn, "__wrapped_by_workbench__", False):
             setattr(dist, name, _tracked(name, fn))
+            if name in ("isend", "irecv"):  # P2POp (pipelining) accepts only c10d's own isend/irecv
+                setattr(c10d, name, getattr(dist, name))
 
 
 def in_flight() -> tuple[str | None, float | None]:
