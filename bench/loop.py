@@ -15,9 +15,9 @@ import torch.distributed as dist
 BATCH = {"mlp": 64, "gpt": 16}
 
 
-def build(model: str = "mlp", seed: int = 0, device=None):
+def build(model: str = "mlp", seed: int = 0, device=None, **options):
     """A DDP-sharded model on ``device`` (default: CPU), its loader over this rank's shard and a
-    Trainer (plain fp32, AdamW)."""
+    Trainer (plain fp32, AdamW); ``options`` go to the Trainer (``elastic=True``, ``callbacks=``)."""
     import workbench as wb
 
     torch.manual_seed(seed)
@@ -36,7 +36,7 @@ def build(model: str = "mlp", seed: int = 0, device=None):
         net = net.to(device)
     net = wb.shard(net, "ddp")
     loader = wb.make_loader(data, batch_size=BATCH[model], model=net)
-    return wb.Trainer(net, loader, lr=1e-3, precision="fp32")
+    return wb.Trainer(net, loader, lr=1e-3, precision="fp32", **options)
 
 
 def measure(trainer, steps: int, warmup: int = 5) -> dict:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench.common import ANCHOR_PINS, ANCHORS_PY, RESULTS, load_now, machine, versions
 
-SECTIONS = ("cells", "ready", "training", "dashboard", "allreduce", "memory", "recovery")
+SECTIONS = ("cells", "ready", "training", "dashboard", "allreduce", "memory", "recovery", "elastic")
 FULL = {
     "cells_runs": 200,
     "ready_reps": 3,
@@ -31,6 +31,7 @@ FULL = {
     "dash_steps": 60,
     "ar_rounds": 3,
     "recovery_reps": 2,
+    "elastic_reps": 3,
 }
 QUICK = {
     "cells_runs": 4,
@@ -42,6 +43,7 @@ QUICK = {
     "dash_steps": 5,
     "ar_rounds": 1,
     "recovery_reps": 1,
+    "elastic_reps": 1,
 }
 
 
@@ -111,7 +113,7 @@ def main(argv=None) -> int:
         (args.out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
         print(f"   {time.time() - t0:.0f} s", flush=True)
 
-    from bench import cells, ready, recovery, training
+    from bench import cells, elastic, ready, recovery, training
 
     section(
         "cells",
@@ -134,6 +136,7 @@ def main(argv=None) -> int:
         finally:
             pool.stop()
     section("recovery", lambda: recovery.run(reps=p["recovery_reps"]))
+    section("elastic", lambda: elastic.run(reps=p["elastic_reps"]))
     from bench.table import render
 
     table = render(args.out)

@@ -70,6 +70,8 @@ def render(folder: Path = RESULTS) -> str:
         lines += _memory(r["memory"])
     if "recovery" in r:
         lines += _recovery(r["recovery"])
+    if "elastic" in r:
+        lines += _elastic(r["elastic"], r.get("recovery"))
     return "\n".join(lines) + "\n"
 
 
@@ -230,6 +232,27 @@ def _recovery(rec) -> list[str]:
         "",
         f"_Resumed from step {d['resumed_from_step']} (checkpoint every {d['checkpoint_every']} steps)._"
         + (f" Notes: {'; '.join(d['notes'])}" if d["notes"] else ""),
+        "",
+    ]
+
+
+def _elastic(rec, recovery) -> list[str]:
+    d = rec["data"]
+    if "error" in d:
+        return ["## Elastic training: a rank lost mid-run", ""] + _error(rec)
+    restart = (recovery or {}).get("data", {}).get("phases", {}).get("total_s")
+    return [
+        f"## Elastic training: kill -9 of one of {d['ranks']} ranks mid-run, s",
+        "",
+        "| path | kill -> next completed step | samples lost / doubled |",
+        "| --- | --- | --- |",
+        f"| `Trainer(elastic=True)`: the run goes on without the rank | {_mmm(d['kill_to_step_s'])} | "
+        f"{d['samples_lost']} / {d['samples_doubled']} |",
+        f"| today's path: the cell fails, `%dist restart`, resume from the checkpoint (above) | "
+        f"{_mmm(restart)} | the steps since the checkpoint are taken again |",
+        "",
+        f"_{d['reps']} kills; bringing the rank back afterwards (`Session.restart()`, its setup replayed): "
+        f"{_mmm(d['restart_s'])} s._" + (f" Notes: {'; '.join(d['notes'])}" if d["notes"] else ""),
         "",
     ]
 

@@ -25,7 +25,7 @@ _LAZY: dict[str, str] = {
     "TinyGPT": "workbench.train", "GPTConfig": "workbench.train", "make_loader": "workbench.train",
     "char_dataset": "workbench.train", "char_vocab": "workbench.train", "regression_data": "workbench.train",
     "export": "workbench.train", "load_model": "workbench.train", "predict": "workbench.train",
-    "generate": "workbench.train",
+    "generate": "workbench.train", "ElasticConfig": "workbench.train", "ElasticLoader": "workbench.train",
     "dashboard": "workbench.widgets",
     "Checkpoint": "workbench.train.checkpoint", "save_trainer": "workbench.train.checkpoint",
     "resume": "workbench.train.checkpoint",

@@ -113,6 +113,14 @@ def test_recovery_after_kill_9():
     assert _has_summary(got["phases"]["total_s"]) and got["resumed_from_step"] >= 2
 
 
+def test_elastic_kill_9():
+    from bench import elastic
+
+    got = elastic.run(reps=1, ranks=2, steps=40)
+    assert got["notes"] == [], got["notes"]
+    assert _has_summary(got["kill_to_step_s"]) and got["samples_lost"] == got["samples_doubled"] == 0
+
+
 def test_anchors_side():
     if not _anchors():
         pytest.skip("bench/.venv-anchors is not installed (`make bench` makes it)")

@@ -10,10 +10,13 @@ session of the pool:
   rank agrees on the step through the all-reduce the Trainer does anyway);
 - ``abort``: abort this rank's process group from this thread, so the main thread, blocked in a
   collective with a rank that failed or stalled, is released and keeps its Python state;
-- ``interrupt``: SIGINT the main thread (for ranks on other machines, which the kernel cannot signal).
+- ``interrupt``: SIGINT the main thread (for ranks on other machines, which the kernel cannot signal);
+- ``regroup``: an elastic Trainer's group changes (a rank was lost, or ranks join or leave): the plan
+  waits here for the Trainer (:func:`take_plan`); after a death (``abort``) the old group is aborted
+  first, so that a main thread blocked in a collective with the lost rank is released at once.
 
-A command counts only if it is signed with the pool's key, names this rank, is for the current
-process group (its generation) and was not seen before.
+A command counts only if it is signed with the pool's key, names this rank (a regroup: this engine,
+by host and pid), is for the current process group (a regroup: for a newer one) and was not seen before.
 
 >>> start(channel, rank=0, generation=1)     # doctest: +SKIP
 >>> stop_requested()                          # doctest: +SKIP
@@ -26,6 +29,7 @@ import collections
 import json
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -39,6 +43,8 @@ BEACON_PERIOD_S = 0.25
 trainer_status: dict = {}
 _stop = threading.Event()
 _agent: Agent | None = None
+_plans: collections.deque = collections.deque()  # regroup plans (None: the kernel gave up on regrouping)
+_plan_posted = threading.Condition()
 
 
 def stop_requested() -> bool:
@@ -51,6 +57,34 @@ def clear_stop() -> None:
     _stop.clear()
 
 
+def plan_pending() -> bool:
+    """Whether a regroup plan (or a refusal) waits for the Trainer."""
+    return bool(_plans)
+
+
+def take_plan(timeout: float) -> dict | None:
+    """The newest regroup plan, waiting up to ``timeout`` s for one; None when none came or the kernel
+    stopped the cell instead (an ``abort`` that is no regroup: the error is the user's, or too few
+    ranks are left)."""
+    with _plan_posted:
+        _plan_posted.wait_for(lambda: _plans, timeout)
+        plan = _plans[-1] if _plans else None
+        _plans.clear()
+    return plan
+
+
+def clear_plans() -> None:
+    """Forget plans and refusals of an earlier run."""
+    with _plan_posted:
+        _plans.clear()
+
+
+def _post(plan: dict | None) -> None:
+    with _plan_posted:
+        _plans.append(plan)
+        _plan_posted.notify_all()
+
+
 class Agent:
     """The thread: beacons up, commands down, over the pool's relay (see :mod:`workbench.wire`)."""
 
@@ -58,6 +92,7 @@ class Agent:
         import zmq
 
         self.channel, self.rank, self.generation = dict(channel), rank, generation
+        self._target_lock = threading.Lock()  # rank and generation change under an elastic regroup
         self.signer = wire.Signer(channel["key"])
         self.pub = uuid.uuid4().hex[:12]
         self.seq = 0
@@ -94,8 +129,9 @@ class Agent:
     def _beat(self) -> None:
         import zmq
 
-        beat = guard.snapshot(self.rank)
-        beat.update(pub=self.pub, seq=self.seq, generation=self.generation, trainer=dict(trainer_status))
+        with self._target_lock:
+            beat = guard.snapshot(self.rank)
+            beat.update(pub=self.pub, seq=self.seq, generation=self.generation, trainer=dict(trainer_status))
         self.seq += 1
         try:
             self._push.send_multipart(self.signer.pack(wire.BEACON, json.dumps(beat).encode()), zmq.NOBLOCK)
@@ -111,17 +147,31 @@ class Agent:
         except (wire.BadMessage, ValueError, KeyError, TypeError):
             self.bad += 1
             return None
-        if self.rank not in ranks:
-            return None
-        if gen != self.generation or cmd_id in self._seen:
-            self.bad += 1
-            return None
+        with self._target_lock:
+            if what == "regroup":  # addressed to engines (host, pid): ranks are what it changes
+                plan = cmd.get("plan") or {}
+                me = [socket.gethostname(), os.getpid()]
+                if me not in [*plan.get("members", []), *plan.get("leaving", [])]:
+                    return None
+                current = plan.get("generation", -1) > self.generation
+            else:
+                if self.rank not in ranks:
+                    return None
+                current = gen == self.generation
+            if not current or cmd_id in self._seen:
+                self.bad += 1
+                return None
         self._seen.append(cmd_id)
         if what == "stop":
             _stop.set()
         elif what == "abort":  # where the group's ranks listen, [ip, port] each: what the abort cuts
+            _post(None)  # an elastic Trainer waiting for a regroup plan: none will come
             cut = guard.abort(cmd.get("peers", []))
             what = f"abort ({cut} connections cut)" if cut is not None else "abort (no group)"
+        elif what == "regroup":
+            if cmd.get("abort"):  # a rank was lost: release a main thread blocked in a collective with it,
+                guard.abort(cmd.get("peers", []))  # before the plan is posted (the new group forms after)
+            _post(plan)
         elif what == "interrupt":
             os.kill(os.getpid(), signal.SIGINT)
         else:
@@ -129,6 +179,11 @@ class Agent:
             return None
         self.done.append(what)
         return what
+
+    def retarget(self, rank: int, generation: int) -> None:
+        """Speak for ``rank`` of group ``generation`` from now on (an elastic regroup renumbered us)."""
+        with self._target_lock:
+            self.rank, self.generation = rank, generation
 
     def close(self) -> None:
         self._halt.set()
@@ -140,6 +195,7 @@ def start(channel: dict, rank: int, generation: int) -> Agent:
     """(Re)start this engine's agent for a newly formed group."""
     global _agent
     stop()
+    clear_plans()
     _agent = Agent(channel, rank, generation)
     if not _warmed.is_set():
         _warmed.set()

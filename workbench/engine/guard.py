@@ -91,6 +91,12 @@ def group_formed() -> None:
     _listeners.clear()
 
 
+def launched() -> int:
+    """How many collectives this rank has started through ``torch.distributed`` (completed or not): a
+    rank that is behind its peers has started fewer (see :mod:`workbench.session.elastic`)."""
+    return _track["done"] + len(_pending) + (_track["inflight"] is not None)
+
+
 def track_collectives() -> None:
     """Count the collectives user code calls through ``torch.distributed`` (once per process)."""
     for name in TRACKED:
@@ -178,7 +184,7 @@ def snapshot(rank: int) -> dict:
             "done_name": _track["done_name"], "inflight": inflight, "since": since,
             "group": dist.is_initialized(), "where": where, "reporting": reporting,
             "failure": _track["failure"], "aborted_at": _track["aborted_at"],
-            "endpoints": _endpoints_if_changed()}
+            "endpoints": _endpoints_if_changed(), "launched": launched()}
 
 
 def _endpoints_if_changed() -> list | None:
@@ -278,15 +284,29 @@ def _sever(own, peers) -> int:
     import socket
 
     conns = [(c.fd, c.status, tuple(c.laddr), tuple(c.raddr) if c.raddr else None) for c in _connections()]
+    where = {fd: (laddr, raddr) for fd, _, laddr, raddr in conns}
     cut = 0
     for fd in to_sever(conns, own, peers):
         try:
-            sock = socket.socket(fileno=os.dup(fd))
-            sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-            cut += 1
+            copy = os.dup(fd)
+        except OSError:
+            continue  # closed meanwhile
+        try:
+            sock = socket.socket(fileno=copy)
+        except OSError:  # the number names something other than a socket by now
+            os.close(copy)
+            continue
+        try:
+            # the number may name another socket by now (the abort closed the listed one and a new
+            # connection, say to the next group's store, got its number): cut only what was listed
+            laddr, raddr = where[fd]
+            if sock.getsockname()[1] == laddr[1] and sock.getpeername()[1] == raddr[1]:
+                sock.shutdown(socket.SHUT_RDWR)
+                cut += 1
         except OSError:
             pass  # closed meanwhile
+        finally:
+            sock.close()
     return cut
 
 

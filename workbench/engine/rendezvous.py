@@ -39,19 +39,27 @@ def open_store(address: str, timeout_s: float) -> int:
     interface, and a local pool must stay on loopback.
     """
     close()
+    store, port = _master_store(address, timeout_s)
+    _state["store"] = store
+    return port
+
+
+def _master_store(address: str, timeout_s: float) -> tuple:
+    """A TCPStore hosted here, listening on ``address`` only (given port 0, TCPStore listens on every
+    interface); returns it and its port."""
     sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((address, 0))
     sock.listen(128)
     port = sock.getsockname()[1]
-    _state["store"] = dist.TCPStore(
+    store = dist.TCPStore(
         address, port, is_master=True, master_listen_fd=sock.fileno(),
         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
     )
     # The store owns the listening fd now and closes it when it is destroyed (an aborted group may keep
     # it alive a while): closing it here too would later close whatever socket reused the number.
     sock.detach()
-    return port
+    return store, port
 
 
 def threads_for(own: set[int], others: list[set[int]]) -> int:
@@ -85,13 +93,15 @@ def collective_timeout(timeout_s: float) -> float:
 
 def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int,
          backend: str, device: str, timeout_s: float, ifname: str | None, local_pids=(),
-         collective_timeout_s: float | None = None, channel: dict | None = None, generation: int = 0) -> dict:
+         collective_timeout_s: float | None = None, channel: dict | None = None, generation: int = 0,
+         standby_address: str | None = None) -> dict:
     """Join the process group and put ``rank``, ``world_size``, ``device``... into the user namespace.
 
     ``backend``: the same string on every rank (the kernel's ``group_backend``). ``timeout_s`` bounds the
     rendezvous; collectives wait up to ``collective_timeout_s`` (default :func:`collective_timeout`).
     ``local_pids``: the engines of the other ranks on this host, whose CPUs this rank's threads share.
-    Returns rank, backend, threads, interface and where this rank's gloo listens (``endpoints``).
+    Returns rank, backend, threads, interface, where this rank's gloo listens (``endpoints``) and the
+    port of its standby store (for elastic regroups; ``standby_address``: where it listens).
     """
     env = {"RANK": rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": world_size,
            "MASTER_ADDR": address, "MASTER_PORT": port,
@@ -122,24 +132,109 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
         _state["store"] = store
     if rank == 0:
         guard.not_gloo([port])
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s),
-                            device_id=dev if dev.type == "cuda" else None)
-    backstop = datetime.timedelta(seconds=collective_timeout_s or collective_timeout(timeout_s))
-    try:  # the rendezvous waited for ``timeout_s``; collectives get the longer backstop
-        dist.group.WORLD.set_timeout(backstop)
-    except RuntimeError as exc:  # a backend that cannot change it keeps the interactive timeout
-        log.warning("rank %d: collective timeout unchanged (%s)", rank, exc)
+    _state.update(backend=backend, timeout_s=timeout_s, channel=channel,
+                  collective_timeout_s=collective_timeout_s or collective_timeout(timeout_s))
+    _init_group(backend, store, rank, world_size, dev)
     uuid = _gpu_uuid(dev) if dev.type == "cuda" else None
     _state.update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, gpu_uuid=uuid,
                   generation=generation)
-    guard.group_formed()
-    guard.track_collectives()
+    standby = _standby(standby_address or address) if channel else None
     if channel:  # beacons up, commands down: the pool's side channel
         agent.start(channel, rank, generation)
-    _user_namespace().update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, dist=dist)
+    user_namespace().update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, dist=dist)
     return {"rank": rank, "backend": dist.get_backend(), "threads": threads, "gpu_uuid": uuid,
-            "ifname": os.environ.get("GLOO_SOCKET_IFNAME"), "endpoints": guard.gloo_endpoints()}
+            "ifname": os.environ.get("GLOO_SOCKET_IFNAME"), "endpoints": guard.gloo_endpoints(),
+            "standby_port": standby}
+
+
+def _init_group(backend: str, store, rank: int, world_size: int, dev: torch.device) -> None:
+    """``init_process_group`` with the interactive timeout for the rendezvous and the longer backstop for
+    collectives; then collectives are tracked afresh."""
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=_state["timeout_s"]),
+                            device_id=dev if dev.type == "cuda" else None)
+    try:  # the rendezvous waited for ``timeout_s``; collectives get the longer backstop
+        dist.group.WORLD.set_timeout(datetime.timedelta(seconds=_state["collective_timeout_s"]))
+    except RuntimeError as exc:  # a backend that cannot change it keeps the interactive timeout
+        log.warning("rank %d: collective timeout unchanged (%s)", rank, exc)
+    guard.group_formed()
+    guard.track_collectives()
+
+
+def _standby(address: str) -> int:
+    """This engine's standby store (opened once, kept): where the ranks left after a death meet to form
+    their new group, without anyone having to open a store first (see :func:`regroup`)."""
+    if "standby" not in _state:
+        _state["standby"], port = _master_store(address, _state["timeout_s"])
+        _state["standby_port"] = port
+        guard.not_gloo([port])  # an abort never cuts the connections of the next group's meeting place
+    return _state["standby_port"]
+
+
+def regroup(plan: dict) -> dict:
+    """Leave the current group and form the one ``plan`` describes (an elastic shrink or grow).
+
+    ``plan``: ``generation`` (the new group's), ``members`` (``[host, pid]`` of every engine of the new
+    group in rank order: those that stay, then those that join) and ``store``/``host`` (``[address,
+    port]`` of a member's standby store, and that member). The engine keeps its Python state; its agent
+    follows the new rank and generation without restarting, so that no command is missed meanwhile.
+    """
+    rank, world_size = plan["members"].index(me()), len(plan["members"])
+    if dist.is_initialized():
+        guard.abort()  # what is left of the old group: abort, never destroy (that can block)
+    if me() == plan["host"]:
+        base = _state["standby"]
+    else:
+        address, port = plan["store"]
+        base = dist.TCPStore(address, port, is_master=False,
+                             timeout=datetime.timedelta(seconds=_state["timeout_s"]))
+        _state["peer_store"] = base  # the group's gloo pairs met through it: keep it with the group
+    store = dist.PrefixStore(f"workbench-elastic/{plan['generation']}/", base)
+    # every member's agent has cut the old group's connections before anyone connects anew: a late cut
+    # would hit the new group's connections where gloo listens on the same port again
+    store.set(f"ready/{rank}", "1")
+    store.wait([f"ready/{r}" for r in range(world_size)])
+    dev = _state.get("device", torch.device("cpu"))
+    _init_group(_state["backend"], store, rank, world_size, dev)
+    _state.update(rank=rank, world_size=world_size, generation=plan["generation"])
+    now = agent.current()
+    if now is not None:
+        now.retarget(rank, plan["generation"])
+    elif _state.get("channel"):  # an engine that joins: from now on it speaks for its rank
+        agent.start(_state["channel"], rank, plan["generation"])
+    user_namespace().update(rank=rank, world_size=world_size)
+    return {"rank": rank, "endpoints": guard.gloo_endpoints()}
+
+
+def join_alone(*, device: str, backend: str, timeout_s: float, channel: dict | None = None,
+               standby_address: str = "127.0.0.1") -> int:
+    """A group of one, for a new engine that replays the notebook's setup before it joins the others
+    (its collectives are then no-ops). No agent yet: it speaks for no rank of the pool until it joins
+    (:func:`join`, or :func:`regroup` into a running elastic group). Returns its standby store's port."""
+    agent.stop()
+    guard.abort()
+    if "baseline" not in _state:  # whatever listened before the first group is not gloo's
+        _state["baseline"] = True
+        guard.not_gloo(p for _, p in guard.listening())
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if backend == "auto":
+        backend = "cpu:gloo,cuda:nccl" if dev.type == "cuda" else "gloo"
+    _state.update(backend=backend, timeout_s=timeout_s, channel=channel,
+                  collective_timeout_s=collective_timeout(timeout_s))
+    store, port = _master_store("127.0.0.1", timeout_s)
+    _state["alone_store"] = store
+    guard.not_gloo([port])
+    _init_group("gloo", store, 0, 1, dev)
+    _state.update(rank=0, world_size=1, generation=-1, device=dev)
+    user_namespace().update(rank=0, local_rank=0, world_size=1, device=dev, dist=dist)
+    return _standby(standby_address)
+
+
+def me() -> list:
+    """How the kernel names this engine in a regroup plan: ``[host, pid]``."""
+    return [socket.gethostname(), os.getpid()]
 
 
 def identity() -> dict:
@@ -161,7 +256,8 @@ def close() -> None:
     _state.pop("store", None)
 
 
-def _user_namespace() -> dict:
+def user_namespace() -> dict:
+    """The namespace the user's cells run in on this engine."""
     from IPython import get_ipython
 
     ip = get_ipython()

@@ -102,6 +102,12 @@ class Publisher(_callback_base()):
         self.event("run_end", run=self.run)
         self.flush(2.0)
 
+    def on_regroup(self, trainer, event: dict) -> None:
+        """An elastic run lost or gained ranks and goes on: a ``regroup`` event, sent at once. This rank's
+        series keeps its number (the engine's), so each curve runs on across the regroup."""
+        self.event("regroup", **{k: event[k] for k in ("step", "world_size", "lost", "joined", "text",
+                                                        "source") if k in event})
+
     # -- plain API (for loops without a Trainer) -----------------------------------------------
     def step(self, *, step, **fields) -> None:
         """Queue one step record; ``fields`` as in :func:`workbench.metrics.records.step_row`."""

@@ -31,6 +31,7 @@ class BeaconReceiver:
         self.seen: dict[int, float] = {}  # kernel clock, so skew across nodes does not matter
         self.bad = 0  # messages dropped: forged, malformed or too large
         self._last: dict[int, tuple[str, int]] = {}  # rank -> (publisher, sequence) of its newest beacon
+        self._generation: dict[int, int] = {}  # rank -> the newest process group a beacon of it came from
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="workbench-beacons", daemon=True)
         self._thread.start()
@@ -53,13 +54,16 @@ class BeaconReceiver:
             _, body = self._signer.unpack(frames)
             beat = json.loads(body)
             rank, pub, seq = int(beat["rank"]), str(beat["pub"]), int(beat["seq"])
+            generation = int(beat.get("generation", 0))
         except (wire.BadMessage, ValueError, KeyError, TypeError):
             self.bad += 1
             return False
         last = self._last.get(rank)
         if last is not None and last[0] == pub and seq <= last[1]:
             return False  # a replay or a reordering: older than what we have
-        self._last[rank] = (pub, seq)
+        if generation < self._generation.get(rank, generation):
+            return False  # an elastic regroup renumbered the ranks: this engine had that number before
+        self._last[rank], self._generation[rank] = (pub, seq), generation
         self.latest[rank] = beat
         self.seen[rank] = time.monotonic()
         return True

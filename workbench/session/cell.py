@@ -15,12 +15,14 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future
 from typing import Any
 
 from workbench import faults
 from workbench.errors import CellInterrupted, CellTimeout, RankError
 from workbench.pool.rankmap import RankInfo
+from workbench.session.elastic import ElasticWatch
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
 from workbench.session.results import (
@@ -67,8 +69,10 @@ class CellRun:
     """One cell on ``targets``: streams output, watches for failures, stops the rest when one fails."""
 
     def __init__(self, group: ProcessGroup, health: Health, targets: list[RankInfo], timeout: float | None,
-                 on_output: OutputCallback | None, on_tick: Callable[[], None] | None = None):
+                 on_output: OutputCallback | None, on_tick: Callable[[], None] | None = None,
+                 on_regroup: Callable[[], None] = lambda: None):
         self.group, self.health, self.targets, self.timeout = group, health, targets, timeout
+        self.elastic = ElasticWatch(self, on_regroup)  # routes an elastic Trainer around a lost rank
         self.on_tick = on_tick  # called on the kernel's main thread at every wake-up (the dashboard)
         self.relay = OutputRelay(on_output)
         self.ladder: tuple = ()
@@ -103,18 +107,22 @@ class CellRun:
         finally:
             self.health.remove_listener(wake.set)
         self._await_deaths(wake)
-        if all(c.done() for _, c in self.children):  # a dead rank's output never completes
-            ar.wait_for_output(0 if self.fault_at else 5)
+        live = [c for r, c in self.children if r.engine_id not in self.elastic.dropped]
+        if all(c.done() for c in live):  # a dead rank's output never completes
+            futures.wait([c.output for c in live], timeout=0 if self.fault_at else 5)
         self.relay.forward(self.children)
         result = CellResult([self._rank_result(r, c) for r, c in self.children], time.perf_counter() - t0)
         deaths = any(isinstance(r.error, RankDied) for r in result.ranks)
         for r in result.ranks:
-            r.outcome = self._outcome(r.rank.rank, r.error, r.stderr, deaths, r.origin)
+            r.outcome = "lost" if r.rank.engine_id in self.elastic.dropped else \
+                self._outcome(r.rank.rank, r.error, r.stderr, deaths, r.origin)
             if r.outcome in ("stopped", "interrupted"):
                 r.where = where_in_cell(r.error) or self.where.get(r.rank.rank)
         if self.fault is not None:
             self.fault.abort_s = round(time.monotonic() - self.first_fault_at, 3)
             result.fault = self.fault
+        elif self.elastic.faults:  # routed around: the run went on
+            result.fault = self.elastic.faults[-1]
         if self.interrupts:
             raise CellInterrupted(stop_report(result.ranks, not self.group.ok), result)
         if self.timed_out is not None:
@@ -150,6 +158,8 @@ class CellRun:
                 self.relay.forward(self.children)
                 if self.on_tick is not None:
                     self.on_tick()
+                if self.fault_at is None:
+                    self.elastic.tick()
                 if self._finished():
                     return
                 now = time.monotonic()
@@ -161,6 +171,10 @@ class CellRun:
                     self._escalate(now)
             except KeyboardInterrupt:
                 self._ctrl_c(time.monotonic())
+
+    def wake(self) -> None:
+        """Wake the wait loop now (a request from another thread is waiting)."""
+        self._wake.set()
 
     def interrupt(self) -> None:
         """Ctrl-C from another thread (a background cell's ``stop``): the same steps as a Ctrl-C here."""
@@ -190,15 +204,18 @@ class CellRun:
         return min(30.0, max(STOP_GRACE_S, 2 * step_time + 0.5))
 
     def _finished(self) -> bool:
-        dead = self.health.dead
-        return all(c.done() or r.rank in dead for r, c in self.children)
+        dead, dropped = self.health.dead, self.elastic.dropped
+        return all(c.done() or r.engine_id in dropped or r.rank in dead for r, c in self.children)
 
     def _detect(self, now: float) -> None:
         dead = self.health.dead
-        for r, _ in self.children:
-            if r.rank in dead:
-                self._start_fault(now, "died", r, f"rank {r.rank} {dead[r.rank]}", AFTER_FAILURE)
-                return
+        lost = [r for r, _ in self.children if r.rank in dead and r.engine_id not in self.elastic.dropped]
+        how = dead[lost[0].rank] if lost else ""
+        if lost and self.elastic.lost(lost, "died" if how == "exited" else how):
+            return  # an elastic run goes on without them
+        for r in lost:
+            self._start_fault(now, "died", r, f"rank {r.rank} {dead[r.rank]}", AFTER_FAILURE)
+            return
         for r, c in self.children:
             err = c.output.metadata["error"]
             if err is None or faults.is_secondary(err.ename, str(err.evalue),
@@ -296,6 +313,9 @@ class CellRun:
 
     def _rank_result(self, info: RankInfo, child) -> RankResult:
         md = child.output.metadata
+        if info.engine_id in self.elastic.dropped:  # the run went on without it: not a failure of the cell
+            return RankResult(rank=info, stdout=md["stdout"] or "", stderr=md["stderr"] or "",
+                              outputs=list(md["outputs"]), completed=md["completed"])
         error = md["error"]
         if error is None and child.done() and child.exception() is not None:
             error = child.exception()

@@ -18,6 +18,7 @@ import os
 import signal
 import threading
 import uuid
+from dataclasses import replace
 
 from workbench import wire
 from workbench.config import PoolConfig
@@ -47,6 +48,8 @@ class ProcessGroup:
         self.ok = False
         self.endpoints: dict[int, list] = {}  # rank -> its gloo listeners ([ip, port]): what an abort cuts
         self.generation = 0  # counts the groups formed: the engines' agents take commands for the current one
+        self.standby: dict[int, list] = {}  # engine id -> [address, port] of its standby store (regroups)
+        self.lost: list[RankInfo] = []  # ranks an elastic run went on without (`%dist restart` replaces them)
         self._commands = None  # a PUSH socket up the pool's side channel, made on first use
         self._commands_lock = threading.Lock()
 
@@ -87,6 +90,7 @@ class ProcessGroup:
             found = self.view(self.ranks).apply_sync(netif.route_to, self.config.address)
             routes = {r.rank: route for r, route in zip(self.ranks, found, strict=True)}
         store_address = routes[root.rank]["address"] if routes else self.config.address
+        own = {r.rank: routes[r.rank]["address"] if routes else self.config.address for r in self.ranks}
         port = client[root.engine_id].apply_sync(rendezvous.open_store, store_address, self.config.timeout)
         generation = self.generation + 1
         futures = [
@@ -96,7 +100,7 @@ class ProcessGroup:
                 timeout_s=self.config.timeout, collective_timeout_s=self.config.collective_timeout,
                 local_pids=[o.pid for o in self.ranks if o.host == r.host],
                 ifname="lo" if self.local else routes[r.rank]["ifname"], channel=self.pool.channel,
-                generation=generation)
+                generation=generation, standby_address=own[r.rank])
             for r in self.ranks
         ]
         try:
@@ -105,6 +109,9 @@ class ProcessGroup:
             raise PoolStartError(f"the process group did not form: {exc}") from exc
         self.backend, self.generation = joined[0]["backend"], generation
         self.endpoints = {j["rank"]: j["endpoints"] for j in joined}
+        self.standby = {r.engine_id: [own[r.rank], j["standby_port"]]
+                        for r, j in zip(self.ranks, joined, strict=True) if j.get("standby_port")}
+        self.lost = [r for r in self.lost if r.engine_id not in {k.engine_id for k in self.ranks}]
         self.ok = True
 
     def replace(self, ranks: list[int]) -> None:
@@ -155,6 +162,28 @@ class ProcessGroup:
         self.view(alive).apply_sync(guard.abort, self.peers())
         self.form()
 
+    def regroup(self, stay: list[RankInfo], join: list[RankInfo] = (), leave: list[RankInfo] = (), *,
+                lost: list[RankInfo] = (), abort: bool, text: str, beats: dict | None = None) -> dict:
+        """Tell the engines of an elastic run to form a new group: ``stay`` (in their new rank order),
+        then ``join``; ``leave`` end their run. ``abort``: a rank was lost, so the old group is aborted
+        at once (``beats``: the ranks' latest beacons, for where their gloo listens); a planned change
+        waits for the step boundary instead. The engines form the group themselves
+        (:func:`workbench.engine.rendezvous.regroup`); this group holds the new rank map at once. Returns
+        the plan (the joining engines get it through ipyparallel).
+        """
+        members = [*stay, *join]
+        host = stay[0]
+        plan = {"generation": self.generation + 1, "members": [[r.host, r.pid] for r in members],
+                "stay": len(stay), "leaving": [[r.host, r.pid] for r in leave],
+                "host": [host.host, host.pid], "store": self.standby[host.engine_id],
+                "lost": [r.rank for r in lost], "joined": list(range(len(stay), len(members))), "text": text}
+        self.command("regroup", [*stay, *leave], plan=plan, abort=abort, peers=self.peers(beats))
+        self.lost += list(lost)
+        self.endpoints = {i: self.endpoints.get(r.rank, []) for i, r in enumerate(stay)}  # until beacons say
+        self.ranks = [replace(r, rank=i) for i, r in enumerate(members)]
+        self.generation = plan["generation"]
+        return plan
+
     def command(self, what: str, infos: list[RankInfo], **details) -> None:
         """Send the agents of ``infos`` a signed command (see :mod:`workbench.engine.agent`)."""
         import zmq
@@ -178,14 +207,15 @@ class ProcessGroup:
                 self._commands.close(0)
                 self._commands = None
 
-    def signal(self, infos: list[RankInfo], sig: int) -> None:
+    def signal(self, infos: list[RankInfo], sig: int, breaks_group: bool = True) -> None:
         """Signal the engines of ``infos``: directly where local, through ipyparallel otherwise.
 
-        Anything harsher than SIGINT may leave the group broken: the next cell re-forms it.
+        Anything harsher than SIGINT may leave the group broken: the next cell re-forms it (not so for
+        ranks an elastic run already left out: ``breaks_group=False``).
         """
         if not infos:
             return
-        if sig != signal.SIGINT:
+        if sig != signal.SIGINT and breaks_group:
             self.ok = False
         if self.local:
             for r in infos:

@@ -7,7 +7,8 @@ Each rank of a cell ends one way (``RankResult.outcome``):
 - ``stopped``: it was cut short because another rank failed (released from a collective by the
   abort, or interrupted): never counted as "without error";
 - ``interrupted``: Ctrl-C or a timeout stopped it (at a step boundary, or where it was);
-- ``died``: its engine process is gone; ``killed``: we ended it because it ignored every gentler step.
+- ``died``: its engine process is gone; ``killed``: we ended it because it ignored every gentler step;
+- ``lost``: it died or hung in an elastic run, which went on without it (not a failure of the cell).
 
 >>> summary_line([RankResult(_info(0), outcome="ok"), RankResult(_info(1), outcome="error",
 ...               error=_Err("ValueError", "bad batch"))])
@@ -23,7 +24,7 @@ from typing import Any
 from workbench import faults
 from workbench.pool.rankmap import RankInfo, format_ranks
 
-OUTCOMES = ("ok", "error", "died", "killed", "stopped", "interrupted")
+OUTCOMES = ("ok", "error", "died", "killed", "stopped", "interrupted", "lost")
 # A frame of the cell in an IPython traceback: "Cell In[3], line 5" or "Cell In[3], line 3, in f()"
 _CELL_FRAME = re.compile(r"Cell In\[\d+\], line (\d+)(?:, in (\w+))?")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

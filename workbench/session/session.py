@@ -36,6 +36,7 @@ from workbench.pool.idle import IdleRelease
 from workbench.pool.launchers import default_engines
 from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks
 from workbench.pool.watch import BeaconReceiver
+from workbench.session import elastic
 from workbench.session.cell import CellRun, OutputCallback, RunHandle
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
@@ -95,6 +96,8 @@ class Session:
         self._beacons: BeaconReceiver | None = None
         self._shared: Shared | None = None
         self._busy = threading.Lock()  # held while a cell, a restart or a scale of this session runs
+        self._transcript = elastic.Transcript()  # what ran on every rank: a new engine's setup
+        self._active: CellRun | None = None  # the cell running now (restart and scale ask it, when elastic)
         self._idle: IdleRelease | None = None  # config.idle_release: stops a pool nobody uses
 
     # -- what it is ---------------------------------------------------------------------
@@ -244,18 +247,24 @@ class Session:
             self._group.reform(self.ranks)
         else:
             self._group.form()
-        self._health.watch(self.ranks, local=self.local)
-        self._shared.publish(ranks=[r.__dict__ for r in self.ranks], backend=self.backend,
-                             backend_requested=self.config.backend, generation=self._group.generation,
-                             endpoints=self._group.endpoints, group_ok=True)
+        self._follow_membership()
         if self.metrics is not None:  # every rank's publisher (re)connects: metrics never stop a pool
             from workbench.metrics import remote
 
-            self.metrics.set_ranks(self.ranks)
             try:
                 self._group.view(self.ranks).apply_sync(remote.connect, self._pool.channel)
             except Exception:
                 log.warning("live metrics are off: the ranks' publishers did not start", exc_info=True)
+
+    def _follow_membership(self) -> None:
+        """Watch the ranks of the group now formed and publish them (also after an elastic regroup)."""
+        self._health.watch(self.ranks, local=self.local)
+        self._pool.n = self.world_size
+        self._shared.publish(ranks=[r.__dict__ for r in self.ranks], backend=self.backend,
+                             backend_requested=self.config.backend, generation=self._group.generation,
+                             endpoints=self._group.endpoints, group_ok=True)
+        if self.metrics is not None:
+            self.metrics.set_ranks(self.ranks)
 
     def stop(self, everyone: bool = False, by: str | None = None) -> None:
         """End this session: the pool stops (nothing of it is left running) when this session started it
@@ -328,6 +337,11 @@ class Session:
         if not self._group.ok:
             self._reform()
 
+    def _elastic_cell(self) -> CellRun | None:
+        """The cell running an elastic Trainer now, if any (it takes ranks in and out at a step boundary)."""
+        cell = self._active
+        return cell if cell is not None and cell.elastic.active() is not None else None
+
     def _reform(self, since: float | None = None) -> None:
         t0 = time.perf_counter() if since is None else since
         self._form(reform=True)
@@ -336,15 +350,22 @@ class Session:
     def restart(self, progress: Callable[[str], None] = lambda msg: None) -> list[int]:
         """Start a new engine for every dead rank, on the same host and device, and re-form the group.
 
-        The surviving ranks keep their Python state. Returns the ranks that were restarted.
+        The surviving ranks keep their Python state. Returns the ranks that were restarted. Ranks an
+        elastic run went on without come back too, set up by replaying the notebook's setup; while that
+        run goes on (``%%distributed --async``) they join it at its next step boundary.
         """
+        running = self._elastic_cell()
+        if running is not None:
+            return elastic.restart_running(running, self._transcript, self._beacons, progress)
         with self._busy, self._turn("a restart"):  # the health watcher waits for the new ranks too
             t0 = time.perf_counter()
             dead = sorted(self.dead_ranks())
-            if dead:
-                if not self.local:
-                    raise ValueError("restarting ranks is supported for local pools; stop and start the "
-                                     "pool.")
+            if (dead or self._group.lost) and not self.local:
+                raise ValueError("restarting ranks is supported for local pools; stop and start the pool.")
+            if self._group.lost:  # an elastic run went on without them: new engines, set up, then join
+                dead += [r.rank for r in elastic.replace_lost(self._group, self._transcript, self._beacons,
+                                                              progress)]
+            elif dead:
                 progress(f"starting {len(dead)} engine(s) for rank {', '.join(map(str, dead))}")
                 self._group.replace(dead)
             progress("re-forming the process group")
@@ -364,6 +385,9 @@ class Session:
         """
         if n < 1:
             raise ValueError(f"a pool needs at least one rank (got {n}).")
+        running = self._elastic_cell()
+        if running is not None:  # an elastic run goes on: ranks join or leave at its next step boundary
+            return elastic.scale_running(running, n, self._transcript, self._beacons, progress)
         with self._busy, self._turn("a scale"):
             dead = self.dead_ranks()
             if dead:
@@ -372,7 +396,10 @@ class Session:
             t0 = time.perf_counter()
             if n > self.world_size and self.local:
                 check_gpu_fit(n, visible_gpu_count(), share=self.config.share_gpus)
+            before = {r.engine_id for r in self.ranks}
             if self._group.resize(n, progress, share_gpus=self.config.share_gpus):
+                new = [r for r in self.ranks if r.engine_id not in before]
+                elastic.set_up(self._group, new, self._transcript, self._beacons, progress)
                 progress(f"re-forming the process group at world size {n}")
                 self._reform(since=t0)
         return list(self.ranks)
@@ -418,6 +445,8 @@ class Session:
             raise ValueError(f"cannot send {', '.join(values)} to the ranks: {exc}. Send data (numbers, "
                              "lists, arrays, tensors), or build the object on the ranks in a "
                              "%%distributed cell.") from None
+        if ranks is None:
+            self._transcript.push(values)
 
     def pull(self, name: str, rank: int | None = None):
         """A value from one rank, or a list with every rank's value (in rank order).
@@ -462,14 +491,22 @@ class Session:
         return self._run(self._cell(ranks, timeout, on_output, on_tick), code)
 
     def _cell(self, ranks, timeout, on_output, on_tick=None) -> CellRun:
-        return CellRun(self._group, self._health, self.targets(ranks), timeout, on_output, on_tick)
+        return CellRun(self._group, self._health, self.targets(ranks), timeout, on_output, on_tick,
+                       on_regroup=self._follow_membership)
 
     def _run(self, cell: CellRun, code: str) -> CellResult:
         with self._busy, self._turn("a cell"):
             # another notebook may have restarted or re-formed ranks while this one waited
             cell.targets = self.targets([r.rank for r in cell.targets])
             self._ensure_group()
-            return cell.run(code)
+            self._active = cell
+            try:
+                result = cell.run(code)
+            finally:
+                self._active = None
+        if len(cell.targets) == self.world_size or cell.elastic.dropped:  # every rank ran it
+            self._transcript.cell(code)
+        return result
 
     def submit(self, code: str, *, ranks=None, timeout: float | None = None,
                on_output: OutputCallback | None = None) -> RunHandle:

@@ -10,7 +10,9 @@ much as torch itself.
 import importlib
 
 _WHERE = {
-    "data": ("TEXT", "char_dataset", "char_vocab", "decode", "encode", "make_loader", "regression_data"),
+    "data": ("TEXT", "ElasticLoader", "char_dataset", "char_vocab", "decode", "encode", "make_loader",
+             "regression_data"),
+    "elastic": ("ElasticConfig",),
     "events": ("Callback", "StepStats", "default_callbacks"),
     "export": ("export", "full_state_dict", "generate", "load_model", "predict"),
     "models": ("MLP", "GPTConfig", "MLPConfig", "TinyGPT"),

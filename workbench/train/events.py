@@ -47,6 +47,10 @@ class Callback:
     def on_run_end(self, trainer) -> None:
         pass
 
+    def on_regroup(self, trainer, event: dict) -> None:
+        """An elastic run changed its ranks (one lost, or some joined) and goes on; ``event`` says how
+        (``step``, ``world_size``, ``lost``, ``joined``, ``text``, ``source`` of the state)."""
+
 
 # Every new Trainer appends these to its own callbacks (the dashboard registers here).
 default_callbacks: list[Callback] = []

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +29,7 @@ from torch import nn
 from workbench.engine import agent, rendezvous
 from workbench.strategies.layout import device_of, layout_of
 from workbench.strategies.pipeline import Pipelined
+from workbench.train import elastic as elastic_mod
 from workbench.train.events import Callback, StepStats, default_callbacks
 
 
@@ -96,12 +97,13 @@ class Trainer:
 
     ``data``: a DataLoader (re-iterated every epoch, with ``sampler.set_epoch``) or any
     iterable of ``(x, y)`` batches for this rank (used once). Extra keywords build a
-    :class:`TrainConfig`.
+    :class:`TrainConfig`. ``elastic``: True or an :class:`~workbench.train.elastic.ElasticConfig`
+    to route around a rank lost mid-run (see :mod:`workbench.train.elastic`).
     """
 
     def __init__(self, model: nn.Module, data, *, config: TrainConfig | None = None, loss_fn=None,
                  optimizer: torch.optim.Optimizer | None = None, lr_scheduler=None,
-                 callbacks: list[Callback] | tuple = (), **options):
+                 callbacks: list[Callback] | tuple = (), elastic=False, **options):
         self.config = config or TrainConfig(**options)
         if config is not None and options:
             raise ValueError("pass either config= or keyword options, not both.")
@@ -126,6 +128,10 @@ class Trainer:
         self._cut_mid_step = False  # an error or a hard interrupt left a step half done
         self._generation = rendezvous.generation()  # the process group the wrappers were made on
         self._flag_device = _flag_device(self.device)
+        self._regroup_asked = False  # the kernel sent a regroup plan: every rank takes it after this step
+        routing = elastic_mod.ElasticConfig.of(elastic)
+        # the elastic run: data position, regroups (``.events``), the last step's samples (``.last_step``)
+        self.elastic = elastic_mod.ElasticRun(self, routing) if routing is not None else None
 
     # -- data -----------------------------------------------------------------------------
     @property
@@ -149,6 +155,8 @@ class Trainer:
 
     def _fetch(self):
         """``grad_accum`` batches on the device, or ``None`` when this rank's data ran out."""
+        if self.elastic is not None:
+            return self.elastic.fetch(self)
         batches = []
         for _ in range(self.config.grad_accum):
             batch = self._next_batch()
@@ -164,18 +172,16 @@ class Trainer:
         Raises :class:`TrainingInterrupted` on every rank at the same step when the notebook
         asked to stop (Ctrl-C); calling ``run`` again continues from there.
         """
+        if elastic_mod.REPLAY["on"]:  # a new engine replays the setup: its state will come from a peer
+            return RunResult()
+        if self.elastic is not None:
+            return self._run_elastic(steps)
         generation = rendezvous.generation()
         if self._cut_mid_step or generation != self._generation:
             self._recover()
         self._generation = generation
-        agent.clear_stop()
-        self.stopped_at = None
         result = RunResult()
-        for cb in self.callbacks:
-            cb.on_run_start(self)
-        agent.trainer_status.update(running=True, step=self.step)
-        try:
-            _memory_peaks(self.device)  # the first step's peak counts from here
+        with self._running():
             if self._pending is None and not self._exhausted:
                 self._pending = self._fetch()
                 empty = torch.tensor([float(self._pending is None)], device=self._flag_device)
@@ -183,16 +189,31 @@ class Trainer:
             for _ in range(steps):
                 if self._exhausted:
                     break
-                stats = self._train_step()
-                if stats is not None:
-                    result.history.append(stats)
-                if self.stopped_at is not None:
-                    raise TrainingInterrupted(self.stopped_at)
+                self._took(result, self._train_step())
+        return result
+
+    @contextmanager
+    def _running(self, **status):
+        """A run: callbacks told it starts and ends; the beacon says it runs (``status``: more to say)."""
+        agent.clear_stop()
+        self.stopped_at = None
+        for cb in self.callbacks:
+            cb.on_run_start(self)
+        agent.trainer_status.update(running=True, step=self.step, **status)
+        try:
+            _memory_peaks(self.device)  # the first step's peak counts from here
+            yield
         finally:
             agent.trainer_status["running"] = False
             for cb in self.callbacks:
                 cb.on_run_end(self)
-        return result
+
+    def _took(self, result: RunResult, stats: StepStats | None) -> None:
+        """A step ended: keep its stats; every rank stops here together when someone asked."""
+        if stats is not None:
+            result.history.append(stats)
+        if self.stopped_at is not None:
+            raise TrainingInterrupted(self.stopped_at)
 
     def _recover(self) -> None:
         """After a fault: fresh gradients, equal parameters, and the wrapper on the current process group.
@@ -239,18 +260,23 @@ class Trainer:
         holds_loss = self.layout.is_last_stage
         flags = torch.tensor([loss * holds_loss, float(holds_loss),
                               float(holds_loss and not math.isfinite(loss)),
-                              float(self._pending is None), float(agent.stop_requested())],
-                             dtype=torch.float64, device=self._flag_device)
+                              float(self._pending is None), float(agent.stop_requested()),
+                              float(agent.plan_pending())], dtype=torch.float64, device=self._flag_device)
+        if self.elastic is not None and not dist.is_initialized():
+            raise elastic_mod.GroupLost("the process group was aborted: a peer was lost")
         total = _world_sum(flags).cpu()  # one all-reduce, and its wait: NCCL returns once it is enqueued
         comm = time.perf_counter() - t_comm
         mean_loss = float(total[0] / max(total[1], 1.0))
         self._exhausted = bool(total[3])
+        self._regroup_asked = bool(total[5])
         norm_ok, norm_comm = True, 0.0
         if not total[2] and self.config.clip is not None:
             norm_ok, norm_comm = self._clip(self.config.clip)
         lr = self.optimizer.param_groups[0]["lr"]
         if total[2] or not norm_ok:
             self.optimizer.zero_grad(set_to_none=True)
+            if self.elastic is not None:
+                self.elastic.commit()  # its samples are used up, as in a plain run
             self._cut_mid_step = False  # every rank drops this step the same way
             if total[4]:
                 self.stopped_at = self.step
@@ -265,6 +291,8 @@ class Trainer:
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         self.step += 1
+        if self.elastic is not None:
+            self.elastic.commit()
         x, y = batches[0]
         samples = x.shape[0] * len(batches) * self.layout.dp_size
         tokens = y.numel() * len(batches) * self.layout.dp_size if not y.is_floating_point() else samples
@@ -299,11 +327,12 @@ class Trainer:
                     if p.grad is not None:
                         p.grad.div_(n)
             return total / n
-        for i, (x, y) in enumerate(batches):
+        for i, batch in enumerate(batches):
+            x, y = batch
             last = i == n - 1
             with self._sync(last), self._autocast:
                 loss = self.loss_fn(self.model(x), y)
-            (loss / n).backward()
+            (loss * getattr(batch, "weight", 1.0) / n).backward()  # weight: an elastic rank's uneven share
             total += loss.item()
         return total / n
 
@@ -339,10 +368,11 @@ class Trainer:
         rng = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
-        return {"model": model_sd, "optim": optim_sd,
-                "trainer": {"step": self.step, "epoch": self.epoch, "consumed": self._consumed,
-                            "skipped": self.skipped},
-                "rng": {f"rank{_rank()}": rng}}
+        counters = {"step": self.step, "epoch": self.epoch, "consumed": self._consumed,
+                    "skipped": self.skipped}
+        if self.elastic is not None:  # where the next step begins in the epoch, in samples
+            counters.update(epoch=self.elastic.committed[0], offset=self.elastic.committed[1])
+        return {"model": model_sd, "optim": optim_sd, "trainer": counters, "rng": {f"rank{_rank()}": rng}}
 
     def load_state_dict(self, state: dict) -> None:
         """The reverse of :meth:`state_dict`; the data restarts where the saved run stood."""
@@ -359,10 +389,43 @@ class Trainer:
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"])
         self._iter, self._pending, self._exhausted, self._consumed = None, None, False, 0
-        if self._cyclic:
+        if self.elastic is not None:
+            self.elastic.steps.clear()
+            self.elastic.committed = (self.epoch, int(t.get("offset", 0)))
+        elif self._cyclic:
             for _ in range(consumed):
                 self._next_batch()
             self._consumed = consumed
+
+    # -- elastic --------------------------------------------------------------------------------
+    def _run_elastic(self, steps: int | None, joining: dict | None = None) -> RunResult:
+        """``run`` of an elastic Trainer: a rank lost mid-step is routed around and the step taken again
+        on the ranks left; a regroup the kernel plans (ranks joining or leaving) happens at a step
+        boundary. ``joining``: this engine joins a run in progress (see ``elastic.join_running``)."""
+        run = self.elastic
+        run.leaving, run.left = False, steps or 0
+        agent.clear_plans()  # a refusal left from an earlier cell's abort must not end this run
+        result = RunResult()
+        with self._running(elastic=run.status()):
+            if joining is not None:
+                run.regroup(self, joining)
+            elif self._cut_mid_step or rendezvous.generation() != self._generation:
+                elastic_mod.sync(self)  # the group was re-formed between runs (a restart, a scale)
+            elastic_mod.save_first_checkpoint(self)
+            run.mark_progress()
+            while run.left > 0 and not run.leaving:
+                agent.trainer_status["begun"] = agent.trainer_status.get("begun", 0) + 1  # (hang watch)
+                try:
+                    if self._pending is None:
+                        self._pending = self._fetch()
+                    stats = self._train_step()
+                except Exception as exc:
+                    run.regroup(self, run.plan_after(exc), exc)
+                    continue
+                if self._regroup_asked:  # planned (ranks join or leave): every rank, at this boundary
+                    run.regroup(self, agent.take_plan(run.config.plan_wait))
+                self._took(result, stats)
+        return result
 
     def _sd_module(self) -> nn.Module:
         return self.module if isinstance(self.model, Pipelined) else self.model

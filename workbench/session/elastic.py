@@ -1,0 +1,401 @@
+"""The kernel side of elastic training: a lost rank is routed around while the cell keeps running.
+
+A :class:`CellRun <workbench.session.cell.CellRun>` asks :class:`ElasticWatch` first when a rank dies
+or stalls. While every running rank's beacon shows an elastic Trainer
+(``Trainer(..., elastic=True)``), the watch does not climb the failure ladder: it picks the ranks that
+are left, sends them a signed regroup plan (who they are now, and a standby store to meet at), and
+the cell goes on. A rank counts as hung when no rank has made progress for the Trainer's
+``hang_timeout`` and it is behind the others (fewer steps begun or collectives launched) or silent: it
+is killed, then treated as lost. The kernel's rank map, the health watcher and the pool's state file
+follow the new membership at once; the fault is recorded ("rank 1 died at step 412; continuing on 3
+ranks") and counted as recovered when every rank left has completed a step in the new group.
+
+``%dist restart`` and ``%dist scale N`` during an elastic run (``%%distributed --async``) hand their
+change to the cell's thread (:meth:`ElasticWatch.request`), which makes it at the next step boundary;
+new engines first replay the notebook's setup (:class:`Transcript`).
+
+What runs on the engines: :mod:`workbench.engine.rendezvous` (``regroup``) and
+:mod:`workbench.train.elastic` (the Trainer's side).
+"""
+
+from __future__ import annotations
+
+import collections
+import signal
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import replace
+
+from workbench.pool.rankmap import RankInfo, extend_rank_map, format_ranks, remap_engines
+
+# What a new engine runs to join an elastic run in progress (the plan is pushed first).
+JOIN = "import workbench.train.elastic as _wb_elastic\nresult = _wb_elastic.join_running(_workbench_plan)"
+
+
+class ElasticWatch:
+    """Regroups the ranks of one cell's elastic run when one is lost; see the module's docstring.
+
+    ``on_regroup``: called (on the cell's thread) once the group holds the new rank map, for what the
+    session keeps in step with it (health watcher, state file, metrics).
+    """
+
+    def __init__(self, cell, on_regroup: Callable[[], None] = lambda: None,
+                 report: Callable[[str], None] = lambda text: print(f"workbench: {text}", flush=True)):
+        self.cell = cell
+        self.on_regroup, self.report = on_regroup, report
+        self.settings: dict | None = None  # the elastic Trainer's settings, while its run goes on
+        self.dropped: dict[int, str] = {}  # engine id -> how that rank was lost
+        self.leaving: set[int] = set()  # engine ids a planned shrink left out (their run ends; they stop)
+        self.requests: collections.deque = collections.deque()  # (what, argument, Future) from other threads
+        self.faults: list = []
+        self.recovering: dict | None = None  # the regroup in progress: since, generation, step
+        self._progress: dict[int, tuple] = {}  # engine id -> ((steps begun, collectives), since when)
+
+    # -- what runs --------------------------------------------------------------------------------
+    def beat(self, info: RankInfo) -> dict | None:
+        """``info``'s latest beacon, if it came from that engine (after a renumbering the rank's number
+        may still show another engine's last beacon)."""
+        beacons = self.cell.health.beacons
+        beat = beacons.latest.get(info.rank) if beacons is not None else None
+        return beat if beat is not None and beat.get("pid") == info.pid else None
+
+    def members(self) -> list[RankInfo]:
+        """The ranks still running the cell in the current group."""
+        dead = self.cell.health.dead
+        return [r for r, c in self.cell.children if r.engine_id not in self.dropped
+                and r.engine_id not in self.leaving and not c.done() and r.rank not in dead]
+
+    def active(self) -> dict | None:
+        """The elastic Trainer's settings while one runs on every member (kept through a regroup, when
+        some beacons are not yet those of the new group)."""
+        trainers = [(self.beat(r) or {}).get("trainer") for r in self.members()]
+        if trainers and all(t and t.get("running") and t.get("elastic") for t in trainers):
+            self.settings = trainers[0]["elastic"]
+        elif any(t is not None and not t.get("running") for t in trainers) and self.recovering is None:
+            self.settings = None  # the run ended on some rank: a loss now is a plain failure
+        return self.settings
+
+    # -- routing around ---------------------------------------------------------------------------
+    def tick(self) -> None:
+        """From the cell's wait loop: notice a regroup that completed, or a rank that hangs; carry out
+        the changes asked for from other threads (``%dist restart``, ``%dist scale``)."""
+        if self.recovering is not None:
+            self._check_recovered()
+        elif self.active() is not None:
+            self._check_hang()
+            while self.requests and self.recovering is None:
+                what, argument, done = self.requests.popleft()
+                try:
+                    done.set_result(self._join(argument) if what == "join" else self._leave(argument))
+                except Exception as exc:
+                    done.set_exception(exc)
+        while self.requests and self.settings is None:  # the run ended meanwhile
+            self.requests.popleft()[2].set_exception(RuntimeError("the elastic run ended"))
+
+    def request(self, what: str, argument) -> Future:
+        """Ask the cell's thread to let ``argument`` join ("join", new ranks set up) or to keep only the
+        first ``argument`` ranks ("leave") at the next step boundary; the Future holds the new ranks."""
+        done: Future = Future()
+        self.requests.append((what, argument, done))
+        self.cell.wake()
+        return done
+
+    def lost(self, infos: list[RankInfo], how: str, kind: str = "died",
+             detect_s: float | None = None) -> bool:
+        """Route the run around ``infos`` (dead or hung); False when it cannot (no elastic run, or too
+        few ranks would be left): the cell then fails as it would without elasticity."""
+        settings = self.active()
+        if settings is None:
+            return False
+        gone = {r.engine_id for r in infos}
+        stay = [r for r in self.members() if r.engine_id not in gone]
+        if len(stay) < settings.get("min_ranks", 1):
+            return False
+        step = self._step(stay)
+        text = (f"rank {format_ranks(r.rank for r in infos)} {how} at step {step + 1}; continuing on "
+                f"{len(stay)} rank{'s' if len(stay) != 1 else ''}"
+                + (" (its shards from the last checkpoint)" if settings.get("fsdp") else ""))
+        group, health = self.cell.group, self.cell.health
+        event = health.record(kind, infos[0], text, detect_s, 0.0)
+        plan = group.regroup(stay, lost=infos, abort=True, text=text,
+                             beats=health.beacons.latest if health.beacons else None)
+        for r in infos:
+            self.dropped[r.engine_id] = how
+        self._renumber()
+        self.on_regroup()
+        self.faults.append(event)
+        self.recovering = {"since": time.monotonic(), "generation": plan["generation"], "step": step,
+                           "fault": True}
+        self.report(text)
+        return True
+
+    def _step(self, ranks: list[RankInfo]) -> int:
+        return max([((self.beat(r) or {}).get("trainer") or {}).get("step", 0) for r in ranks] or [0])
+
+    def _join(self, infos: list[RankInfo]) -> list[RankInfo]:
+        """New engines (set up already) join at the members' next step boundary and run the rest."""
+        stay, group = self.members(), self.cell.group
+        step, world = self._step(stay), len(stay) + len(infos)
+        numbers = format_ranks(range(len(stay), world))
+        text = f"rank {numbers} joined at step {step + 1}; continuing on {world} ranks"
+        plan = group.regroup(stay, join=infos, abort=False, text=text)
+        joined = group.ranks[len(stay):]
+        for info in joined:
+            view = group.pool.client[info.engine_id]
+            view.push({"_workbench_plan": plan}, block=True)
+            ar = view.execute(JOIN, silent=False, block=False)
+            ar.add_done_callback(lambda _: self.cell.wake())
+            child = ar._children[0]
+            child.iopub_callbacks.append(lambda _: self.cell.wake())
+            self.cell.children.append((info, child))
+        self._after_change(plan, step, text)
+        return joined
+
+    def _leave(self, n: int) -> list[RankInfo]:
+        """Keep the first ``n`` members from the next step boundary on; the others' runs end there."""
+        members = self.members()
+        stay, leave = members[:n], members[n:]
+        step = self._step(members)
+        text = (f"rank {format_ranks(r.rank for r in leave)} left at step {step + 1}; continuing on {n} "
+                f"rank{'s' if n != 1 else ''}")
+        plan = self.cell.group.regroup(stay, leave=leave, abort=False, text=text)
+        self.leaving |= {r.engine_id for r in leave}
+        self._after_change(plan, step, text)
+        return leave
+
+    def _after_change(self, plan: dict, step: int, text: str) -> None:
+        self._renumber()
+        self.on_regroup()
+        self.recovering = {"since": time.monotonic(), "generation": plan["generation"], "step": step,
+                           "fault": False}
+        self.report(text)
+
+    def _renumber(self) -> None:
+        """The cell's ranks under their new numbers (lost ones keep their old number)."""
+        now = {r.engine_id: r for r in self.cell.group.ranks}
+        self.cell.children = [(now.get(r.engine_id, r), c) for r, c in self.cell.children]
+
+    def _check_recovered(self) -> None:
+        """The regroup is done once every member beacons from the new group past the lost step."""
+        g, step = self.recovering["generation"], self.recovering["step"]
+        beats = {r.rank: self.beat(r) for r in self.members()}
+        if beats and all(b is not None and b.get("generation") == g
+                         and (b.get("trainer") or {}).get("step", 0) > step for b in beats.values()):
+            seconds = time.monotonic() - self.recovering["since"]
+            self.cell.group.endpoints = {rank: b.get("endpoints") or [] for rank, b in beats.items()}
+            if self.recovering["fault"]:
+                self.cell.health.recovered(seconds)
+            self.recovering = None
+
+    def _check_hang(self) -> None:
+        """When no rank has made progress for ``hang_timeout`` s, the ranks behind the others (fewer
+        steps begun, fewer collectives launched) or silent are hung: killed and routed around. Ranks
+        all at the same point (a deadlock) are left to the cell's own timeout."""
+        hang_s = float(self.settings.get("hang_timeout", 60.0))
+        now, members = time.monotonic(), self.members()
+        beacons = self.cell.health.beacons
+        progress = {}
+        for r in members:
+            beat = self.beat(r) or {}
+            trainer = beat.get("trainer") or {}
+            mark = (trainer.get("begun", 0), beat.get("launched", 0) - trainer.get("base", 0))
+            last = self._progress.get(r.engine_id)
+            if last is None or last[0] != mark:
+                self._progress[r.engine_id] = (mark, now)
+            progress[r.engine_id] = mark
+        if not members or any(now - self._progress[r.engine_id][1] < hang_s for r in members
+                              if beacons.silent_for(r.rank) < hang_s):
+            return  # someone moved lately
+        ahead = max(progress.values())
+        stalled = [r for r in members if beacons.silent_for(r.rank) > hang_s or progress[r.engine_id] < ahead]
+        if not stalled or len(members) - len(stalled) < self.settings.get("min_ranks", 1):
+            return
+        self.cell.group.signal(stalled, signal.SIGKILL, breaks_group=False)
+        self.lost(stalled, f"hung for {hang_s:g} s (killed)", kind="hang", detect_s=hang_s)
+
+
+# -- bringing ranks back ------------------------------------------------------------------------------
+class Transcript:
+    """The cells and pushes that ran on every rank, in order: the setup a new engine replays before it
+    joins an elastic run (a fresh engine has none of the notebook's objects).
+
+    The replay stops at the cell that built as many elastic Trainers as the running ranks have built
+    (the one that runs is the newest), so later cells (training, saving, exporting) are not repeated;
+    ``Trainer.run`` does nothing meanwhile. The new engine replays in a group of its own, where every
+    collective is a no-op; its model, optimizer and data position then come from a peer when it joins.
+    """
+
+    def __init__(self):
+        self.items: list[tuple[str, object]] = []
+
+    def cell(self, code: str) -> None:
+        self.items.append(("cell", code))
+
+    def push(self, values: dict) -> None:
+        self.items.append(("push", dict(values)))
+
+    def replay(self, group, infos: list[RankInfo], trainers: int, timeout: float) -> None:
+        """Run the setup on the engines of ``infos`` until each has built ``trainers`` elastic Trainers."""
+        from workbench.errors import WorkbenchError
+
+        client = group.pool.client
+        for r in infos:
+            client[r.engine_id].apply_sync(_alone, device=r.device, backend=group.config.backend,
+                                           timeout_s=group.config.timeout, channel=group.pool.channel,
+                                           standby_address=group.config.address)
+        view = group.view(infos)
+        view.apply_sync(_replaying, True)
+        built, cells = 0, 0
+        try:
+            for kind, item in self.items:
+                if built >= trainers:
+                    break
+                if kind == "push":
+                    view.push(item, block=True)
+                    continue
+                cells += 1
+                try:
+                    view.execute(item, silent=True, block=False).get(timeout=timeout)
+                except Exception as exc:
+                    raise WorkbenchError(
+                        f"the new engine could not replay the notebook's setup: cell {cells} raised "
+                        f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}. Run "
+                        "the setup on the new rank yourself (%%distributed --ranks N), then the next "
+                        "trainer.run() brings it up to date.") from None
+                built = min(view.apply_sync(_trainers))
+        finally:
+            view.apply_sync(_replaying, False)
+        if built < trainers:
+            raise WorkbenchError(
+                f"the new engine replayed the {cells} cells that ran on every rank, but they built "
+                f"{built} elastic Trainer(s), not {trainers}: build the Trainer in a cell that runs on "
+                "every rank (not --ranks), or run the setup on the new rank yourself.")
+
+
+def trainers_built(beacons, ranks: list[RankInfo]) -> int:
+    """How many elastic Trainers the running ranks have built, as their beacons say (0: none)."""
+    latest = beacons.latest if beacons is not None else {}
+    found = [((latest.get(r.rank) or {}).get("trainer") or {}).get("elastic") for r in ranks]
+    return max([f["serial"] for f in found if f] or [0])
+
+
+def replace_lost(group, transcript: Transcript, beacons, progress) -> list[RankInfo]:
+    """New engines for the ranks an elastic run went on without, on their hosts and devices, set up
+    by replaying the notebook's setup; they get the next rank numbers. The caller re-forms the group."""
+    lost, pool = list(group.lost), group.pool
+    progress(f"starting {len(lost)} engine{'s' if len(lost) != 1 else ''} for the rank"
+             f"{'s' if len(lost) != 1 else ''} the elastic run lost")
+    infos = new_ranks(group, pool.start_more(len(lost), set(pool.client.ids)), like=lost)
+    set_up(group, infos, transcript, beacons, progress)
+    group.ranks = [*group.ranks, *infos]
+    group.lost = []
+    return infos
+
+
+def set_up(group, infos: list[RankInfo], transcript: Transcript, beacons, progress) -> None:
+    """Give new engines the notebook's setup when the ranks run an elastic Trainer (else nothing: a
+    plain new engine starts empty, as always). A setup that fails stops the new engines."""
+    from workbench.errors import WorkbenchError
+
+    trainers = trainers_built(beacons, [r for r in group.ranks if r.engine_id not in
+                                        {i.engine_id for i in infos}])
+    if not trainers:
+        return
+    progress(f"replaying the notebook's setup on the new engine{'s' if len(infos) != 1 else ''}")
+    try:
+        transcript.replay(group, infos, trainers, group.config.timeout)
+    except WorkbenchError:
+        group.pool.stop_engines([r.engine_id for r in infos])
+        raise
+
+
+def restart_running(cell, transcript: Transcript, beacons, progress) -> list[int]:
+    """``%dist restart`` while an elastic run goes on: new engines for the ranks it lost join it at its
+    next step boundary. Returns their new rank numbers."""
+    group = cell.group
+    lost = list(group.lost)
+    if not lost:
+        return []
+    progress(f"starting {len(lost)} engine{'s' if len(lost) != 1 else ''} for the lost rank"
+             f"{'s' if len(lost) != 1 else ''}")
+    infos = new_ranks(group, group.pool.start_more(len(lost), set(group.pool.client.ids)), like=lost)
+    joined = grow_running(cell, infos, transcript, beacons, progress)
+    group.lost = []
+    return [r.rank for r in joined]
+
+
+def scale_running(cell, n: int, transcript: Transcript, beacons, progress) -> list[RankInfo]:
+    """``%dist scale N`` while an elastic run goes on: ranks join or leave at its next step boundary."""
+    group = cell.group
+    if n > len(group.ranks):
+        progress(f"starting {n - len(group.ranks)} engines")
+        infos = new_ranks(group, group.pool.start_more(n - len(group.ranks), set(group.pool.client.ids)))
+        grow_running(cell, infos, transcript, beacons, progress)
+    elif n < len(group.ranks):
+        shrink_running(cell, n, progress)
+    return list(group.ranks)
+
+
+def grow_running(cell, infos: list[RankInfo], transcript: Transcript, beacons, progress,
+                 timeout: float = 120.0) -> list[RankInfo]:
+    """New engines (``infos``: host, device, engine) join the elastic run ``cell`` runs, at its next
+    step boundary: set up by replaying the notebook's setup, then handed to the cell's thread. Returns
+    them under their new rank numbers once they took part in a step."""
+    group = cell.group
+    set_up(group, infos, transcript, beacons, progress)
+    progress("joining the run at its next step boundary")
+    joined = cell.elastic.request("join", infos).result(timeout)
+    _until(lambda: cell.elastic.recovering is None, timeout)
+    return joined
+
+
+def shrink_running(cell, n: int, progress, timeout: float = 120.0) -> list[RankInfo]:
+    """The elastic run ``cell`` runs keeps its first ``n`` ranks from the next step boundary; the others
+    end their run there and their engines stop. Returns the ranks that left (their old numbers)."""
+    leave = cell.elastic.request("leave", n).result(timeout)
+    progress(f"rank {format_ranks(r.rank for r in leave)} leave{'s' if len(leave) == 1 else ''} at the next "
+             "step boundary")
+    gone = {r.engine_id for r in leave}
+    _until(lambda: all(c.done() for r, c in cell.children if r.engine_id in gone), timeout)
+    cell.group.pool.stop_engines(sorted(gone))
+    return leave
+
+
+def new_ranks(group, ids: list[int], like: list[RankInfo] = ()) -> list[RankInfo]:
+    """RankInfos for new engines ``ids``, numbered after the group's ranks: on the host and device of the
+    ranks they replace (``like``), else where ``%dist scale`` would put them. Only the new engines are
+    asked who they are (the running ones are busy with the cell)."""
+    engines = group.describe(ids)
+    if like:
+        infos = remap_engines(list(like), engines)
+    else:
+        infos = extend_rank_map(group.ranks, engines, share_gpus=group.config.share_gpus)[len(group.ranks):]
+    return [replace(r, rank=len(group.ranks) + i) for i, r in enumerate(infos)]
+
+
+def _until(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _alone(**kwargs) -> int:
+    from workbench.engine import rendezvous
+
+    return rendezvous.join_alone(**kwargs)
+
+
+def _replaying(on: bool) -> None:
+    from workbench.train import elastic
+
+    elastic.REPLAY["on"] = on
+
+
+def _trainers() -> int:
+    from workbench.train import elastic
+
+    return elastic.trainer_count()
