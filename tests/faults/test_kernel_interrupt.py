@@ -78,12 +78,13 @@ def test_ctrl_c_at_ten_random_moments_of_a_trainer_run_loses_nothing(tmp_path):
                 content = reply["content"]
                 assert content["status"] == "error", content
                 said = "\n".join(content["traceback"])
-                assert re.search(r"interrupted at step \d+ on all ranks; `trainer.run\(\)` continues from here",
-                                 said), said
+                wanted = r"interrupted at step \d+ on all ranks; `trainer.run\(\)` continues from here"
+                assert re.search(wanted, said), said
                 assert "dist_magics.py" not in said and "session.py" not in said  # no internals
             status, shown = kernel.run("%%distributed\ntrainer.run(steps=TOTAL - trainer.step)\n"
                                        "ref_model, ref = make()\nref.run(steps=TOTAL)\n"
-                                       "for a, b in zip(model.parameters(), ref_model.parameters(), strict=True):\n"
+                                       "for a, b in zip(model.parameters(), ref_model.parameters(),\n"
+                                       "                strict=True):\n"
                                        "    torch.testing.assert_close(a, b)\n"
                                        "print('steps', trainer.step, ref.step)")
             assert status == "ok" and f"steps {TOTAL} {TOTAL}" in shown, shown

@@ -1,4 +1,5 @@
-"""kill -9 of a rank at step 30 of 100, restart, resume from the step-20 checkpoint: same parameters as no fault."""
+"""kill -9 of a rank at step 30 of 100, restart, resume from the step-20 checkpoint: same parameters as
+no fault."""
 
 from __future__ import annotations
 
@@ -63,10 +64,11 @@ def test_kill_at_step_30_restart_resume_equals_run_without_fault(pool, tmp_path)
     assert pool.restart() == [1]
     pool.run(SETUP, ranks=[1])  # the new engine starts with a fresh namespace
     pool.push({"ckpt": str(ckpt)}, ranks=[1])
-    pool.run("model, trainer = make_trainer()\nresumed = resume(ckpt, trainer)\ntrainer.run(steps=100 - resumed)")
+    pool.run("model, trainer = make_trainer()\nresumed = resume(ckpt, trainer)\n"
+             "trainer.run(steps=100 - resumed)")
     recover_s = time.monotonic() - t0
     assert pool.pull("resumed") == [20, 20]
-    for got, want in zip(params(pool), reference):
+    for got, want in zip(params(pool), reference, strict=True):
         torch.testing.assert_close(got, want)
 
     fault = err.result.fault

@@ -140,7 +140,8 @@ async def test_start_list_restart_stop_a_real_pool(api):
     assert all(r["device"] == "cpu" and r["state"] in ("idle", "busy") for r in pool["ranks"])
     assert all(r["memory_bytes"] > 0 and r["cpu_percent"] is not None for r in pool["ranks"])
     assert pool["gpu_detected"] is False and pool["backend"] == "gloo"
-    assert pool["attach"] == f"%load_ext workbench\n%dist attach {pool['name']}" and pool["name"].startswith("pool-")
+    assert pool["attach"] == f"%load_ext workbench\n%dist attach {pool['name']}"
+    assert pool["name"].startswith("pool-")
     assert pool["owner"]["kind"] == "server"
 
     # never the key, nor where it is kept

@@ -115,17 +115,18 @@ async def test_an_attached_notebook_gets_the_dashboard_deaths_hangs_and_restart(
             "s.metrics.wait_for(lambda c: run.done, 10), run.id, s.metrics.count('step', run.id)")
         assert status == "ok" and "(True, 1, 60)" in shown, shown  # 30 steps x 2 ranks reached us
         code, body, _ = await api("GET", "pools", panel_pool["id"])
-        assert [n["notebook"] for n in body["pool"]["notebooks"]] == ["the JupyterLab panel", "attached.ipynb"]
+        notebooks = [n["notebook"] for n in body["pool"]["notebooks"]]
+        assert notebooks == ["the JupyterLab panel", "attached.ipynb"]
 
         # a hang is named at the timeout, from the beacons this notebook now receives
-        status, shown = await nb.run("%%distributed --timeout 2\nimport time\nif rank == 1:\n    time.sleep(30)\n"
-                                     "dist.all_reduce(torch.ones(1))")
+        status, shown = await nb.run("%%distributed --timeout 2\nimport time\nif rank == 1:\n"
+                                     "    time.sleep(30)\ndist.all_reduce(torch.ones(1))")
         assert status == "error" and "Stalled: rank 1" in shown and "cell line 4" in shown, shown
 
         # a killed rank is named at once, from the death this notebook's watcher sees
         victim = body["pool"]["ranks"][1]["pid"]
-        cell = asyncio.ensure_future(nb.run("%%distributed\nfor i in range(400):\n    dist.all_reduce(torch.ones(1))\n"
-                                            "    time.sleep(0.05)"))
+        cell = asyncio.ensure_future(nb.run("%%distributed\nfor i in range(400):\n"
+                                            "    dist.all_reduce(torch.ones(1))\n    time.sleep(0.05)"))
         await asyncio.sleep(1.5)
         os.kill(victim, signal.SIGKILL)
         killed_at = time.monotonic()
@@ -136,11 +137,13 @@ async def test_an_attached_notebook_gets_the_dashboard_deaths_hangs_and_restart(
         assert named_in < 10, f"{named_in:.1f} s"  # a hang guard; the figure is in bench/
         status, shown = await nb.run("%dist restart")
         assert status == "ok" and "restarted rank 1" in shown, shown
-        status, shown = await nb.run("%%distributed\nimport torch\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
+        status, shown = await nb.run(
+            "%%distributed\nimport torch\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
         assert status == "ok" and "2.0" in shown, shown
 
 
-async def test_a_pool_stopped_from_the_panel_is_one_line_in_the_attached_notebook(api, jp_fetch, jp_serverapp):
+async def test_a_pool_stopped_from_the_panel_is_one_line_in_the_attached_notebook(api, jp_fetch,
+                                                                                   jp_serverapp):
     async with sharing(api, jp_fetch, jp_serverapp) as (panel_pool, notebooks):
         nb = await notebooks("left.ipynb")
         assert (await nb.run(f"%dist attach {panel_pool['name']}"))[0] == "ok"
@@ -203,4 +206,5 @@ async def test_two_notebooks_cells_never_interleave_on_the_ranks(api, jp_fetch, 
         assert per_rank[0] == per_rank[1] and len(per_rank[0]) == 30, per_rank  # the same order on both ranks
         seq = per_rank[0]
         runs = [seq[i:i + 5] for i in range(0, 30, 5)]  # each cell's 5 entries together: no interleaving
-        assert all(len({who for who, _ in run}) == 1 and [i for _, i in run] == list(range(5)) for run in runs), seq
+        assert all(len({who for who, _ in run}) == 1 and [i for _, i in run] == list(range(5))
+                   for run in runs), seq

@@ -6,7 +6,8 @@ from workbench.magics.args import parse_cell, parse_dist
 
 def test_start_defaults():
     args = parse_dist("start")
-    assert (args.command, args.n, args.launcher, args.backend, args.timeout) == ("start", None, "local", "auto", 60.0)
+    assert (args.command, args.n, args.launcher, args.backend, args.timeout) == (
+        "start", None, "local", "auto", 60.0)
 
 
 def test_start_options():

@@ -11,7 +11,8 @@ def test_identical_lines_once_and_different_lines_labelled():
     m.feed(0, "stdout", "hello\nrank 0\n", now=0.0)
     assert out == []  # waits for rank 1
     m.feed(1, "stdout", "hello\nrank 1\n", now=0.05)
-    assert out == [("stdout", "[ranks 0-1] hello\n"), ("stdout", "[rank 0] rank 0\n"), ("stdout", "[rank 1] rank 1\n")]
+    assert out == [("stdout", "[ranks 0-1] hello\n"), ("stdout", "[rank 0] rank 0\n"),
+                   ("stdout", "[rank 1] rank 1\n")]
 
 
 def test_line_waits_at_most_hold():

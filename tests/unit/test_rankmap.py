@@ -38,12 +38,14 @@ def test_remap_keeps_rank_on_host_and_device():
         remap_engines(old, [EngineInfo(3, "a", 7)])
 
 
-@pytest.mark.parametrize("spec, ranks", [("0", [0]), ("0,2-3", [0, 2, 3]), ("3,1", [1, 3]), (" all ", [0, 1, 2, 3])])
+@pytest.mark.parametrize("spec, ranks", [("0", [0]), ("0,2-3", [0, 2, 3]), ("3,1", [1, 3]),
+                                         (" all ", [0, 1, 2, 3])])
 def test_parse_ranks(spec, ranks):
     assert parse_ranks(spec, 4) == ranks
 
 
-@pytest.mark.parametrize("spec, message", [("4", "out of range"), ("a", "bad rank list"), ("3-1", "bad rank list"),
+@pytest.mark.parametrize("spec, message", [("4", "out of range"), ("a", "bad rank list"),
+                                           ("3-1", "bad rank list"),
                                            ("", "bad rank list"), ("-1", "bad rank list")])
 def test_parse_ranks_rejects(spec, message):
     with pytest.raises(ValueError, match=message):

@@ -30,7 +30,8 @@ def check_gpu_fit(n: int, gpus: int, *, share: bool = False, backend: str = "aut
     ValueError: --backend nccl needs a GPU per rank, and this machine shows none: use --backend gloo.
     """
     if backend == "nccl" and not gpus:
-        raise ValueError("--backend nccl needs a GPU per rank, and this machine shows none: use --backend gloo.")
+        raise ValueError("--backend nccl needs a GPU per rank, and this machine shows none: "
+                         "use --backend gloo.")
     if not gpus or n <= gpus:
         return
     text = f"{n} ranks on {gpus} GPU{'s' * (gpus > 1)}"
