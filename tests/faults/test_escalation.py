@@ -11,6 +11,7 @@ import signal
 import time
 
 import pytest
+import torch
 
 from tests.conftest import alive, ctrl_c_after, until
 from workbench import CellTimeout, RankError
@@ -131,3 +132,36 @@ def test_push_and_pull_on_a_dead_rank_name_it_in_one_line(pool):
     with pytest.raises(RankDiedError, match="rank 1"):
         pool.pull("x", rank=1)
     assert pool.restart() == [1]
+
+
+SLOW_BACKWARD = """\
+import time
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+class SlowGrad(torch.autograd.Function):  # a backward long enough to be interrupted in
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(30)
+        return grad
+
+torch.manual_seed(0)
+ddp = DDP(torch.nn.Linear(4, 1))
+"""
+
+
+def test_ctrl_c_inside_backward_of_a_users_ddp_model_says_what_to_run(pool):
+    pool.run(SLOW_BACKWARD)
+    with ctrl_c_after(2.0), pytest.raises(CellInterrupted) as info:
+        pool.run("loss = SlowGrad.apply(ddp(torch.ones(2, 4))).sum()\nloss.backward()")
+    text = str(info.value)
+    assert "rank 0 stopped inside backward() at cell line 12 (in SlowGrad)" in text, text
+    assert "rank 1 stopped inside backward()" in text and "`model = DDP(model.module)`" in text, text
+    # what it says to run works: a fresh wrapper trains on
+    pool.run("ddp = DDP(ddp.module)\nddp(torch.ones(2, 4)).sum().backward()")
+    grads = pool.pull("ddp.module.weight.grad")
+    torch.testing.assert_close(grads[0], grads[1])

@@ -138,9 +138,14 @@ def stop_report(ranks: list[RankResult], group_reformed: bool) -> str:
         elif r.outcome == "died":
             lines.append(f"{label} died ({r.error.evalue}).")
         elif r.outcome in ("interrupted", "stopped"):
-            lines.append(f"{label} stopped at {r.where or 'an unknown line'}.")
+            inside = " inside backward()" if in_backward(r.error) else ""
+            lines.append(f"{label} stopped{inside} at {r.where or 'an unknown line'}.")
         else:
             lines.append(f"{label} had finished.")
+    if any(r.outcome in ("interrupted", "stopped") and in_backward(r.error) for r in ranks):
+        lines.append("A DistributedDataParallel model stopped inside backward() is left half-way through "
+                     "its step: wrap its module again before training on (`model = DDP(model.module)`, "
+                     "then `optimizer.zero_grad()`); `wb.Trainer` does this itself.")
     lost = [r.rank.rank for r in ranks if r.outcome in ("killed", "died")]
     if lost:
         lines.append(f"`%dist restart` brings rank {format_ranks(lost)} back; the other ranks keep their "
@@ -150,6 +155,20 @@ def stop_report(ranks: list[RankResult], group_reformed: bool) -> str:
     else:
         lines.append("Every rank keeps its Python state.")
     return "\n".join(lines)
+
+
+_BACKWARD = re.compile(r"torch/_tensor\.py:\d+, in Tensor\.backward|torch/autograd/__init__\.py:\d+, in backward")
+
+
+def in_backward(error) -> bool:
+    """Whether the rank's traceback passes through ``Tensor.backward`` (autograd was running).
+
+    >>> in_backward(_Err("KeyboardInterrupt", "", "File /x/torch/_tensor.py:630, in Tensor.backward(self)"))
+    True
+    >>> in_backward(_Err("KeyboardInterrupt", "", "File <cell>:2"))
+    False
+    """
+    return bool(_BACKWARD.search(_ANSI.sub("", getattr(error, "traceback", None) or "")))
 
 
 def _short(text, limit: int = 160) -> str:
