@@ -163,7 +163,7 @@ _BACKWARD = re.compile(r"torch/_tensor\.py:\d+, in Tensor\.backward|torch/autogr
 def in_backward(error) -> bool:
     """Whether the rank's traceback passes through ``Tensor.backward`` (autograd was running).
 
-    >>> in_backward(_Err("KeyboardInterrupt", "", "File /x/torch/_tensor.py:630, in Tensor.backward(self)"))
+    >>> in_backward(_Err("KeyboardInterrupt", "", "File /t/torch/_tensor.py:630, in Tensor.backward(x)"))
     True
     >>> in_backward(_Err("KeyboardInterrupt", "", "File <cell>:2"))
     False
