@@ -157,7 +157,8 @@ def stop_report(ranks: list[RankResult], group_reformed: bool) -> str:
     return "\n".join(lines)
 
 
-_BACKWARD = re.compile(r"torch/_tensor\.py:\d+, in Tensor\.backward|torch/autograd/__init__\.py:\d+, in backward")
+_BACKWARD = re.compile(r"torch/_tensor\.py:\d+, in Tensor\.backward"
+                       r"|torch/autograd/__init__\.py:\d+, in backward")
 
 
 def in_backward(error) -> bool:
