@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 import psutil
 import pytest
 from IPython.core.error import UsageError
@@ -161,3 +164,31 @@ def test_push_and_pull_mistakes_are_one_sentence(ipshell, pool, cell, says):
     err = result.error_in_exec
     assert isinstance(err, UsageError) and says in str(err), shown
     assert "\n" not in str(err) and "Traceback" not in shown  # one sentence, no internals
+
+
+class _Stamped:
+    """A stdout that notes when each write came (the notebook's view of a line appearing)."""
+
+    def __init__(self):
+        self.writes: list[tuple[float, str]] = []
+
+    def write(self, text):
+        self.writes.append((time.time(), text))
+
+    def flush(self):
+        pass
+
+
+def test_a_rank_0_progress_line_shows_while_the_cell_still_runs(ipshell, pool):
+    out = _Stamped()
+    cell = ("%%distributed\nimport time\nif rank == 0:\n    print('progress', time.time())\n"
+            "time.sleep(3)")
+    with contextlib.redirect_stdout(out):
+        t_end = (ipshell.run_cell(cell), time.time())[1]
+    line = [(t, text) for t, text in out.writes if "progress" in text]
+    assert line, out.writes
+    shown_at, text = line[0]
+    printed_at = float(text.split()[-1])
+    # the line was on screen while the ranks still slept, not one line late at the end of the cell
+    assert t_end - shown_at > 2.0, (t_end - shown_at, out.writes)
+    print(f"rank 0's line shown {1000 * (shown_at - printed_at):.0f} ms after its print")

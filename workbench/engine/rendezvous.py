@@ -10,6 +10,7 @@ import datetime
 import logging
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -17,6 +18,7 @@ import torch.distributed as dist
 from workbench.engine import agent, guard
 
 log = logging.getLogger("workbench.engine")
+OUTPUT_FLUSH_S = 0.05  # how often an engine sends what was printed (a line shows within 0.2 s in all)
 # Objects that must outlive one call: rank 0's store (its listening socket) and the rank's facts.
 _state: dict = {}
 
@@ -142,6 +144,9 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
     if channel:  # beacons up, commands down: the pool's side channel
         agent.start(channel, rank, generation)
     user_namespace().update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, dist=dist)
+    for stream in (sys.stdout, sys.stderr):  # ipykernel sends printed text every 0.2 s: lines late by that
+        if hasattr(stream, "flush_interval"):
+            stream.flush_interval = OUTPUT_FLUSH_S
     return {"rank": rank, "backend": dist.get_backend(), "threads": threads, "gpu_uuid": uuid,
             "ifname": os.environ.get("GLOO_SOCKET_IFNAME"), "endpoints": guard.gloo_endpoints(),
             "standby_port": standby}

@@ -241,7 +241,8 @@ class DistributedMagics(Magics):
         if args.async_:
             return submit_cell(s, cell, ranks=ranks, timeout=args.timeout, monitor=monitor)
         try:
-            result = s.run(cell, ranks=ranks, timeout=args.timeout, on_output=on_output, on_tick=monitor.tick)
+            result = s.run(cell, ranks=ranks, timeout=args.timeout, on_output=on_output,
+                           on_tick=monitor.tick if merger is None else lambda: (merger.poll(), monitor.tick()))
         except RankError as exc:
             monitor.finish(exc)
             if merger:
