@@ -238,11 +238,16 @@ class DistributedMagics(Magics):
         from workbench.widgets.cell import monitor_cell, submit_cell  # live dashboard (issue 4)
 
         monitor = monitor_cell(s, always=args.monitor or args.async_)  # hidden until a Trainer runs
+
+        def on_tick():  # every 0.05 s: lines held for identical ones are due, the dashboard
+            if merger is not None:
+                merger.poll()
+            monitor.tick()
+
         if args.async_:
             return submit_cell(s, cell, ranks=ranks, timeout=args.timeout, monitor=monitor)
         try:
-            result = s.run(cell, ranks=ranks, timeout=args.timeout, on_output=on_output,
-                           on_tick=monitor.tick if merger is None else lambda: (merger.poll(), monitor.tick()))
+            result = s.run(cell, ranks=ranks, timeout=args.timeout, on_output=on_output, on_tick=on_tick)
         except RankError as exc:
             monitor.finish(exc)
             if merger:
