@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 
 import psutil
@@ -192,3 +193,25 @@ def test_a_rank_0_progress_line_shows_while_the_cell_still_runs(ipshell, pool):
     # the line was on screen while the ranks still slept, not one line late at the end of the cell
     assert t_end - shown_at > 2.0, (t_end - shown_at, out.writes)
     print(f"rank 0's line shown {1000 * (shown_at - printed_at):.0f} ms after its print")
+
+
+def test_a_failed_cell_gets_a_tab_per_rank_with_the_failing_rank_selected(ipshell, pool):
+    cell = "%%distributed\nprint('hello from', rank)\nif rank == 1:\n    raise ValueError('bad batch')"
+    with capture_output() as cap:
+        result = ipshell.run_cell(cell)
+    assert not result.success
+    views = [o.data for o in cap.outputs if "text/html" in o.data and "wb-RankTabs" in o.data["text/html"]]
+    assert len(views) == 1, [o.data for o in cap.outputs]
+    page, plain = views[0]["text/html"], views[0]["text/plain"]
+    assert plain == "per rank (world size 2): rank 0 ok · rank 1 error"
+    # rank 1's tab is the one selected, and marked; its pane holds its output and its traceback
+    assert re.search(r'checked><label class="wb-fail" for="[^"]+" title="error">rank 1 ✗</label>', page), page
+    panes = re.findall(r"<div>(.*?)</div>", page, re.S)
+    assert "hello from 0" in panes[0] and "ValueError" not in panes[0]
+    assert "hello from 1" in panes[1] and "ValueError: bad batch" in panes[1]
+
+
+def test_a_short_clean_cell_gets_no_per_rank_view(ipshell, pool):
+    with capture_output() as cap:
+        assert ipshell.run_cell("%%distributed\nprint(rank)").success
+    assert not [o for o in cap.outputs if "wb-RankTabs" in o.data.get("text/html", "")]

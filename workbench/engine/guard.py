@@ -250,9 +250,6 @@ def to_sever(conns, own, peers) -> list[int]:
     return fds
 
 
-_aborted: list = []  # every process group this engine aborted (see abort)
-
-
 def abort(peers: Iterable = ()) -> int | None:
     """Abort this rank's process groups so peers blocked in a collective with it fail at once.
 
@@ -271,10 +268,6 @@ def abort(peers: Iterable = ()) -> int | None:
             return None
         _track["aborted_at"] = time.time()
         own = gloo_endpoints()  # before the abort: gloo may close its listeners
-        # Keep every aborted group alive for good: a gloo group destructed with a severed connection
-        # throws from its C++ destructor, which terminates the engine (seen when DDP let go of the old
-        # group after a re-form). A few sockets and bytes per fault, until the engine exits.
-        _aborted.extend(c10d._world.pg_map.keys())
         c10d._abort_process_group()
         _listeners.clear()
         return _sever(own, list(peers))

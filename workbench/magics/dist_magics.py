@@ -14,7 +14,8 @@ from IPython.display import display, publish_display_data
 
 from workbench import session as session_mod
 from workbench.config import PoolConfig
-from workbench.errors import NoPoolError, RankError
+from workbench.errors import CellInterrupted, CellTimeout, NoPoolError, RankError
+from workbench.magics import rank_tabs
 from workbench.magics.args import parse_cell, parse_dist
 from workbench.magics.output import LineMerger, print_stream
 from workbench.session import Session, format_ranks
@@ -155,6 +156,7 @@ class DistributedMagics(Magics):
             raise UsageError(str(exc)) from None
         print(f"scaled from {before} to {s.world_size} ranks; the process group is re-formed "
               "(resume training from its checkpoint at the new world size).")
+        print(f"── the outputs above this line come from the world of {before} ranks ──")
         print(format_table(s.status(), STATUS_COLUMNS))
 
     def _dist_check(self, args):
@@ -248,17 +250,20 @@ class DistributedMagics(Magics):
             return submit_cell(s, cell, ranks=ranks, timeout=args.timeout, monitor=monitor)
         try:
             result = s.run(cell, ranks=ranks, timeout=args.timeout, on_output=on_output, on_tick=on_tick)
-        except RankError as exc:
+        except (RankError, CellInterrupted, CellTimeout) as exc:
             monitor.finish(exc)
             if merger:
                 merger.close()
-            _show_results(exc.result)
+            if exc.result is not None:
+                _show_results(exc.result)
+                _show_ranks(exc.result, s.world_size)
             raise
         finally:
             monitor.finish()
             if merger:
                 merger.close()
         _show_results(result)
+        _show_ranks(result, s.world_size)
 
     @cell_magic
     def local(self, line: str, cell: str):
@@ -274,6 +279,12 @@ def _notebooks(s: Session) -> str:
     """"notebooks: a.ipynb (started it), b.ipynb": who drives the pool."""
     names = [f"{c['notebook']}" + (" (started it)" if c["role"] == "started" else "") for c in s.notebooks()]
     return "notebooks: " + (", ".join(names) or "none here (started from the JupyterLab panel)")
+
+
+def _show_ranks(result, world_size: int) -> None:
+    """Beside the merged lines, a tab per rank when a rank failed or the output is long."""
+    if rank_tabs.wanted(result):
+        publish_display_data(rank_tabs.rank_tabs(result, world_size))
 
 
 def _show_results(result) -> None:

@@ -87,6 +87,7 @@ class CellRun:
         self.where: dict[int, str] = {}  # rank -> where its beacon said it was when the escalation began
         self._suspects: dict[int, float] = {}  # rank -> when its error from inside a collective was seen
         self._places: dict[int, tuple] = {}  # rank -> (where its beacon said it was, since when)
+        self._raised_before_abort: set[int] = set()  # ranks whose error came before the abort was sent
         self._asked = 0  # interrupts asked for from another thread (RunHandle.stop), not yet taken
         self._wake = threading.Event()
 
@@ -263,10 +264,13 @@ class CellRun:
             if step in self.steps_done or now - self.fault_at < after:
                 continue
             running = [r for r, c in self.children if not c.done() and r.rank not in dead]
-            if step in ("sigterm", "sigkill") and now - self.fault_at < after + FINISHING_GRACE_S:
-                # a rank that was released and is only writing its traceback is not stuck: killing
-                # it would throw its state away for nothing
-                running = [r for r in running if not self._finishing(r.rank)]
+            if step in SIGNALS and now - self.fault_at < after + FINISHING_GRACE_S:
+                # a rank whose error came (ipyparallel publishes it before the reply) has ended its
+                # cell: a signal now could lose the reply on its way (seen at load ~10: SIGINT, then
+                # SIGTERM for a rank that had only raised)
+                running = [r for r in running if not self._ended(r)]
+                if step != "sigint":  # a rank that was released and is only writing its traceback
+                    running = [r for r in running if not self._finishing(r.rank)]  # is not stuck
                 if not running:
                     return
             self.steps_done.add(step)
@@ -277,12 +281,18 @@ class CellRun:
             if step == "stop":  # a Trainer stops at its next step boundary, on every rank the same
                 self.group.command("stop", running)
             elif step == "abort":  # every rank, blocked ones too: their agents release them, state kept
+                self._raised_before_abort = {r.rank for r, c in self.children
+                                             if c.output.metadata["error"] is not None}
                 self.group.abort([r for r, _ in self.children if r.rank not in dead],
                                  beats=self.health.beacons.latest if self.health.beacons else None)
             else:
                 for r in running:
                     self.signalled.setdefault(r.rank, set()).add(step)
                 self.group.signal(running, SIGNALS[step])
+
+    def _ended(self, info: RankInfo) -> bool:
+        """Whether ``info``'s error reached us, though its reply did not yet."""
+        return any(r is info and c.output.metadata["error"] is not None for r, c in self.children)
 
     def _finishing(self, rank: int) -> bool:
         """Whether ``rank`` may be finishing rather than stuck, so SIGTERM waits: its beacon shows it
@@ -309,7 +319,10 @@ class CellRun:
     def _origin(self, info: RankInfo, completed) -> str | None:
         """Where the rank says its failure came from (its beacon; engine clocks on both sides)."""
         beats = self.health.beacons.latest if self.health.beacons else {}
-        return faults.origin_of(beats.get(info.rank), self.started, faults.seconds(completed))
+        origin = faults.origin_of(beats.get(info.rank), self.started, faults.seconds(completed))
+        if origin == "aborted" and info.rank in self._raised_before_abort:
+            return None  # its error reached us before the abort: the root cause, however late its reply
+        return origin
 
     def _rank_result(self, info: RankInfo, child) -> RankResult:
         md = child.output.metadata

@@ -1,0 +1,82 @@
+"""A per-rank view of a ``%%distributed`` cell: one tab per rank beside the merged lines.
+
+Shown when a cell ran on several ranks and one failed or their output is long. Plain HTML and CSS (radio
+buttons as tabs, no script), so it works in JupyterLab and in a saved notebook; where a viewer strips the
+styles, the ranks' panes show one below the other.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import uuid
+
+# Output longer than this many lines (all ranks together) gets the per-rank view even when nothing failed.
+LONG_LINES = 12
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_MARKS = {"ok": "", "error": " ✗", "died": " ✗", "killed": " ✗", "stopped": " ■", "interrupted": " ■",
+          "lost": " ✗"}
+
+
+def wanted(result) -> bool:
+    """Whether a cell's result gets the per-rank view: several ranks, and a failure or long output.
+
+    >>> from types import SimpleNamespace as R
+    >>> ok, failed = R(outcome="ok", stdout="a\\n", stderr=""), R(outcome="error", stdout="", stderr="")
+    >>> wanted(R(ranks=[ok, failed])), wanted(R(ranks=[ok, ok])), wanted(R(ranks=[failed]))
+    (True, False, False)
+    """
+    if len(result.ranks) < 2:
+        return False
+    lines = sum((r.stdout + r.stderr).count("\n") for r in result.ranks)
+    return lines > LONG_LINES or any(r.outcome != "ok" for r in result.ranks)
+
+
+def rank_tabs(result, world_size: int) -> dict:
+    """A display bundle: a tab per rank with its own output and error; the first failing rank selected.
+
+    >>> from types import SimpleNamespace as R
+    >>> ok = R(rank=R(rank=0), outcome="ok", stdout="hi\\n", stderr="", error=None)
+    >>> bad = R(rank=R(rank=1), outcome="error", stdout="", stderr="", error=R(traceback="ValueError: x"))
+    >>> bundle = rank_tabs(R(ranks=[ok, bad]), world_size=2)
+    >>> bundle["text/plain"]
+    'per rank (world size 2): rank 0 ok · rank 1 error'
+    >>> 'checked><label class="wb-fail"' in bundle["text/html"]
+    True
+    """
+    name = f"wb-ranks-{uuid.uuid4().hex[:8]}"
+    failing = [i for i, r in enumerate(result.ranks) if r.outcome != "ok"]
+    chosen = failing[0] if failing else 0
+    tabs, panes, rules = [], [], []
+    for i, r in enumerate(result.ranks):
+        k = i + 1
+        rules.append(f"#{name}>input:nth-of-type({k}):checked~div:nth-of-type({k}){{display:block}}")
+        css = ' class="wb-fail"' if r.outcome != "ok" else ""
+        tabs.append(f'<input type="radio" name="{name}" id="{name}-{k}"{" checked" * (i == chosen)}>'
+                    f'<label{css} for="{name}-{k}" title="{r.outcome}">rank {r.rank.rank}'
+                    f"{_MARKS.get(r.outcome, '')}</label>")
+        panes.append(f"<div>{_pane(r)}</div>")
+    style = (f"#{name}>input{{display:none}}"
+             f"#{name}>label{{display:inline-block;padding:1px 10px;margin-right:2px;cursor:pointer;"
+             "border:1px solid var(--jp-border-color1,#ccc);border-bottom:none;font-family:monospace}"
+             f"#{name}>input:checked+label{{background:var(--jp-layout-color2,#eee);font-weight:bold}}"
+             f"#{name}>label.wb-fail{{color:var(--jp-error-color1,#c00)}}"
+             f"#{name}>div{{display:none;border:1px solid var(--jp-border-color1,#ccc);padding:2px 8px;"
+             "max-height:24em;overflow:auto}"
+             f"#{name} pre{{margin:0}}#{name} .wb-err{{color:var(--jp-error-color1,#c00)}}" + "".join(rules))
+    head = f'<div class="wb-RankTabs" id="{name}" data-world-size="{world_size}"><style>{style}</style>'
+    summary = " · ".join(f"rank {r.rank.rank} {r.outcome}" for r in result.ranks)
+    return {"text/html": head + "".join(tabs) + "".join(panes) + "</div>",
+            "text/plain": f"per rank (world size {world_size}): {summary}"}
+
+
+def _pane(r) -> str:
+    parts = []
+    if r.stdout:
+        parts.append(f"<pre>{html.escape(r.stdout)}</pre>")
+    if r.stderr:
+        parts.append(f'<pre class="wb-err">{html.escape(r.stderr)}</pre>')
+    error = getattr(r.error, "traceback", None) or (str(r.error) if r.error is not None else "")
+    if error:
+        parts.append(f'<pre class="wb-err">{html.escape(_ANSI.sub("", error))}</pre>')
+    return "".join(parts) or "<pre>(no output)</pre>"
