@@ -246,8 +246,8 @@ class EnginePool:
         """Every engine launcher: one per engine (local, ssh) or the whole set (mpiexec, a Slurm job)."""
         for engine_set in self._engine_sets():
             per_engine = getattr(engine_set, "launchers", None)
-            if per_engine:
-                yield from per_engine.values()
+            if per_engine:  # a copy: ipyparallel's thread may be adding engines (a start being cancelled)
+                yield from list(per_engine.values())
             else:
                 yield engine_set
 
