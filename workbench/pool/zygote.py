@@ -48,7 +48,7 @@ PRELOAD = {
                "workbench.engine.agent", "workbench.engine.calls", "workbench.metrics.publisher"),
     "sources": (),
 }
-SOURCES_IDLE_S = 2.0
+SOURCES_IDLE_S = 2.0  # idle this long before parsing the sources
 # What a child calls its process (``ps``, ``top``, psutil's name()); the zygote's own name.
 NAMES = {"engine": "wb-engine", "controller": "wb-controller"}
 ZYGOTE_NAME = "wb-zygote"
@@ -283,7 +283,7 @@ def _exit(code: int) -> None:
     import atexit
 
     try:
-        atexit._run_exitfuncs()
+        atexit._run_exitfuncs()  # the handlers the modules registered, as at the end of any interpreter
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
@@ -300,10 +300,11 @@ def serve() -> None:
     stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
     keep = {stdin, stdout, wake_r, wake_w}
     loaded: set[str] = set()
+    failed: set[str] = set()  # not tried again while idle; a request for it tries again (and says why)
     buffer = b""
     while True:
         _reap()
-        pending = [role for role in PRELOAD if role not in loaded]
+        pending = [role for role in PRELOAD if role not in loaded | failed]
         if b"\n" in buffer or (pending and pending != ["sources"]):
             wait = 0.0  # something to do: only look whether more came
         else:  # the sources once idle a while: after a start's burst of requests, not competing with it
@@ -332,7 +333,13 @@ def serve() -> None:
                 reply = {"id": request["id"], "error": f"{type(exc).__name__}: {exc}"}
             os.write(stdout, (json.dumps(reply) + "\n").encode())
         elif pending and not ready:
-            _preload(pending[0], loaded)
+            try:
+                _preload(pending[0], loaded)
+            except Exception:  # the pool's log shows it; a child that needs it gets the error
+                import traceback
+
+                traceback.print_exc()
+                failed.add(pending[0])
     _end_pool()
 
 
