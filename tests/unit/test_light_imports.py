@@ -21,5 +21,9 @@ def test_the_lease_imports_neither_ipyparallel_nor_torch():
     assert imported_by("workbench.pool.lease") == []
 
 
-def test_what_the_kernel_sends_the_engines_imports_no_torch():
-    assert "torch" not in imported_by("workbench.engine.calls")
+KERNEL_SIDE = ["workbench.engine.calls", "workbench.magics", "workbench.session.elastic"]
+
+
+@pytest.mark.parametrize("module", KERNEL_SIDE)
+def test_what_the_kernel_imports_and_sends_the_engines_imports_no_torch(module):
+    assert "torch" not in imported_by(module)
