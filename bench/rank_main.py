@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node 2 bench/rank_main.py train mlp 200 OUT.json
     torchrun --nproc-per-node 2 bench/rank_main.py ready OUT.json
+    torchrun --nproc-per-node 2 bench/rank_main.py memory OUT.json   # rank 0's RSS, USS and PSS
     RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=... \\
         python bench/rank_main.py allreduce 1024,65536 OUT.json
 
@@ -40,6 +41,13 @@ def main(argv: list[str]) -> None:
         dist.all_reduce(t)
         assert t.item() == dist.get_world_size()
         result["t_ready"] = time.time()
+    elif mode == "memory":  # after a collective, as the workbench's engines are measured
+        import psutil
+
+        dist.all_reduce(torch.ones(1))
+        m = psutil.Process().memory_full_info()
+        result.update({k: round(getattr(m, k, 0) / 2**20, 1) for k in ("rss", "uss", "pss")})
+        result = {f"{k}_mib": v for k, v in result.items() if k != "t_start"}
     elif mode == "train":
         import loop
 

@@ -1,5 +1,8 @@
 """Time to ready (nothing -> a 2-rank group whose all_reduce is verified) and time to stop.
 
+``workbench`` starts cold (a fresh process: nothing loaded, nothing running); ``workbench, spare ready``
+starts a pool in a shell where ``%load_ext workbench`` ran earlier (its spare zygote has loaded torch).
+
 Each trial is a fresh process; the tools take turns, round after round. Every process a trial
 leaves behind is ended by pid and counted (``leftover``).
 """
@@ -64,6 +67,7 @@ def _tools(anchors: bool) -> dict:
     me = [sys.executable, str(BENCH / "ready_trial.py")]
     tools = {
         "workbench": lambda: run_json([*me, "workbench"], timeout=240, env=ENV),
+        "workbench, spare ready": lambda: run_json([*me, "workbench-warm"], timeout=240, env=ENV),
         "ipyparallel + hand-written rendezvous": lambda: run_json([*me, "ipyparallel"], timeout=240, env=ENV),
         "torchrun": _torchrun_trial,
     }
@@ -102,7 +106,7 @@ def run(reps: int = 3, anchors: bool = True, only: tuple[str, ...] | None = None
         errors = [t["error"] for t in ts if "error" in t]
         if errors:
             row["errors"] = errors
-        if name == "workbench" and ok:
+        if name.startswith("workbench") and ok:
             row["marks"] = ok[len(ok) // 2]["marks"]  # where one (median-ish) start spent its time
         out[name] = row
     return out

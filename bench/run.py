@@ -1,4 +1,5 @@
-"""Run the benchmarks side by side and write ``bench/results/*.json`` and ``bench/results/RESULTS.md``.
+"""Run the benchmarks side by side and write ``bench/results/*.json``, ``bench/results/RESULTS.md`` and the
+README's Performance table (:mod:`bench.summary`; only a full run into ``bench/results``).
 
     make bench                                  # sets up .venv and bench/.venv-anchors, then this
     .venv/bin/python -m bench.run               # everything (about 10 minutes on 2 busy cores)
@@ -142,6 +143,12 @@ def main(argv=None) -> int:
     table = render(args.out)
     (args.out / "RESULTS.md").write_text(table)
     print(table)
+    if not args.quick and args.out.resolve() == RESULTS.resolve():
+        from bench import summary
+
+        if not summary.write_readme(summary.render(args.out)):
+            print("README.md has no bench:summary markers: its Performance table was not updated",
+                  file=sys.stderr)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -9,7 +9,7 @@ from pathlib import Path
 from bench.common import RESULTS, fmt
 
 
-def _load(folder: Path) -> dict:
+def load(folder: Path) -> dict:
     out = {}
     for f in sorted(folder.glob("*.json")):
         try:
@@ -33,7 +33,7 @@ def _x(ours, theirs) -> str:
 
 
 def render(folder: Path = RESULTS) -> str:
-    r = _load(folder)
+    r = load(folder)
     if not r:
         return "no results yet: run `make bench`.\n"
     any_rec = next(iter(r.values()))
@@ -130,14 +130,11 @@ def _ready(rec) -> list[str]:
             f"| {name} | {_mmm(row['ready_s'])}{err} | {_mmm(row.get('import_s'))} | {_mmm(row['stop_s'])} | "
             f"{_x(ours, row['ready_s'])} | {row['leftover_processes']} |"
         )
-    marks = d.get("workbench", {}).get("marks") if isinstance(d, dict) else None
-    if marks:
-        out += [
-            "",
-            "Where one workbench start went (s since `import workbench`): "
-            + ", ".join(f"{m} {t}" for m, t in marks)
-            + ".",
-        ]
+    for name, since in (("workbench", "`import workbench`"), ("workbench, spare ready", "`%dist start`")):
+        marks = d.get(name, {}).get("marks") if isinstance(d, dict) and "error" not in d else None
+        if marks:
+            out += ["", f"Where one `{name}` start went (s since {since}): "
+                    + ", ".join(f"{m} {t}" for m, t in marks) + "."]
     return out + [""]
 
 
@@ -202,17 +199,17 @@ def _memory(rec) -> list[str]:
     d = rec["data"]
     if "error" in d:
         return ["## Memory", ""] + _error(rec)
-    e, b = d["workbench engine (each rank)"][0], d["bare python + import torch"]
-    return [
-        "## Memory of one rank, MiB",
-        "",
-        "| process | RSS | USS | PSS |",
-        "| --- | --- | --- | --- |",
-        f"| workbench engine (torch, group formed, metrics on) | {e['rss_mib']} | {e['uss_mib']} "
-        f"| {e['pss_mib']} |",
-        f"| bare python + `import torch` | {b['rss_mib']} | {b['uss_mib']} | {b['pss_mib']} |",
-        "",
-    ]
+    rows = [("workbench engine (torch, group formed, metrics on)", d["workbench engine (each rank)"][0]),
+            ("the pool's zygote (one per pool, shared by its engines)", d.get("zygote (one per pool)")),
+            ("bare python + `import torch`", d["bare python + import torch"]),
+            ("torchrun worker (rank 0, group formed)", d.get("torchrun worker (rank 0)"))]
+    out = ["## Memory of one rank, MiB", "", "| process | RSS | USS | PSS |", "| --- | --- | --- | --- |"]
+    out += [f"| {name} | {m['rss_mib']} | {m['uss_mib']} | {m['pss_mib']} |" for name, m in rows if m]
+    if "pool pss per rank" in d:
+        out += ["", "The pool's PSS per rank (its engines and zygote, shared pages split among them): "
+                f"{d['pool pss per rank']} MiB. Helper processes per engine: "
+                f"{d['helper processes per engine']}."]
+    return out + [""]
 
 
 def _recovery(rec) -> list[str]:

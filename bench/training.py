@@ -237,18 +237,29 @@ def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
+def _mem(p: psutil.Process) -> dict:
+    m = p.memory_full_info()
+    return {
+        "rss_mib": round(m.rss / 2**20, 1),
+        "uss_mib": round(m.uss / 2**20, 1),
+        "pss_mib": round(getattr(m, "pss", 0) / 2**20, 1),
+    }
+
+
 def memory(pool: Pool) -> dict:
-    """Resident memory of each engine (torch loaded, group formed) vs a bare Python that imported torch."""
+    """Memory of each engine (torch loaded, group formed, metrics on), of what a pool runs besides them,
+    and of a bare ``import torch`` and a torchrun worker, measured the same way.
 
-    def mem(p: psutil.Process) -> dict:
-        m = p.memory_full_info()
-        return {
-            "rss_mib": round(m.rss / 2**20, 1),
-            "uss_mib": round(m.uss / 2**20, 1),
-            "pss_mib": round(getattr(m, "pss", 0) / 2**20, 1),
-        }
-
-    engines = [mem(psutil.Process(r.pid)) for r in pool.s.ranks]
+    A forked engine shares the pages its zygote loaded (torch, the engine), which its USS leaves out: the
+    honest figure per rank is the pool's PSS (engines and zygote, every shared page split between the
+    processes that map it) over the ranks.
+    """
+    pool.cell("import torch\n_t = torch.ones(1)\ndist.all_reduce(_t)")
+    engines = [psutil.Process(r.pid) for r in pool.s.ranks]
+    zygote = pool.s.pool.zygote
+    shared = [psutil.Process(zygote.pid)] if zygote is not None else []
+    per_engine = [_mem(p) for p in engines]
+    pss = sum(m["pss_mib"] for m in per_engine) + sum(_mem(p)["pss_mib"] for p in shared)
     code = (
         "import json, psutil, torch\nm = psutil.Process().memory_full_info()\n"
         "print(json.dumps({'rss_mib': round(m.rss / 2**20, 1), 'uss_mib': round(m.uss / 2**20, 1), "
@@ -266,7 +277,11 @@ def memory(pool: Pool) -> dict:
         .splitlines()[-1]
     )
     return {
-        "workbench engine (each rank)": engines,
+        "workbench engine (each rank)": per_engine,
+        "helper processes per engine": max(len(p.children()) for p in engines),
+        "zygote (one per pool)": _mem(shared[0]) if shared else None,
+        "pool pss per rank": round(pss / len(engines), 1),
         "bare python + import torch": bare,
-        "ratio_rss": round(engines[0]["rss_mib"] / bare["rss_mib"], 2),
+        "torchrun worker (rank 0)": _torchrun(["memory"]),
+        "ratio_rss": round(per_engine[0]["rss_mib"] / bare["rss_mib"], 2),
     }

@@ -4,19 +4,22 @@
 >>> %dist start -n 2             # doctest: +SKIP
 """
 
-from workbench.config import PoolConfig
-from workbench.errors import CellTimeout, NoPoolError, PoolStartError, RankError, WorkbenchError
-from workbench.session import CellResult, RankResult, Session, current
-
 __all__ = [
     "CellResult", "CellTimeout", "NoPoolError", "PoolConfig", "PoolStartError", "RankError",
     "RankResult", "Session", "WorkbenchError", "current", "load_ipython_extension",
 ]
 
 
-# Names loaded on first use: engine-side helpers import torch, which the kernel must not
-# pay for (or need) at `%load_ext`. Each entry: public name -> module that defines it.
+# Names loaded on first use: engine-side helpers import torch, which the kernel must not pay for (or
+# need) at `%load_ext`, and the session imports ipyparallel, which the processes that only import a
+# piece of the package (the lease, the zygote, the engines) need not. Public name -> defining module.
 _LAZY: dict[str, str] = {
+    "PoolConfig": "workbench.config",
+    "CellTimeout": "workbench.errors", "NoPoolError": "workbench.errors",
+    "PoolStartError": "workbench.errors", "RankError": "workbench.errors",
+    "WorkbenchError": "workbench.errors",
+    "CellResult": "workbench.session", "RankResult": "workbench.session", "Session": "workbench.session",
+    "current": "workbench.session",
     "shard": "workbench.strategies", "plan": "workbench.strategies", "unwrap": "workbench.strategies",
     "ParallelConfig": "workbench.strategies",
     "scatter": "workbench.scatter", "gather": "workbench.scatter",
@@ -33,16 +36,25 @@ _LAZY: dict[str, str] = {
 
 
 def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'workbench' has no attribute {name!r}")
     import importlib
 
+    module = _LAZY.get(name)
+    if module is None:
+        try:  # a submodule: ``import workbench; workbench.session``
+            return importlib.import_module(f"workbench.{name}")
+        except ModuleNotFoundError:
+            raise AttributeError(f"module 'workbench' has no attribute {name!r}") from None
     return getattr(importlib.import_module(module), name)
 
 
 def load_ipython_extension(ipython):
-    """``%load_ext workbench``: register ``%dist``, ``%%distributed`` and ``%%local``."""
+    """``%load_ext workbench``: register ``%dist``, ``%%distributed`` and ``%%local``.
+
+    First of all a spare zygote starts importing torch for the first local pool (:mod:`workbench.pool.spare`).
+    """
+    from workbench.pool import spare
+
+    spare.prepare()
     from workbench.magics import load_ipython_extension as load
 
     load(ipython)
@@ -52,3 +64,7 @@ def unload_ipython_extension(ipython):
     from workbench.magics import unload_ipython_extension as unload
 
     unload(ipython)
+
+
+def __dir__():
+    return sorted([*globals(), *_LAZY])

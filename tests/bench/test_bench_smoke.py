@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 
+from bench.common import RESULTS
 from tests.conftest import alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -49,12 +51,14 @@ def test_cells_in_process_and_through_ipykernels():
 def test_time_to_ready_of_workbench_and_torchrun():
     from bench import ready
 
-    got = ready.run(reps=1, anchors=False, only=("workbench", "torchrun"))
-    for name in ("workbench", "torchrun"):
+    tools = ("workbench", "workbench, spare ready", "torchrun")
+    got = ready.run(reps=1, anchors=False, only=tools)
+    for name in tools:
         assert "errors" not in got[name], got[name]
         assert _has_summary(got[name]["ready_s"]) and _has_summary(got[name]["stop_s"])
         assert got[name]["leftover_processes"] == 0, got[name]
     assert [m for m, _ in got["workbench"]["marks"]][0] == "starting controller"
+    assert got["workbench, spare ready"]["marks"][0][0].startswith("ready: 2 ranks")
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +78,8 @@ def test_memory(pool):
     got = training.memory(pool)
     assert len(got["workbench engine (each rank)"]) == 2
     assert got["bare python + import torch"]["rss_mib"] > 0
+    assert got["torchrun worker (rank 0)"]["pss_mib"] > 0 and got["zygote (one per pool)"]["pss_mib"] > 0
+    assert got["helper processes per engine"] == 0 and got["pool pss per rank"] > 0
 
 
 def test_allreduce_sweep(pool):
@@ -142,3 +148,16 @@ def test_run_writes_json_and_table(tmp_path):
     )
     table = (tmp_path / "RESULTS.md").read_text()
     assert "## Memory of one rank" in table and "Quick run" in table
+
+
+def test_summary_fills_the_readme_table_between_its_markers(tmp_path):
+    from bench import summary
+
+    shutil.copy(RESULTS / "memory.json", tmp_path / "memory.json")
+    table = summary.render(tmp_path)
+    assert "| engine memory | USS" in table and "| `%dist restart` of one rank | not measured" in table
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n{summary.BEGIN}\nold\n{summary.END}\nafter\n")
+    assert summary.write_readme(table, readme)
+    assert readme.read_text() == f"# x\n{summary.BEGIN}\n{table}{summary.END}\nafter\n"
+    assert not summary.write_readme(table, tmp_path / "memory.json")

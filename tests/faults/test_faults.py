@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 
+import psutil
 import pytest
 
 from tests.conftest import alive, ctrl_c_after
@@ -82,6 +83,7 @@ def test_rank_killed_mid_cell_is_named_then_restarted_on_same_host_and_device(po
     after = pool.ranks
     assert [(r.rank, r.host, r.device) for r in after] == [(r.rank, r.host, r.device) for r in before]
     assert after[1].pid != before[1].pid and after[0].pid == before[0].pid
+    assert psutil.Process(after[1].pid).ppid() == pool.pool.zygote.pid  # forked: nothing to import again
     pool.run("import torch\nt = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)")
     assert [t.item() for t in pool.pull("t")] == [3.0, 3.0]
     assert fault.recover_s is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import time
 
@@ -137,6 +138,14 @@ def test_a_forged_abort_leaves_the_group_alone_and_a_signed_command_is_obeyed(po
         sock.close(0)
         ctx.term()
         pool.apply(_clear_stop)
+
+
+def test_a_signal_command_reaches_a_rank_without_a_nanny(pool):
+    """Ranks on other machines are signalled through their agent (engines have no ipyparallel nanny)."""
+    pool.run("import signal\nsignalled = []\n"
+             "signal.signal(signal.SIGUSR1, lambda *a: signalled.append(rank))")
+    pool._group.command("signal", pool.ranks[1:], sig=int(signal.SIGUSR1))  # what signal() does off this host
+    assert until(lambda: pool.pull("signalled") == [[], [1]])
 
 
 def _group_works() -> bool:

@@ -234,7 +234,7 @@ def watch(nb: Notebook, *, reply: bool = True, until=lambda seen: False, seconds
         for pid in nb.new_pids():
             appeared.add(pid)
             try:
-                if "workbench.pool.engine_main" in psutil.Process(pid).cmdline():
+                if is_engine(psutil.Process(pid)):
                     engines.add(pid)
             except psutil.Error:
                 pass
@@ -245,6 +245,11 @@ def watch(nb: Notebook, *, reply: bool = True, until=lambda seen: False, seconds
                 continue
         time.sleep(0.01)
     return None, appeared, engines
+
+
+def is_engine(proc: psutil.Process) -> bool:
+    """An engine forked from the pool's zygote, or one started as its own interpreter."""
+    return proc.name() == "wb-engine" or "workbench.pool.engine_main" in proc.cmdline()
 
 
 def shown_since(nb: Notebook) -> str:

@@ -1,4 +1,4 @@
-"""After kernel shutdown, restart and SIGKILL, no process of the pool is left."""
+"""After kernel shutdown, restart and SIGKILL, no process of the pool (or of its spare) is left."""
 
 from __future__ import annotations
 
@@ -7,18 +7,20 @@ import os
 import signal
 import time
 
+import psutil
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from tests.conftest import alive
+from tests.conftest import alive, until
 
 pytestmark = pytest.mark.timeout(120)
 
 START = """
 %load_ext workbench
 %dist start -n 2 --timeout 60
-import json, workbench
+import json, sys, workbench
 print("PIDS", json.dumps(workbench.current().pids()))
+print("TORCH", "torch" in sys.modules)
 """
 
 
@@ -30,8 +32,13 @@ def start_pool_in_kernel():
     text = "".join(out)
     assert reply["content"]["status"] == "ok", text
     pids = json.loads(text.split("PIDS", 1)[1].splitlines()[0])
-    assert len(alive(pids)) == 4  # controller, 2 engines, lease
-    return km, kc, pids
+    assert len(alive(pids)) == 5  # the zygote, the controller and 2 engines forked from it, the lease
+    pids += [c.pid for p in pids for c in psutil.Process(p).children(recursive=True)]  # the controller's
+    return km, kc, pids, text
+
+
+def zygotes_of(pid: int) -> list[psutil.Process]:
+    return [c for c in psutil.Process(pid).children() if c.name() == "wb-zygote"]
 
 
 def wait_gone(pids, seconds):
@@ -42,14 +49,14 @@ def wait_gone(pids, seconds):
 
 
 def test_kernel_shutdown_ends_the_pool():
-    km, kc, pids = start_pool_in_kernel()
+    km, kc, pids, _ = start_pool_in_kernel()
     kc.stop_channels()
     km.shutdown_kernel(now=False)
     assert wait_gone(pids, 15) == []
 
 
 def test_kernel_restart_ends_the_pool():
-    km, kc, pids = start_pool_in_kernel()
+    km, kc, pids, _ = start_pool_in_kernel()
     try:
         km.restart_kernel(now=False)
         assert wait_gone(pids, 15) == []
@@ -59,7 +66,8 @@ def test_kernel_restart_ends_the_pool():
 
 
 def test_kernel_sigkill_ends_the_pool_through_the_lease():
-    km, kc, pids = start_pool_in_kernel()
+    km, kc, pids, text = start_pool_in_kernel()
+    assert "TORCH False" in text, "the kernel imported torch to start a pool"
     kernel_pid = km.provisioner.process.pid
     kc.stop_channels()
     os.kill(kernel_pid, signal.SIGKILL)
@@ -69,3 +77,29 @@ def test_kernel_sigkill_ends_the_pool_through_the_lease():
         km.shutdown_kernel(now=True)
         for pid in alive(pids):  # only if the assertion above failed: never leave them running
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_pool_takes_the_spare_started_at_load_ext_and_sigkill_ends_a_spare():
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        assert kc.execute_interactive("%load_ext workbench", timeout=60)["content"]["status"] == "ok"
+        kernel = km.provisioner.process.pid
+        assert until(lambda: len(zygotes_of(kernel)) == 1)  # named once its interpreter runs
+        [spare] = zygotes_of(kernel)
+        out = []
+        reply = kc.execute_interactive(
+            "%dist start -n 2 --timeout 60\nimport workbench\n"
+            "print('ZYGOTE', workbench.current().pool.zygote.pid)",
+            timeout=90, output_hook=lambda m: out.append(m["content"].get("text", "")))
+        assert reply["content"]["status"] == "ok", "".join(out)
+        assert f"ZYGOTE {spare.pid}" in "".join(out)  # the pool's processes are forks of the spare
+        reply = kc.execute_interactive("%dist stop\n%reload_ext workbench", timeout=60)
+        assert reply["content"]["status"] == "ok"
+        assert not spare.is_running() or spare.status() == psutil.STATUS_ZOMBIE
+        assert until(lambda: len(zygotes_of(kernel)) == 1)  # a new spare, waiting for the next pool
+        [second] = zygotes_of(kernel)
+        kc.stop_channels()
+        os.kill(kernel, signal.SIGKILL)
+        assert wait_gone([second.pid], 15) == [], "an unclaimed spare outlived its kernel"
+    finally:
+        km.shutdown_kernel(now=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
 
@@ -215,3 +216,23 @@ def test_a_short_clean_cell_gets_no_per_rank_view(ipshell, pool):
     with capture_output() as cap:
         assert ipshell.run_cell("%%distributed\nprint(rank)").success
     assert not [o for o in cap.outputs if "wb-RankTabs" in o.data.get("text/html", "")]
+
+
+def test_engines_are_forks_of_the_pools_zygote_without_helpers(pool):
+    """One zygote per local pool forks the engines; no engine has a helper process (ipyparallel's nanny)."""
+    zygote = psutil.Process(pool.pool.zygote.pid)
+    assert zygote.name() == "wb-zygote" and zygote.pid in pool.pids()
+    for r in pool.ranks:
+        engine = psutil.Process(r.pid)
+        assert engine.ppid() == zygote.pid and engine.name() == "wb-engine"
+        assert engine.children() == [], f"rank {r.rank} has helper processes"
+        assert os.getsid(r.pid) == r.pid  # a session of its own, as a launched engine has
+    assert psutil.Process(pool.pool.cluster.controller.pid).ppid() == zygote.pid
+
+
+def test_forked_ranks_do_not_share_random_state(ipshell, pool):
+    result, shown = run(ipshell, "%%distributed\nimport numpy, random\n"
+                                 "draws = (numpy.random.rand(), random.random())")
+    assert result.success, shown
+    numpy_draws, python_draws = zip(*pool.pull("draws"), strict=True)
+    assert len(set(numpy_draws)) == 2 and len(set(python_draws)) == 2

@@ -10,7 +10,8 @@ session of the pool:
   rank agrees on the step through the all-reduce the Trainer does anyway);
 - ``abort``: abort this rank's process group from this thread, so the main thread, blocked in a
   collective with a rank that failed or stalled, is released and keeps its Python state;
-- ``interrupt``: SIGINT the main thread (for ranks on other machines, which the kernel cannot signal);
+- ``interrupt``: SIGINT the main thread; ``signal``: send this process the signal ``sig`` (for ranks on
+  other machines, which the kernel cannot signal by pid; engines have no ipyparallel nanny);
 - ``regroup``: an elastic Trainer's group changes (a rank was lost, or ranks join or leave): the plan
   waits here for the Trainer (:func:`take_plan`); after a death (``abort``) the old group is aborted
   first, so that a main thread blocked in a collective with the lost rank is released at once.
@@ -174,6 +175,11 @@ class Agent:
             _post(plan)
         elif what == "interrupt":
             os.kill(os.getpid(), signal.SIGINT)
+        elif what == "signal" and isinstance(cmd.get("sig"), int):
+            what = f"signal {cmd['sig']}"
+            self.done.append(what)  # before: the signal may end this process
+            os.kill(os.getpid(), cmd["sig"])
+            return what
         else:
             self.bad += 1
             return None
@@ -214,14 +220,20 @@ _TRACEBACK_MODULES = ("torch.distributed.distributed_c10d", "torch.distributed.c
 def _warm_tracebacks(delay: float = 0.2) -> None:
     """Parse ahead of time, at low priority, what IPython will parse when this rank first reports an
     error, so that the first fault of a session is stopped as fast as the later ones."""
-    import importlib
-    import sys
-
     time.sleep(delay)  # after the first cells, not during the start
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
     except (AttributeError, OSError):
         pass
+    parse_traceback_sources()
+
+
+def parse_traceback_sources() -> None:
+    """Parse the files of :data:`_TRACEBACK_MODULES` into stack_data's cache (the zygote does it once for
+    every engine it forks; an engine started on its own does it in the background)."""
+    import importlib
+    import sys
+
     try:
         import stack_data
     except ImportError:

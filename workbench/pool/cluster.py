@@ -6,6 +6,7 @@ Never imports torch: the engines do that.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import signal
@@ -25,9 +26,10 @@ from ipyparallel.cluster.launcher import BatchSystemLauncher, LocalProcessLaunch
 from workbench import wire
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
-from workbench.pool import capacity, launchers, reap, sharing, spawn, start_errors
+from workbench.pool import capacity, launchers, reap, sharing, spare, spawn, start_errors
 from workbench.pool import state as pool_state
 from workbench.pool.relay import Relay
+from workbench.pool.zygote import Zygote
 
 # The controller counts newly registered engines only at its next heartbeat round:
 # the default 3 s period makes a local start wait seconds for nothing.
@@ -38,10 +40,13 @@ HEARTBEAT_MS = 100
 # last resort, at 10 s.
 HEARTBEAT_MISSES = 100
 
-# Engines import torch in the background while they register: that import is most of the
-# time to a ready pool, and it overlaps with the controller's registration round trip.
+# Engines started as new interpreters (remote launchers) import torch in the background while they
+# register: that import is most of their time to a ready pool, and it overlaps with the registration.
 PRELOAD = ("import threading; "
            "threading.Thread(target=__import__, args=('workbench.engine.rendezvous',), daemon=True).start()")
+# No ipyparallel nanny per engine: the kernel signals local engines by pid, and the others through their
+# agent (workbench.engine.agent); engine deaths are seen by the health watcher.
+ENGINE_ARGS = [f"--IPEngine.startup_command={PRELOAD}", "--IPEngine.enable_nanny=False"]
 
 Progress = Callable[[str], None]
 # what launches a whole engine set at once
@@ -77,6 +82,14 @@ class EnginePool:
         self.state: dict = {}
         self.relay: Relay | None = None  # the side channel (beacons, metrics, commands); owner only
         self.channel: dict | None = None  # how to reach it: {"up": url, "out": url, "key": hex}
+        self.zygote: Zygote | None = None  # local pools: forks the controller and the engines
+        self._id_given = pool_id is not None
+
+    @property
+    def forks(self) -> bool:
+        """Whether this pool's processes are forked from a zygote: local pools, unless the launcher options
+        name their own engine command."""
+        return self.launcher == "local" and "engine_cmd" not in self.config.launcher_options
 
     # -- start -----------------------------------------------------------------------
     def start(self, progress: Progress = lambda msg: None) -> ipp.Client:
@@ -88,34 +101,49 @@ class EnginePool:
         launchers.check_address(self.config, self.address)
         if self.launcher == "local":
             capacity.check_this_machine(self.n, self.config.oversubscribe)
-        pool_state.prune_logs()
-        self.log_file = pool_state.log_path(self.pool_id)
-        pool_state.private_file(self.log_file).close()
-        self.work_dir = tempfile.mkdtemp(prefix=f"workbench-{self.pool_id}-")
-        self.env = {**self.env, **reap.tag(self.pool_id)}  # every process of the pool carries it
-        spawn.allow(f"workbench-{self.pool_id}")  # a pool started again keeps its id
-        self.cluster = ipp.Cluster(
-            n=self.n,
-            engines=launchers.engine_launcher(self.config),
-            controller=spawn.PoolControllerLauncher,
-            cluster_id=f"workbench-{self.pool_id}",
-            # our state folder, not the profile's security/ folder: ipyparallel's own JupyterLab panel lists
-            # every cluster file there (with START and DELETE buttons)
-            cluster_file=str(pool_state.state_dir() / f"cluster-{self.pool_id}.json"),
-            controller_ip=self.address,
-            # warnings only: at INFO the controller logs a line for every query, e.g. each look of the
-            # sidebar at which ranks are busy
-            controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN",
-                             f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"],
-            delay=0,  # engines wait for the controller's connection info anyway
-            log_level=logging.ERROR,  # our own messages name failures; ipyparallel would dump whole logs
-            shutdown_atexit=False,  # stop() and the lease end the pool; ipyparallel's exit hook would block
-        )
+        if self.forks and not self._id_given:  # (a pool started again keeps its id, hence its tag)
+            self.zygote = spare.take()  # started at %load_ext: torch is loaded already
+            if self.zygote is not None:
+                self.pool_id = self.zygote.pool_id  # its tag is the pool's
+                self.name = self.config.name or sharing.name_for(self.pool_id)
         try:
+            pool_state.prune_logs()
+            self.log_file = pool_state.log_path(self.pool_id)
+            pool_state.private_file(self.log_file).close()
+            self.work_dir = tempfile.mkdtemp(prefix=f"workbench-{self.pool_id}-")
+            self.env = {**self.env, **reap.tag(self.pool_id)}  # every process of the pool carries it
+            spawn.allow(f"workbench-{self.pool_id}")  # a pool started again keeps its id
+            self.cluster = ipp.Cluster(
+                n=self.n,
+                engines=launchers.engine_launcher(self.config),
+                controller=spawn.PoolControllerLauncher,
+                cluster_id=f"workbench-{self.pool_id}",
+                # our state folder, not the profile's security/ folder: ipyparallel's own JupyterLab panel
+                # lists every cluster file there (with START and DELETE buttons)
+                cluster_file=str(pool_state.state_dir() / f"cluster-{self.pool_id}.json"),
+                controller_ip=self.address,
+                # warnings only: at INFO the controller logs a line for every query, e.g. each look of the
+                # sidebar at which ranks are busy
+                controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN",
+                                 f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"],
+                delay=0,  # engines wait for the controller's connection info anyway
+                # forked engines start at once and read the controller's connection file when it is written
+                send_engines_connection_env=not self.forks,
+                # everything is set here: loading the profile's ipcluster config would scan every installed
+                # package's entry points (0.1-0.5 s)
+                load_profile=False,
+                log_level=logging.ERROR,  # our messages name failures; ipyparallel would dump whole logs
+                shutdown_atexit=False,  # stop() and the lease end the pool; ipyparallel's hook would block
+            )
             key = wire.new_key()  # the side channel first: the state file records how to reach it
             self.relay = Relay(self.address, key)
             self.channel = {"up": self.relay.up, "out": self.relay.out, "key": key}
             self._record()  # the lease runs before any process of the pool exists
+            if self.forks:
+                if self.zygote is None:
+                    self.zygote = Zygote(pool_id=self.pool_id, log=str(self.log_file), cwd=os.getcwd())
+                spawn.zygotes[self.cluster.cluster_id] = self.zygote
+                self._record()
             progress("starting controller")
             self.cluster.start_controller_sync(output_file=str(self.log_file),
                                                environment=reap.tag(self.pool_id))
@@ -123,6 +151,10 @@ class EnginePool:
             via = f" through {self.launcher}" if self.launcher != "local" else ""
             progress(f"starting {self.n} engines{via}")
             self._start_engine_set(self.n)
+            # ipyparallel's serializer imports numpy at the first call sent to the engines: now, while they
+            # register (not before: the import would hold up this thread's own)
+            threading.Thread(target=importlib.import_module, args=("numpy",), name="workbench-numpy",
+                             daemon=True).start()
             self.client = self.cluster.connect_client_sync()
             self._wait_for_engines(progress)
         except BaseException as exc:
@@ -141,8 +173,7 @@ class EnginePool:
 
     def _start_engine_set(self, n: int) -> None:
         kwargs = launchers.engine_set_kwargs(self.config, n, work_dir=self.work_dir, env=self.env,
-                                             engine_args=[f"--IPEngine.startup_command={PRELOAD}"],
-                                             log=str(self.log_file or ""))
+                                             engine_args=ENGINE_ARGS, log=str(self.log_file or ""))
         try:
             self.cluster.start_engines_sync(n=n, **kwargs)
         except subprocess.CalledProcessError as exc:  # sbatch, mpiexec or ssh refused: keep what it said
@@ -215,8 +246,8 @@ class EnginePool:
         """Every engine launcher: one per engine (local, ssh) or the whole set (mpiexec, a Slurm job)."""
         for engine_set in self._engine_sets():
             per_engine = getattr(engine_set, "launchers", None)
-            if per_engine:
-                yield from per_engine.values()
+            if per_engine:  # a copy: ipyparallel's thread may be adding engines (a start being cancelled)
+                yield from list(per_engine.values())
             else:
                 yield engine_set
 
@@ -292,6 +323,8 @@ class EnginePool:
         if self.attached:
             return [rec["pid"] for rec in self.state.get("processes", []) if pool_state.process_alive(rec)]
         pids = []
+        if self.zygote is not None and self.zygote.alive():
+            pids.append(self.zygote.pid)
         if self.cluster and self.cluster.controller is not None and self.cluster.controller.pid > 0:
             pids.append(self.cluster.controller.pid)
         pids += [el.pid for el in self._local_launchers() if el.pid > 0]
@@ -401,6 +434,7 @@ class EnginePool:
         state, self.state, self.state_file = dict(self.state), {}, None
         if self.cluster is not None:
             spawn.cancel(self.cluster.cluster_id)
+            spawn.zygotes.pop(self.cluster.cluster_id, None)
             self.cluster.cluster_file = ""  # ipyparallel's callbacks must not write it again
         engines = self._engine_processes()
         if self.client is not None:
@@ -422,6 +456,10 @@ class EnginePool:
             self._lease.wait(timeout=5)
             self._lease = None
         reap.clean_up(state or {"id": self.pool_id}, grace)
+        if self.zygote is not None:  # ended above with the pool's other processes
+            self.zygote.close()
+            self.zygote.proc.poll()
+            self.zygote = None
         self.work_dir = None
         if self.relay is not None:  # last: the ranks' final beacons have somewhere to go until they end
             self.relay.close()

@@ -192,6 +192,8 @@ def engine_set_kwargs(config: PoolConfig, n: int, *, work_dir: str, env: dict[st
     kwargs: dict = {}
     if log and config.launcher != "ssh":  # ssh engines write on their own host (ipyparallel fetches it)
         kwargs["pool_log" if config.launcher == "local" else "output_file"] = log
+    if config.launcher == "local":
+        kwargs["delay"] = 0  # ipyparallel waits 0.1 s between local engines; a fork takes milliseconds
     if config.launcher in ("local", "mpi"):
         # our entry point starts importing torch before the engine registers, and drops the --mpi
         # that ipyparallel's MPI launcher always passes where mpi4py is missing (see engine_main)

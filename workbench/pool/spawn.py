@@ -12,6 +12,7 @@ for, so once it returns no engine of the pool starts any more.
 
 from __future__ import annotations
 
+import os
 import threading
 
 from ipyparallel.cluster.launcher import (
@@ -25,10 +26,14 @@ from ipyparallel.cluster.launcher import (
 )
 from traitlets import Unicode
 
+from workbench.pool.zygote import Zygote
+
 # cluster ids whose launch was cancelled: kept for good (a few bytes a pool), since ipyparallel's thread
 # may reach its next engine only after the pool's stop has returned
 _cancelled: set[str] = set()
 _spawning = threading.Lock()  # held while one engine is spawned
+# cluster id -> the zygote of that (local) pool, while it runs
+zygotes: dict[str, Zygote] = {}
 SPAWN_WAIT_S = 5.0  # an ssh start can take seconds; a local spawn takes milliseconds
 
 
@@ -53,10 +58,39 @@ class _KeepsLog:
         return super().get_output(remove=False)  # the pool's log outlives each of its processes
 
 
-class PoolControllerLauncher(_KeepsLog, LocalControllerLauncher):
+class _Forked:
+    """A local process forked from the pool's zygote if it has one, else started as ipyparallel does."""
+
+    role = ""
+
+    def child_args(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, *args, **kwargs):
+        zygote = zygotes.get(self.cluster_id)
+        if zygote is None:
+            return super().start(*args, **kwargs)
+        import psutil
+
+        env = {**os.environ, **self.get_env()}
+        extra = {}
+        if self.role == "engine" and "IPP_CONNECTION_INFO" not in env:  # the controller may still be starting
+            extra["connection_file"] = self.connection_files["engine"]
+        self.pid = zygote.fork(self.role, self.child_args(), env=env, cwd=os.path.abspath(self.work_dir),
+                               log=self.output_file, **extra)
+        self.process = psutil.Process(self.pid)
+        self.notify_start(self.pid)
+        self._start_waiting()
+
+
+class PoolControllerLauncher(_KeepsLog, _Forked, LocalControllerLauncher):
     """The controller, on this machine, writing to the pool's log."""
 
     entrypoint_name = "workbench.pool.spawn.PoolControllerLauncher"
+    role = "controller"
+
+    def child_args(self) -> list[str]:
+        return [*self.cluster_args, *self.controller_args]
 
 
 class PoolMPIEngineSetLauncher(_KeepsLog, MPIEngineSetLauncher):
@@ -82,8 +116,13 @@ class _StopsWhenCancelled(_KeepsLog):
             return super().start(*args, **kwargs)
 
 
-class CancellableEngineLauncher(_StopsWhenCancelled, LocalEngineLauncher):
+class CancellableEngineLauncher(_StopsWhenCancelled, _Forked, LocalEngineLauncher):
     """One local engine that does not start once its pool was cancelled."""
+
+    role = "engine"
+
+    def child_args(self) -> list[str]:
+        return [*self.cluster_args, *self.engine_args]
 
 
 class CancellableEngineSetLauncher(LocalEngineSetLauncher):

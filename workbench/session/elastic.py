@@ -27,6 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
 
+from workbench.engine import calls
 from workbench.pool.rankmap import RankInfo, extend_rank_map, format_ranks, remap_engines
 
 # What a new engine runs to join an elastic run in progress (the plan is pushed first).
@@ -241,11 +242,11 @@ class Transcript:
 
         client = group.pool.client
         for r in infos:
-            client[r.engine_id].apply_sync(_alone, device=r.device, backend=group.config.backend,
+            client[r.engine_id].apply_sync(calls.join_alone, device=r.device, backend=group.config.backend,
                                            timeout_s=group.config.timeout, channel=group.pool.channel,
                                            standby_address=group.config.address)
         view = group.view(infos)
-        view.apply_sync(_replaying, True)
+        view.apply_sync(calls.set_replay, True)
         built, cells = 0, 0
         try:
             for kind, item in self.items:
@@ -263,9 +264,9 @@ class Transcript:
                         f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}. Run "
                         "the setup on the new rank yourself (%%distributed --ranks N), then the next "
                         "trainer.run() brings it up to date.") from None
-                built = min(view.apply_sync(_trainers))
+                built = min(view.apply_sync(calls.trainer_count))
         finally:
-            view.apply_sync(_replaying, False)
+            view.apply_sync(calls.set_replay, False)
         if built < trainers:
             raise WorkbenchError(
                 f"the new engine replayed the {cells} cells that ran on every rank, but they built "
@@ -381,21 +382,3 @@ def _until(predicate, timeout: float) -> bool:
             return False
         time.sleep(0.02)
     return True
-
-
-def _alone(**kwargs) -> int:
-    from workbench.engine import rendezvous
-
-    return rendezvous.join_alone(**kwargs)
-
-
-def _replaying(on: bool) -> None:
-    from workbench.train import elastic
-
-    elastic.REPLAY["on"] = on
-
-
-def _trainers() -> int:
-    from workbench.train import elastic
-
-    return elastic.trainer_count()

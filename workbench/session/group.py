@@ -2,7 +2,8 @@
 
 Everything here runs in the kernel and reaches the engines through ipyparallel; what runs on the
 engines is :mod:`workbench.engine.rendezvous` (describe, open the store, join) and
-:mod:`workbench.engine.guard` (abort).
+:mod:`workbench.engine.guard` (abort), sent through :mod:`workbench.engine.calls` (the kernel imports no
+torch).
 
 >>> group = ProcessGroup(pool, config)              # doctest: +SKIP
 >>> group.ranks = build_rank_map(group.describe(pool.client.ids))   # doctest: +SKIP
@@ -22,6 +23,7 @@ from dataclasses import replace
 
 from workbench import wire
 from workbench.config import PoolConfig
+from workbench.engine import calls
 from workbench.errors import PoolStartError, RankDiedError
 from workbench.pool import netif
 from workbench.pool.cluster import EnginePool
@@ -69,17 +71,13 @@ class ProcessGroup:
 
     def describe(self, engine_ids) -> list[EngineInfo]:
         """Host, pid and visible GPUs of each engine (they answer once ``import torch`` is done)."""
-        from workbench.engine import rendezvous
-
         view = self.pool.client[list(engine_ids)]
-        infos = view.apply_async(rendezvous.describe).get(timeout=self.config.timeout)
+        infos = view.apply_async(calls.describe).get(timeout=self.config.timeout)
         return [EngineInfo(eid, i["host"], i["pid"], i["gpus"], tuple(i.get("gpu_uuids", ())))
                 for eid, i in zip(view.targets, infos, strict=True)]
 
     def form(self) -> None:
         """Form (or re-form) the group on every rank of :attr:`ranks` at once."""
-        from workbench.engine import rendezvous
-
         client = self.pool.client
         backend = group_backend(self.config.backend, self.ranks, shared=self.config.share_gpus)
         root = self.ranks[0]
@@ -91,11 +89,11 @@ class ProcessGroup:
             routes = {r.rank: route for r, route in zip(self.ranks, found, strict=True)}
         store_address = routes[root.rank]["address"] if routes else self.config.address
         own = {r.rank: routes[r.rank]["address"] if routes else self.config.address for r in self.ranks}
-        port = client[root.engine_id].apply_sync(rendezvous.open_store, store_address, self.config.timeout)
+        port = client[root.engine_id].apply_sync(calls.open_store, store_address, self.config.timeout)
         generation = self.generation + 1
         futures = [
             client[r.engine_id].apply_async(
-                rendezvous.join, rank=r.rank, local_rank=r.local_rank, world_size=len(self.ranks),
+                calls.join, rank=r.rank, local_rank=r.local_rank, world_size=len(self.ranks),
                 address=store_address, port=port, backend=backend, device=r.device,
                 timeout_s=self.config.timeout, collective_timeout_s=self.config.collective_timeout,
                 local_pids=[o.pid for o in self.ranks if o.host == r.host],
@@ -157,9 +155,7 @@ class ProcessGroup:
 
     def reform(self, alive: list[RankInfo]) -> None:
         """Abort what is left of the old group on the ``alive`` ranks (never destroy), then form anew."""
-        from workbench.engine import guard
-
-        self.view(alive).apply_sync(guard.abort, self.peers())
+        self.view(alive).apply_sync(calls.abort, self.peers())
         self.form()
 
     def regroup(self, stay: list[RankInfo], join: list[RankInfo] = (), leave: list[RankInfo] = (), *,
@@ -208,7 +204,8 @@ class ProcessGroup:
                 self._commands = None
 
     def signal(self, infos: list[RankInfo], sig: int, breaks_group: bool = True) -> None:
-        """Signal the engines of ``infos``: directly where local, through ipyparallel otherwise.
+        """Signal the engines of ``infos``: by pid where local, through each rank's agent otherwise (engines
+        have no ipyparallel nanny to do it).
 
         Anything harsher than SIGINT may leave the group broken: the next cell re-forms it (not so for
         ranks an elastic run already left out: ``breaks_group=False``).
@@ -224,4 +221,4 @@ class ProcessGroup:
                 except ProcessLookupError:
                     pass
         else:
-            self.pool.client.send_signal(sig, targets=[r.engine_id for r in infos], block=False)
+            self.command("signal", infos, sig=int(sig))
