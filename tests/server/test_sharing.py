@@ -132,7 +132,8 @@ async def test_an_attached_notebook_gets_the_dashboard_deaths_hangs_and_restart(
         killed_at = time.monotonic()
         status, shown = await cell
         named_in = time.monotonic() - killed_at
-        first = shown.strip().splitlines()[0]  # the dead rank named first, in one line
+        # the dead rank named first, in one line (after the per-rank view's one-line text)
+        first = [line for line in shown.strip().splitlines() if not line.startswith("per rank")][0]
         assert status == "error" and "rank 1 (" in first and ("RankDied" in first or "dead" in first), shown
         assert named_in < 10, f"{named_in:.1f} s"  # a hang guard; the figure is in bench/
         status, shown = await nb.run("%dist restart")
