@@ -41,7 +41,8 @@ def build(model: str = "mlp", seed: int = 0, device=None, **options):
 
 def measure(trainer, steps: int, warmup: int = 5) -> dict:
     """``steps`` timed steps after ``warmup``: samples/s over the whole world, timed on this rank."""
-    trainer.run(steps=warmup)
+    if warmup:  # a run of 0 steps would still be a run (a dashboard would show it)
+        trainer.run(steps=warmup)
     dist.barrier()
     t0 = time.perf_counter()
     result = trainer.run(steps=steps)

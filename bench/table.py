@@ -163,19 +163,32 @@ def _dashboard(rec) -> list[str]:
     d = rec["data"]
     if "error" in d:
         return ["## Live dashboard on vs off", ""] + _error(rec)
-    lat = d["loss_point_to_widget_s"]
-    return [
-        "## Live dashboard on vs off (MLP, samples/s)",
+    bare, lab = d.get("no browser", {}), d.get("browser", {})
+    cols = [("no browser", bare), ("JupyterLab + Chromium rendering it", lab)]
+    shown = [(name, c) for name, c in cols if "on" in c]
+    out = [
+        "## Live dashboard on vs off (MLP, 2 ranks, samples/s)",
         "",
-        "| dashboard | median (min-max) |",
-        "| --- | --- |",
-        f"| off | {_mmm(d['off'])} |",
-        f"| on | {_mmm(d['on'])} |",
-        "",
-        f"On / off: **{d['ratio_on_to_off']}**. A loss point reaches the widget in {_mmm(lat, 's')}, "
-        f"p95 {lat.get('p95', '-')} s ({lat['n']} points).",
+        "| dashboard | " + " | ".join(name for name, _ in shown) + " |",
+        "| --- |" + " --- |" * len(shown),
+        "| off | " + " | ".join(_mmm(c["off"]) for _, c in shown) + " |",
+        "| on | " + " | ".join(_mmm(c["on"]) for _, c in shown) + " |",
+        "| **on / off** | " + " | ".join(f"**{c['ratio_on_to_off']}**" for _, c in shown) + " |",
         "",
     ]
+    for name, c in cols:
+        if "error" in c or "skipped" in c:
+            out += [f"_{name}: {c.get('error') or c['skipped']}_", ""]
+    lat = bare.get("loss_point_to_widget_s")
+    if lat:
+        out += [f"A loss point reaches the widget in {_mmm(lat, 's')}, p95 {lat.get('p95', '-')} s "
+                f"({lat['n']} points).", ""]
+    cpu = lab.get("cpu_per_s")
+    if cpu:
+        parts = ", ".join(f"{part} {cpu['off'][part]['median']} -> {cpu['on'][part]['median']}"
+                          for part in cpu["on"])
+        out += [f"CPU seconds per second of a round, off -> on (medians): {parts}.", ""]
+    return out
 
 
 def _allreduce(rec) -> list[str]:

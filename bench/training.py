@@ -1,5 +1,5 @@
-"""Training throughput (DDP, 2 CPU ranks) driven from ``%%distributed`` vs ``torchrun``, and the live
-dashboard on vs off; all_reduce bandwidth through the workbench vs raw gloo; engine memory.
+"""Training throughput (DDP, 2 CPU ranks) driven from ``%%distributed`` vs ``torchrun``; all_reduce
+bandwidth through the workbench vs raw gloo; engine memory. (The live dashboard: ``dashboard_overhead``.)
 
 Everything in rounds that alternate the sides (and their order), on one pool started here.
 """
@@ -155,52 +155,6 @@ def throughput(pool: Pool, rounds: int, steps: dict[str, int], per_cell_steps: i
         res["steps_per_round"] = n
         out[model] = res
     return out
-
-
-def dashboard(pool: Pool, rounds: int, steps: int) -> dict:
-    """MLP samples/s with the live dashboard on (publisher on every rank + widget refreshing here) vs off."""
-    from workbench.metrics import remote
-    from workbench.widgets.dashboard import Dashboard
-
-    s = pool.s
-    if s.metrics is None:
-        return {"error": "this pool has no metrics collector"}
-    pool.cell("trainer_d = loop.build('mlp')")
-    rates: dict[str, list[float]] = {"off": [], "on": []}
-    delays: list[float] = []
-    try:
-        for i in range(rounds):
-            for side in ["off", "on"] if i % 2 == 0 else ["on", "off"]:
-                dash = None
-                if side == "on":
-                    s.apply(remote.connect, s.pool.channel)
-                    pool.cell("loop.set_metrics(trainer_d, True)")
-                    dash = Dashboard(s.metrics, run="latest")
-                    dash.refresh()
-                    dash.delays.clear()  # only this round's points count
-                else:
-                    pool.cell("loop.set_metrics(trainer_d, False)")
-                    s.apply(remote.disconnect)
-                pool.cell(f"r = loop.measure(trainer_d, steps={steps})")
-                rates[side].append(s.pull("r", rank=0)["samples_per_s"])
-                if dash is not None:
-                    time.sleep(0.6)  # the last points reach the widget
-                    dash.refresh()
-                    delays += list(dash.delays)
-                    dash.close()
-    finally:
-        s.apply(remote.connect, s.pool.channel)  # as the pool had it
-        pool.cell("del trainer_d", check=False)
-    res = {k: summary(v, 1, 1) for k, v in rates.items()}
-    res["ratio_on_to_off"] = (
-        round(res["on"]["median"] / res["off"]["median"], 3) if res["off"]["median"] else None
-    )
-    res["loss_point_to_widget_s"] = summary(delays, 1, 3)
-    if delays:
-        ordered = sorted(delays)
-        res["loss_point_to_widget_s"]["p95"] = round(ordered[int(0.95 * (len(ordered) - 1))], 3)
-    res["steps_per_round"] = steps
-    return res
 
 
 def allreduce(pool: Pool, rounds: int) -> dict:

@@ -103,12 +103,20 @@ def test_throughput_against_torchrun(pool):
         assert got[model]["ratio_to_torchrun"]["torchrun"] == 1.0
 
 
-def test_dashboard_on_and_off(pool):
-    from bench import training
+def test_dashboard_on_and_off_without_and_with_a_browser(pool, tmp_path):
+    from bench import dashboard_overhead
+    from bench.table import _dashboard
+    from tests.ui.lab import CHROMIUM
 
-    got = training.dashboard(pool, rounds=2, steps=3)
-    assert _has_summary(got["on"]) and _has_summary(got["off"])
-    assert got["ratio_on_to_off"] > 0
+    got = dashboard_overhead.run(pool, rounds=1, steps=3)
+    for half in ("no browser", "browser"):
+        if half == "browser" and not os.path.exists(CHROMIUM):
+            assert "skipped" in got[half]
+            continue
+        assert _has_summary(got[half]["on"]) and _has_summary(got[half]["off"]), got[half]
+        assert got[half]["ratio_on_to_off"] > 0
+    table = "\n".join(_dashboard({"data": got}))
+    assert "on / off" in table and "no browser" in table
 
 
 def test_recovery_after_kill_9():

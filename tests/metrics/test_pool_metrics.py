@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -34,14 +35,41 @@ def pool():
         s.stop()
 
 
-def _points(trace) -> int:
-    return 0 if trace.y is None else len(trace.y)
+def _points(dash) -> list[int]:
+    """Points per line of the dashboard's figure as the page holds it (whole figure plus extensions)."""
+    figure = dash.view.figure_now() if dash.view.figure_now else {}
+    return [len(t["y"]) for t in figure.get("data", [])]
+
+
+class Page:
+    """What a page showing ``view`` holds: the last whole figure, extended by every message since
+    (the same bookkeeping as dashboard.js)."""
+
+    def __init__(self, view):
+        self.data: list[dict] = []
+        self.messages = 0
+        view.observe(self._figure, names="figure")
+        send = view.send
+
+        def record(content, buffers=None):
+            for k, i in enumerate(content["extend"]["indices"]):
+                self.data[i]["x"] += content["extend"]["x"][k]
+                self.data[i]["y"] += content["extend"]["y"][k]
+            self.messages += 1
+            send(content, buffers)
+
+        view.send = record
+
+    def _figure(self, change):
+        self.data = [{"x": list(t["x"]), "y": list(t["y"])} for t in change["new"].get("data", [])]
+        self.messages += 1
 
 
 @pytest.mark.timeout(120)
 def test_every_step_of_every_rank_arrives_once_in_order_and_reaches_the_widget(pool):
     c = pool.metrics
     dash = Dashboard(c, run="next", interval=0.25)
+    page = Page(dash.view)
     t0 = time.monotonic()
     try:
         pool.run("result = trainer.run(steps=1000)")
@@ -57,18 +85,19 @@ def test_every_step_of_every_rank_arrives_once_in_order_and_reaches_the_widget(p
             assert mine["loss"].notna().all() and (mine["samples_per_s"] > 0).all()
             assert (mine["compute_time"] >= 0).all() and (mine["comm_time"] > 0).all()
         assert c.stats["duplicates"] == 0 and c.stats["missing"] == 0
-        # the widget model holds every point of both ranks once the dashboard has caught up
-        assert until(lambda: dash._built and all(_points(t) == 1000 for t in dash._fig.data[:2]), 30)
-        assert list(dash._fig.data[0].x) == list(range(1, 1001))
-        assert list(dash._fig.data[1].y) == mine["loss"].tolist()
+        # the run ended: the dashboard went static by itself, after the page had every point of both ranks
+        assert until(lambda: dash.ended, 30)
+        assert [len(t["y"]) for t in page.data[:2]] == [1000, 1000]
+        assert page.data[0]["x"] == list(range(1, 1001))
+        assert page.data[1]["y"] == mine["loss"].tolist()
+        assert "finished at step 1000" in dash.summary
         elapsed = time.monotonic() - t0
-        # throttled: at most one refresh per interval (plus the first), each a handful of messages,
-        # however many records came in
+        # throttled: at most one refresh per interval (plus the first), each one or two messages
+        # (new points; changed text), however many records came in
         assert dash.updates <= elapsed / dash.interval + 2
-        assert dash.messages <= 4 * dash.updates
+        assert page.messages <= dash.updates + 2 and dash.messages <= 2 * dash.updates + 2
         assert dash.messages < 2000 / 4
         assert len(dash.delays) >= 2000  # every point's step-end-to-widget delay was measured
-        assert "finished" in dash._header.value
     finally:
         dash.close()
 
@@ -83,28 +112,32 @@ def test_idle_pool_shows_its_devices_through_psutil(pool):
     dash = Dashboard(c, run="latest", start=False)
     try:
         dash.refresh()
-        table = dash._devices.value
+        table = dash.view.devices
         assert "no GPU detected" in table and "data-rank='0'" in table and "data-rank='1'" in table
         assert "idle" in table
     finally:
         dash.close()
 
 
-@pytest.mark.timeout(120)
-def test_async_run_keeps_the_dashboard_updating_and_can_be_stopped(pool, tmp_path):
+@pytest.mark.timeout(180)
+def test_async_run_keeps_the_dashboard_updating_and_a_stop_says_interrupted(pool, tmp_path):
     c = pool.metrics
     dash = Dashboard(c, run="next", interval=0.25)
     try:
         handle = pool.submit("trainer.run(steps=1_000_000)")
         assert not handle.done()
-        assert until(lambda: dash.pinned and dash._built and _points(dash._fig.data[0]) >= 50, 60)
+        assert until(lambda: dash.pinned and (_points(dash) or [0])[0] >= 50, 60)
         assert c.status() == {0: "running", 1: "running"}
-        seen = _points(dash._fig.data[0])
-        assert until(lambda: _points(dash._fig.data[0]) > seen, 30)  # still updating, cell long returned
-        handle.stop()
+        seen = _points(dash)[0]
+        assert until(lambda: _points(dash)[0] > seen, 30)  # still updating, cell long returned
+        handle.stop(timeout=30)  # at the next step boundary on every rank
         assert handle.done()
         run = c.runs[dash.run_id - 1]
         assert c.wait_for(lambda c: run.done, 20)
+        assert run.state == "interrupted" and until(lambda: dash.ended, 10)
+        steps = c.history(run.id).dataframe().groupby("rank")["step"]
+        assert f"interrupted at step {steps.max().max()}" in dash.summary
+        assert _points(dash)[:2] == steps.count().tolist()  # every point is kept
         path = dash.save_html(tmp_path / "dash.html")
         text = path.read_text()
         assert "plotly" in text.lower() and "rank 0" in text and "<table" in text
@@ -113,3 +146,74 @@ def test_async_run_keeps_the_dashboard_updating_and_can_be_stopped(pool, tmp_pat
         dash.close()
     # the pool still works after the stop
     assert pool.run("1 + 1").ranks[0].result["text/plain"] == "2"
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_in_the_cell_says_interrupted_at_step_n_and_keeps_the_points(pool, ipshell):
+    """The real path of Ctrl-C: KeyboardInterrupt in the kernel's wait, the interrupt ladder on the ranks."""
+    import _thread
+    import threading
+
+    from IPython.utils.capture import capture_output
+
+    from workbench.widgets.cell import CellMonitor
+
+    def interrupt_when_training():
+        if until(lambda: monitor.dashboard is not None and (_points(monitor.dashboard) or [0])[0] >= 30, 60):
+            _thread.interrupt_main()  # what Ctrl-C (SIGINT to the kernel) does
+
+    with capture_output() as cap:
+        monitor = CellMonitor(pool.metrics)
+        threading.Thread(target=interrupt_when_training, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            try:
+                pool.run("trainer.run(steps=1_000_000)", on_tick=monitor.tick)
+            finally:
+                monitor.finish(sys.exc_info()[1])  # as the magic does
+    final = cap.outputs[-1]
+    text = final.data["text/plain"]
+    run = pool.metrics.runs[monitor.dashboard.run_id - 1]
+    counts = pool.metrics.history(run.id).dataframe().groupby("rank")["step"]
+    assert run.state == "interrupted" and f"interrupted at step {counts.max().max()}" in text, text
+    points = [len(t["y"]) for t in final.data["application/vnd.plotly.v1+json"]["data"][:2]]
+    assert points == counts.count().tolist() and points[0] >= 30
+
+
+FAIL = """
+from workbench.train import Callback
+
+class Boom(Callback):
+    steps = 0
+
+    def on_step_end(self, trainer, stats):
+        self.steps += 1
+        if rank == 1 and self.steps == 20:
+            raise ValueError("bad batch")
+
+trainer.callbacks.append(Boom())
+try:
+    trainer.run(steps=200)
+finally:
+    trainer.callbacks.pop()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_failed_run_says_which_rank_failed_why_and_keeps_its_points(pool, ipshell):
+    """Last in this module: the failure leaves the pool to re-form its process group."""
+    from IPython.utils.capture import capture_output
+
+    from workbench.errors import RankError
+    from workbench.widgets.cell import CellMonitor
+
+    with capture_output() as cap:
+        monitor = CellMonitor(pool.metrics, always=True)
+        with pytest.raises(RankError) as info:
+            pool.run(FAIL, on_tick=monitor.tick)
+        monitor.finish(info.value)
+    assert info.value.rank == 1
+    final = cap.outputs[-1]
+    assert final.update and "application/vnd.plotly.v1+json" in final.data, final.data.get("text/plain")
+    assert "failed: rank 1: ValueError: bad batch" in final.data["text/plain"]
+    points = [len(t["y"]) for t in final.data["application/vnd.plotly.v1+json"]["data"][:2]]
+    assert points[0] >= 20 and points[1] == 20, points  # rank 1's steps up to its failure are kept

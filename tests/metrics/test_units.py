@@ -11,7 +11,7 @@ from workbench.metrics import records
 from workbench.metrics.collector import Collector
 from workbench.metrics.history import Series
 from workbench.metrics.sampler import NvmlSampler, PsutilSampler, make_sampler
-from workbench.widgets.dashboard import load_colour, thin
+from workbench.widgets.panels import load_colour
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -112,7 +112,4 @@ def test_no_nvml_falls_back_to_psutil():
 
 
 def test_helpers():
-    assert list(range(3)[thin(3, 2000)]) == [0, 1, 2]
-    idx = list(range(10_000)[thin(10_000, 2000)])
-    assert len(idx) <= 2000 and idx[-1] == 9_999
     assert load_colour(50) == "hsl(60, 65%, 85%)"

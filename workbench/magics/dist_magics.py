@@ -7,6 +7,7 @@ mistakes become ``UsageError`` before any process is touched.
 from __future__ import annotations
 
 import os
+import sys
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -259,7 +260,7 @@ class DistributedMagics(Magics):
                 _show_ranks(exc.result, s.world_size)
             raise
         finally:
-            monitor.finish()
+            monitor.finish(sys.exc_info()[1])  # Ctrl-C: the dashboard says "interrupted"
             if merger:
                 merger.close()
         _show_results(result)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from workbench import faults
 from workbench.metrics import records
 from workbench.metrics.history import History, Series
 
@@ -44,10 +45,51 @@ class Run:
     ended: set = field(default_factory=set)
     failed: set = field(default_factory=set)
     details: dict = field(default_factory=dict)
+    interrupted: set = field(default_factory=set)  # ranks whose run ended on Ctrl-C (or a stop)
+    errors: dict = field(default_factory=dict)  # rank -> why it failed, in the order they came
+    echoes: dict = field(default_factory=dict)  # rank -> an error caused by another rank (closed peer, abort)
+    root: int | None = None  # the rank the kernel named first: the root cause
 
     @property
     def done(self) -> bool:
         return bool(self.ranks) and self.ranks <= (self.ended | self.failed)
+
+    def add_error(self, rank: int, text: str) -> None:
+        """A rank's run ended on ``text`` ("Type: message"); an echo of another rank's failure (a closed
+        connection, an abort, a collective's timeout) is kept apart: it is never the root cause."""
+        ename, _, evalue = text.partition(": ")
+        (self.echoes if faults.is_secondary(ename, evalue) else self.errors).setdefault(rank, text)
+
+    @property
+    def state(self) -> str:
+        """``training``, ``finished``, ``interrupted``, or ``failed`` (as soon as one rank failed).
+
+        Ranks stopped by an interrupt raise echoes (an abort, a closed peer): with an interrupt and
+        no error of its own, a run was interrupted.
+
+        >>> run = Run(1, 0.0, ranks={0, 1}, ended={0, 1}, interrupted={1})
+        >>> run.add_error(0, "DistBackendError: Connection closed by peer")
+        >>> run.state
+        'interrupted'
+        """
+        if self.errors or (self.echoes and not self.interrupted):
+            return "failed"
+        if not self.done:
+            return "training"
+        return "interrupted" if self.interrupted else "finished"
+
+    @property
+    def reason(self) -> str | None:
+        """Why the run failed: the root cause's rank and error (else the first to come), or None.
+
+        >>> Run(1, 0.0, errors={1: "ValueError: bad batch"}).reason
+        'rank 1: ValueError: bad batch'
+        """
+        errors = self.errors or self.echoes
+        if not errors:
+            return None
+        rank = self.root if self.root in errors else next(iter(errors))
+        return f"rank {rank}: {errors[rank]}"
 
 
 @dataclass
@@ -235,6 +277,10 @@ class Collector:
                     run.details.update({k: v for k, v in details.items() if k != "run"})
                 else:
                     run.ended.add(st.rank)
+                    if details.get("interrupted"):
+                        run.interrupted.add(st.rank)
+                    if details.get("error"):
+                        run.add_error(st.rank, str(details["error"]))
                     if st.run == run.id:
                         st.run = None
             event = {"rank": st.rank, "host": st.host, "seq": seq, "t": t, "event": name,
@@ -278,13 +324,22 @@ class Collector:
         return run
 
     # -- what the kernel marks -------------------------------------------------------------
-    def mark_failed(self, rank: int, reason: str = "failed") -> None:
-        """A rank's cell raised: it shows ``failed`` and leaves its run."""
+    def mark_failed(self, rank: int, reason: str = "failed", run: int | None = None) -> None:
+        """A rank's cell raised: it shows ``failed`` and leaves its run, which fails with ``reason``.
+
+        ``run``: the run the cell trained (also after its ``run_end``); default: the rank's current run.
+        The first rank the kernel marks in a run is its root cause: call it with the root first.
+        """
         with self._cv:
             st = self._rank(rank)
             st.failed = reason
-            if st.run is not None:
-                self.runs[st.run - 1].failed.add(rank)
+            run = st.run if run is None else run
+            if run is not None:
+                r = self.runs[run - 1]
+                r.failed.add(rank)
+                r.add_error(rank, reason)  # what the rank itself said comes first
+                r.root = rank if r.root is None else r.root
+            if st.run is not None and st.run == run:
                 st.run = None
             self.version += 1
             self._cv.notify_all()
@@ -305,6 +360,15 @@ class Collector:
         """rank -> step Series of one run (live objects: read them under :meth:`lock`)."""
         with self._cv:
             return {rank: s for (rid, rank), s in sorted(self.steps.items()) if rid == run}
+
+    def steps_since(self, run: int, seen: dict[int, int]) -> dict[int, tuple[dict | None, int]]:
+        """rank -> (columns of the steps of ``run`` received after the first ``seen[rank]``, how many
+        that rank's series has received). Columns are None where some of those steps were downsampled
+        since: read :meth:`step_series` again. What a live view reads every second, copying only new rows.
+        """
+        with self._cv:
+            return {rank: (s.since(seen.get(rank, 0)), s.received)
+                    for (rid, rank), s in sorted(self.steps.items()) if rid == run}
 
     def lock(self):
         """The collector's lock, for reading live series consistently."""

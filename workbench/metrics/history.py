@@ -33,6 +33,7 @@ class Series:
         self.capacity = capacity
         self.cols = {f: array("d") for f in self.fields}
         self.received = 0  # points appended, merged or not
+        self._exact_from = 0  # index of the first point never merged: every later point is one received
 
     def __len__(self) -> int:
         return len(self.cols["seq"])
@@ -57,13 +58,30 @@ class Series:
             if f in _LAST:
                 merged = [col[i + 1] for i in pairs]
             else:
-                merged = [_mean(col[i], n[i], col[i + 1], n[i + 1]) for i in pairs]
+                merged = [merged_mean(col[i], n[i], col[i + 1], n[i + 1]) for i in pairs]
             self.cols[f] = array("d", merged) + col[half:]
         self.cols["n"] = array("d", [n[i] + n[i + 1] for i in pairs]) + n[half:]
+        self._exact_from = len(pairs)
 
     def column(self, field: str, start: int = 0) -> list[float]:
         """One field's values from index ``start`` on."""
         return self.cols[field][start:].tolist()
+
+    def since(self, received: int) -> dict[str, list[float]] | None:
+        """Columns of the points received after the first ``received`` ones, as they came; None when
+        some of them were merged since (read the whole series again).
+
+        >>> s = Series(("loss",), capacity=4)
+        >>> for i in range(3):
+        ...     s.append(i, [i / 10])
+        >>> s.since(2)["loss"], s.since(3)["loss"]
+        ([0.2], [])
+        """
+        new = self.received - received
+        if new < 0 or new > len(self) - self._exact_from:
+            return None
+        start = len(self) - new
+        return {f: c[start:].tolist() for f, c in self.cols.items()}
 
     def last(self) -> dict | None:
         """The newest point as a dict, or None."""
@@ -85,7 +103,12 @@ class Series:
         return out
 
 
-def _mean(a: float, na: float, b: float, nb: float) -> float:
+def merged_mean(a: float, na: float, b: float, nb: float) -> float:
+    """The mean of two points standing for ``na`` and ``nb`` points (a NaN stands for nothing).
+
+    >>> merged_mean(1.0, 1, 4.0, 2), merged_mean(float("nan"), 1, 2.0, 1)
+    (3.0, 2.0)
+    """
     if math.isnan(a):
         return b
     if math.isnan(b):

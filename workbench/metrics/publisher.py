@@ -97,9 +97,19 @@ class Publisher(_callback_base()):
                   comm_time=get("comm_time"), data_time=get("data_time"), mem_bytes=get("mem_peak"),
                   mem_reserved_bytes=get("mem_reserved_peak"))
 
-    def on_run_end(self, trainer=None) -> None:
-        """The run ended: a ``run_end`` event, and everything queued is sent before returning (<= 2 s)."""
-        self.event("run_end", run=self.run)
+    def on_run_end(self, trainer=None, error: BaseException | None = None) -> None:
+        """The run ended: a ``run_end`` event, and everything queued is sent before returning (<= 2 s).
+
+        ``error`` (default: the Trainer's ``run_error``): what ended the run early. The event says
+        ``interrupted`` for a KeyboardInterrupt (Ctrl-C, a stop), else ``error: "Type: message"``.
+        """
+        error = getattr(trainer, "run_error", None) if error is None else error
+        details = {"run": self.run}
+        if isinstance(error, KeyboardInterrupt):
+            details["interrupted"] = True
+        elif error is not None:
+            details["error"] = f"{type(error).__name__}: {error}"[:300]
+        self.event("run_end", **details)
         self.flush(2.0)
 
     def on_regroup(self, trainer, event: dict) -> None:

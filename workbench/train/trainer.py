@@ -125,6 +125,7 @@ class Trainer:
         self._consumed = 0  # batches used in this epoch (for resuming a DataLoader)
         self._autocast = _autocast(self.config.precision, self.device)
         self.stopped_at: int | None = None  # the step the last run was interrupted at (Ctrl-C)
+        self.run_error: BaseException | None = None  # what ended the current run early, for on_run_end
         self._cut_mid_step = False  # an error or a hard interrupt left a step half done
         self._generation = rendezvous.generation()  # the process group the wrappers were made on
         self._flag_device = _flag_device(self.device)
@@ -197,16 +198,21 @@ class Trainer:
         """A run: callbacks told it starts and ends; the beacon says it runs (``status``: more to say)."""
         agent.clear_stop()
         self.stopped_at = None
+        self.run_error = None  # what ends this run early (TrainingInterrupted, an error), for on_run_end
         for cb in self.callbacks:
             cb.on_run_start(self)
         agent.trainer_status.update(running=True, step=self.step, **status)
         try:
             _memory_peaks(self.device)  # the first step's peak counts from here
             yield
+        except BaseException as exc:
+            self.run_error = exc
+            raise
         finally:
             agent.trainer_status["running"] = False
             for cb in self.callbacks:
                 cb.on_run_end(self)
+            self.run_error = None  # its traceback would keep the step's tensors alive
 
     def _took(self, result: RunResult, stats: StepStats | None) -> None:
         """A step ended: keep its stats; every rank stops here together when someone asked."""

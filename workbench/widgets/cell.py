@@ -3,7 +3,8 @@
 The magic calls :func:`monitor_cell` before it runs the cell, :meth:`CellMonitor.tick` from the
 cell's wait loop and :meth:`CellMonitor.finish` after. Without ``--monitor`` the dashboard is
 created and displayed only when a training run starts in the cell, so a cell that does not
-train costs nothing and shows (and saves) nothing extra.
+train costs nothing and shows (and saves) nothing extra. When the cell ends, the dashboard says
+how its run ended and leaves a static figure in place of its live widget.
 
 >>> mon = monitor_cell(None)      # no session, no collector: nothing to show
 >>> mon.finish()
@@ -25,7 +26,6 @@ class CellMonitor:
         self.collector = collector
         self.always = always
         self.dashboard = None
-        self.handle = None  # the DisplayHandle of the dashboard
         self._finished = False
         latest = collector.latest_run() if collector is not None else None
         self._after = latest.id if latest else 0
@@ -38,18 +38,19 @@ class CellMonitor:
         from workbench.widgets.dashboard import Dashboard
 
         self.dashboard = Dashboard(self.collector, run=run)
-        self.handle = display(self.dashboard, display_id=True)
+        display(self.dashboard)
 
     def tick(self) -> None:
-        """From the cell's wait loop (the kernel's main thread): show the dashboard when a run starts."""
+        """From the cell's wait loop (the kernel's main thread): show the dashboard once a run starts."""
         if self.dashboard is not None or self.collector is None or self._finished:
             return
         latest = self.collector.latest_run()
         if latest is not None and latest.id > self._after:
             self._show(run=latest.id)
 
-    def finish(self, error=None, keep: bool = False) -> None:
-        """The cell ended (``error``: its RankError, if any). ``keep``: the run goes on (``--async``)."""
+    def finish(self, error: BaseException | None = None, keep: bool = False) -> None:
+        """The cell ended (``error``: what it raised, if anything). ``keep``: the run goes on (``--async``):
+        its dashboard stays live until the run ends."""
         if self._finished:
             return
         self.tick()  # a run that started at the very end
@@ -57,10 +58,13 @@ class CellMonitor:
         dash = self.dashboard
         if dash is None:
             return
-        for info, _ in getattr(error, "failures", None) or []:
-            dash.collector.mark_failed(info.rank, "the cell raised")
+        for info, err in getattr(error, "failures", None) or []:  # the root cause first
+            name = getattr(err, "ename", type(err).__name__)
+            if name != "KeyboardInterrupt":  # an interrupt is not a failure: the run says where it stopped
+                reason = f"{name}: {getattr(err, 'evalue', err)}"
+                dash.collector.mark_failed(info.rank, reason, run=dash.run_id)
         if not keep:
-            dash.refresh()
+            dash.finish(error)
 
 
 def monitor_cell(session, always: bool = False) -> CellMonitor:

@@ -1,10 +1,18 @@
 """Kernel side: the live training dashboard.
 
-Loss per rank and throughput (plotly ``FigureWidget``), where each rank's step time goes
-(compute, communication, data wait), and a device panel per host and rank coloured by load,
-with each rank's state. A background thread refreshes it at most every ``interval`` seconds,
-each refresh one ``batch_update()`` per figure over at most ``window`` points per trace (the
-whole run, thinned), so a fast loop cannot flood the browser.
+Loss per rank and throughput, where each rank's step time goes (compute, communication, data wait),
+and a device table per host and rank coloured by load, with each rank's state. It says how its run
+ends ("interrupted at step 120", "failed: rank 1: ValueError ..."), shows a sentence instead of empty
+axes until the first point, and shows no power or temperature on a CPU pool.
+
+About once a second (``interval``) a background thread reads only the records that came since its
+last look, updates its lines and per-step aggregates incrementally (:mod:`workbench.widgets.plotdata`)
+and sends the page only the new points: one small message, appended there with ``Plotly.extendTraces``.
+Lines are bounded (``window`` points, older ones merged), so neither side ever redraws a whole run.
+
+When its run ends (or the pool stops, or the kernel shuts down) the live widget is replaced by a
+static figure, plotly's own JSON (:func:`workbench.widgets.figures.static_bundle`): a saved notebook
+shows the curves in JupyterLab after a reload, in nbviewer and on GitHub.
 
 >>> import workbench as wb
 >>> dash = wb.dashboard()               # doctest: +SKIP
@@ -14,36 +22,31 @@ whole run, thinned), so a fast loop cannot flood the browser.
 
 from __future__ import annotations
 
+import atexit
 import collections
-import functools
-import html
+import contextvars
 import logging
-import math
 import threading
 import time
+import uuid
+import weakref
 from pathlib import Path
 
-import numpy as np
-
-from workbench.metrics.collector import Collector
+from workbench.metrics.collector import Collector, Run
+from workbench.widgets import figures
+from workbench.widgets.panels import describe, device_table, header_html, step_time_bars
+from workbench.widgets.runplot import RECENT_STEPS, RunPlot
 
 log = logging.getLogger(__name__)
 
-# Above this many ranks the loss plot shows the mean with its min-max spread instead of one line each.
-MAX_LINES = 8
-STATE_COLOURS = {"running": "#2e7d32", "idle": "#607d8b", "stalled": "#ef6c00", "failed": "#c62828",
-                 "lost": "#c62828"}
-_PLOTTED = ("seq", "t", "step", "loss", "samples_per_s", "step_time", "compute_time", "comm_time",
-            "data_time")
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 _warmed = threading.Event()
+_live: weakref.WeakSet = weakref.WeakSet()  # dashboards that may still show a live widget
 
 
 def warm_up() -> None:
-    """Import plotly's widget modules on a background thread, once per process.
-
-    Their first import can take seconds (plotly.io pulls in nbformat and jsonschema); done ahead,
-    a dashboard appears as soon as its run starts.
-    """
+    """Import the widget modules (anywidget, ipywidgets) on a background thread, once per process,
+    so a dashboard appears as soon as its run starts."""
     if _warmed.is_set():
         return
     _warmed.set()
@@ -53,56 +56,28 @@ def warm_up() -> None:
             import pandas  # noqa: F401
         except ImportError:
             pass
-        import plotly.graph_objects as go
-        import plotly.subplots  # noqa: F401
-
-        go.FigureWidget  # noqa: B018  (the lazy attribute is what loads the widget module)
+        import workbench.widgets.view  # noqa: F401
 
     threading.Thread(target=load, name="workbench-widgets-warm-up", daemon=True).start()
-
-
-def load_colour(percent: float) -> str:
-    """Background colour for a load in percent: green (idle) through yellow to red (saturated).
-
-    >>> load_colour(0), load_colour(100), load_colour(float("nan"))
-    ('hsl(120, 65%, 85%)', 'hsl(0, 65%, 85%)', '#eeeeee')
-    """
-    if percent is None or math.isnan(percent):
-        return "#eeeeee"
-    hue = round(120 * (1 - min(max(percent, 0.0), 100.0) / 100))
-    return f"hsl({hue}, 65%, 85%)"
-
-
-def thin(n: int, window: int) -> slice:
-    """A slice of at most ``window`` points out of ``n``, evenly spread, always ending at the last.
-
-    >>> list(range(5)[thin(5, 10)]), list(range(10)[thin(10, 4)])
-    ([0, 1, 2, 3, 4], [0, 3, 6, 9])
-    """
-    if n <= window:
-        return slice(0, n)
-    stride = math.ceil(n / window)
-    return slice((n - 1) % stride, n, stride)
 
 
 class Dashboard:
     """A live view of one training run (and of every rank's device).
 
     ``run``: ``"latest"`` follows the newest run, ``"next"`` waits for the first run that starts
-    after it was made, an int shows that run. ``hidden``: show nothing until the run starts (what
-    ``%%distributed`` uses so a dashboard appears only when a cell trains).
+    after it was made, an int shows that run. Show it as a cell's last expression or with
+    ``display()``: it replaces itself by a static figure when its run ends (``"latest"`` turns live
+    again when a new run starts).
 
     >>> from workbench.metrics.collector import Collector
-    >>> dash = Dashboard(Collector(), interval=0.25, start=False)
-    >>> dash.refresh(); dash.history
-    <History 0 step records from ranks [], 0 device samples>
+    >>> dash = Dashboard(Collector(), start=False)
+    >>> dash.refresh(); dash.summary, dash.history
+    ('no training run yet', <History 0 step records from ranks [], 0 device samples>)
     >>> dash.close(); dash.collector.close()
     """
 
-    def __init__(self, collector: Collector, *, run="latest", interval: float = 0.25, window: int = 2000,
-                 hidden: bool = False, start: bool = True):
-        import ipywidgets as W
-
+    def __init__(self, collector: Collector, *, run="latest", interval: float = 1.0, window: int = 2000,
+                 start: bool = True):
         if run not in ("latest", "next") and not isinstance(run, int):
             raise ValueError(f"run must be 'latest', 'next' or a run number, not {run!r}.")
         self.collector = collector
@@ -113,24 +88,50 @@ class Dashboard:
         self.interval = interval
         self.window = window
         self.updates = 0  # refreshes
-        self.messages = 0  # widget-model changes sent to the front end (plotly edits, HTML values)
-        self.delays: collections.deque = collections.deque(maxlen=100_000)  # step end -> widget, seconds
-        self._seen_seq: dict[int, float] = {}
+        self.messages = 0  # messages to the page (new points, changed text, whole figures)
+        self.delays: collections.deque = collections.deque(maxlen=100_000)  # step end -> sent, seconds
+        self.summary = describe(None, 0, False)
+        self.display_id = uuid.uuid4().hex
+        self._context: contextvars.Context | None = None  # of the cell that showed it: updates go there
+        self._displayed = False
+        self._static: dict | None = None  # the static figure shown instead of the widget, once ended
         self._version = -1
-        self._ranks: list[int] = []
-        self._built = False
-        self._finished_at: float | None = None
         self._lock = threading.RLock()
         self._closed = threading.Event()
-        self.widget = W.VBox(layout=W.Layout(display="none" if hidden else "flex", width="100%"))
-        self.widget.add_class("workbench-dashboard")
+        self.view = self._new_view()
+        self._reset()
         self._thread = None
+        _live.add(self)
         if start:
             self.start()
 
     # -- display ----------------------------------------------------------------------------
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        with self._lock:
+            self._context = contextvars.copy_context()
+            self._displayed = True
+            display(self._bundle(), raw=True, display_id=self.display_id)
+
     def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+        return self._bundle()
+
+    def _bundle(self) -> dict:
+        if self._static is not None:
+            return self._static
+        return {WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": self.view.model_id},
+                "text/plain": f"workbench dashboard (live) · {self.summary}"}
+
+    def _publish(self, bundle: dict) -> None:
+        """Replace what the page shows, in the output of the cell that showed it."""
+        from IPython.display import update_display
+
+        if not self._displayed:
+            return
+        update = lambda: update_display(bundle, raw=True, display_id=self.display_id)
+        self._context.copy().run(update) if self._context is not None else update()
+        self.messages += 1
 
     def __repr__(self) -> str:
         return f"<Dashboard run {self.run_id or self.mode}, {self.updates} updates>"
@@ -141,184 +142,196 @@ class Dashboard:
         return self.run_id is not None
 
     @property
+    def ended(self) -> bool:
+        """Whether it shows a static figure now (its run ended)."""
+        return self._static is not None
+
+    @property
     def history(self):
         """This dashboard's run as a :class:`workbench.metrics.history.History`."""
         return self.collector.history(self.run_id)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the refresh thread (stops by itself when the collector closes)."""
+        """Start the refresh thread (stops by itself when the run or the collector ends)."""
         if self._thread is None:
+            _register_exit()
             self._thread = threading.Thread(target=self._loop, name="workbench-dashboard", daemon=True)
             self._thread.start()
 
-    def close(self) -> None:
-        """Stop refreshing and remove the widgets from the page."""
+    def stop(self) -> None:
+        """Stop refreshing; the page keeps the last picture, as a static figure."""
+        self._end()
+
+    close = stop  # the live widget goes either way: a displayed dashboard leaves its static figure
+
+    def finish(self, error: BaseException | None = None, wait: float = 2.0) -> None:
+        """The cell that trained this run ended (``error``: what it raised): wait up to ``wait`` seconds
+        for every rank's end of run, then leave a static figure in place of the live widget."""
+        with self._lock:
+            self._find_run()
+        run = self._run()
+        if run is not None:
+            self.collector.wait_for(lambda c: run.done, wait)
+        state, reason = None, None
+        if run is not None and run.state == "training":  # some rank never said how its run ended
+            interrupted = isinstance(error, KeyboardInterrupt)
+            state = "interrupted" if interrupted else "failed" if error else "finished"
+            reason = f"{type(error).__name__}: {error}".splitlines()[0][:300] if error else None
+        self._end(state=state, reason=reason)
+
+    def _end(self, state: str | None = None, note: str = "", reason: str | None = None) -> None:
+        """Stop the thread; replace the widget by the static figure of what it shows."""
         self._closed.set()
+        self._go_static(state, note, reason)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
-        for w in self._widgets():
-            w.close()
-        self.widget.close()
 
-    def stop(self) -> None:
-        """Stop refreshing but leave the last picture on the page."""
-        self._closed.set()
+    def _go_static(self, state: str | None = None, note: str = "", reason: str | None = None) -> None:
+        with self._lock:
+            if self._static is not None:
+                return
+            self._find_run()
+            run = self._run()
+            if run is not None:
+                self._read(run, final=True)
+            if state is None and run is not None and run.state == "training":
+                state = "stopped"
+            self._static = self.static_bundle(note, state, reason)
+            self._publish(self._static)  # first the figure, then the widget goes: never "model not found"
+            self.view.close()
 
-    def _widgets(self):
-        return [getattr(self, n) for n in ("_header", "_fig", "_bar", "_devices") if hasattr(self, n)]
+    def static_bundle(self, note: str = "", state: str | None = None, reason: str | None = None) -> dict:
+        """The static output of what it shows now: plotly's JSON, an HTML fallback, one line of text."""
+        plot = self._plot
+        self.summary = describe(self._run(), plot.step, plot.has_points, state, reason) + plot.words()
+        return figures.static_bundle(self.summary, plot.figure() if plot.has_points else None, note)
+
+    def _go_live(self) -> None:
+        """A new run (``"latest"``): a new widget in place of the static figure."""
+        self._static = None
+        self.view = self._new_view()
+        self._publish(self._bundle())
+
+    def _new_view(self):
+        from workbench.widgets.view import DashboardView, plotly_library
+
+        view = DashboardView(library=plotly_library().model_id)
+        view.figure_now = lambda: self._plot.figure() if self._plot.has_points else {}
+        return view
 
     def _loop(self) -> None:
-        last_device = 0.0
         while not self._closed.wait(self.interval):
             try:
-                now = time.monotonic()
-                changed = self.collector.version != self._version
-                if changed or now - last_device >= 1.0:
-                    self.refresh()
-                    last_device = now
                 if self.collector.closed:
-                    self.refresh()
+                    self._end(note="the pool stopped")
                     return
-                if self._finished_at is not None and self.mode != "latest" and now - self._finished_at > 3:
-                    self.refresh()
-                    return  # a finished run's picture does not change any more
+                self.refresh()
+                run = self._run()
+                if self._static is None and run is not None and run.done:
+                    self._go_static()
+                    if self.mode != "latest":
+                        return
             except Exception:
                 log.exception("the dashboard could not refresh")
 
-    # -- refresh ------------------------------------------------------------------------------
+    # -- reading the collector -------------------------------------------------------------------
+    def _run(self) -> Run | None:
+        return self.collector.runs[self.run_id - 1] if self.run_id else None
+
     def _find_run(self) -> None:
         latest = self.collector.latest_run()
         if self.mode == "latest":
             if latest is not None and latest.id != self.run_id:
-                self.run_id, self._seen_seq, self._finished_at = latest.id, {}, None
+                self.run_id = latest.id
+                self._reset()
+                if self._static is not None:
+                    self._go_live()
         elif self.mode == "next" and self.run_id is None and latest is not None and latest.id > self._after:
             self.run_id = latest.id
 
+    def _reset(self) -> None:
+        """Forget what was read of the run (a new run, or the collector merged points not read yet)."""
+        self._seen: dict[int, int] = {}  # rank -> step records of the run read so far
+        self._plot = RunPlot(self.window)
+        self._sent_figure = False
+
     def refresh(self) -> None:
-        """Bring every part up to date now (the thread calls this; tests may too)."""
+        """Bring every part up to date now (the thread calls this about once a second; tests may too)."""
         with self._lock:
-            if self._closed.is_set() and self._built and not self.collector.closed:
+            if self._static is not None and self.mode != "latest":
                 return
             self._version = self.collector.version
             self._find_run()
             if self.mode == "next" and not self.pinned:
-                return  # hidden until its run starts
-            with self.collector.lock():
-                series = self.collector.step_series(self.run_id) if self.run_id else {}
-                data = {rank: {f: np.array(s.cols[f]) for f in _PLOTTED} for rank, s in series.items()}
-                run = self.collector.runs[self.run_id - 1] if self.run_id else None
-                ranks = sorted(set(self.collector.ranks) | set(data))
-                devices = {r: s.last() for r, s in self.collector.devices.items()}
-                infos = {r: (st.host, dict(st.info)) for r, st in self.collector.ranks.items()}
-                stats = dict(self.collector.stats)
-            status = self.collector.status()
-            if not self._built or ranks != self._ranks:
-                self._build(ranks)
-            self._update_plots(data)
-            self._update_bar(data)
-            self._devices.value = _device_table(ranks, devices, infos, status, data)
-            self._header.value = _header(run, data, status, stats)
-            if run is not None and run.done and self._finished_at is None:
-                self._finished_at = time.monotonic()
+                return  # not shown before its run starts
+            run = self._run()
+            if run is not None and self._static is None:
+                self._read(run)
+            self._send_text(run)
             self.updates += 1
-            if self.widget.layout.display == "none":
-                self.widget.layout.display = "flex"
 
-    def _build(self, ranks: list[int]) -> None:
-        import ipywidgets as W
-        import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
+    def _read(self, run: Run, final: bool = False) -> None:
+        """Feed the records that came since the last read; send the page their points only."""
+        c = self.collector
+        new = c.steps_since(run.id, self._seen)
+        if any(cols is None for cols, _ in new.values()):  # fell behind the collector's downsampling
+            self._reset()
+            with c.lock():
+                new = {r: ({f: s.column(f) for f in s.fields}, s.received)
+                       for r, s in c.step_series(run.id).items()}
+        self._seen.update({r: received for r, (_, received) in new.items()})
+        times = [x for cols, _ in new.values() if cols for x in cols["t"]]
+        active = run.ranks - run.failed - set(run.errors) - set(run.echoes)
+        cols = {r: c for r, (c, _) in new.items()}
+        final = final or run.state != "training"
+        whole, added = self._plot.feed(sorted(run.ranks | set(new)), active, cols, final)
+        self._send_points(whole, added, times)
 
-        for w in self._widgets():
-            w.close()
-        self._ranks = list(ranks)
-        self._seen_seq = {}
-        fig = make_subplots(rows=1, cols=2, subplot_titles=("loss", "throughput (samples/s)"),
-                            horizontal_spacing=0.08)
-        if len(ranks) <= MAX_LINES:
-            for r in ranks:
-                fig.add_trace(go.Scatter(x=[], y=[], mode="lines", name=f"rank {r}", legendgroup=f"r{r}"),
-                              row=1, col=1)
+    def _send_points(self, whole: bool, added: dict, times: list[float]) -> None:
+        view = self.view
+        if not self._plot.has_points:
+            return
+        if whole or not self._sent_figure:
+            view.figure = self._plot.figure()
+            self._sent_figure = True
+        elif added:
+            idx = sorted(added)
+            view.send({"extend": {"indices": idx, "x": [added[i][0] for i in idx],
+                                  "y": [figures.clean(added[i][1]) for i in idx]}})
         else:
-            fig.add_trace(go.Scatter(x=[], y=[], mode="lines", line={"width": 0}, showlegend=False,
-                                     name="min"), row=1, col=1)
-            fig.add_trace(go.Scatter(x=[], y=[], mode="lines", line={"width": 0}, fill="tonexty",
-                                     fillcolor="rgba(31,119,180,0.2)", name="min-max"), row=1, col=1)
-            fig.add_trace(go.Scatter(x=[], y=[], mode="lines", name="mean"), row=1, col=1)
-        fig.add_trace(go.Scatter(x=[], y=[], mode="lines", name="samples/s", showlegend=False), row=1, col=2)
-        fig.update_xaxes(title_text="step")
-        fig.update_layout(height=300, margin={"l": 50, "r": 20, "t": 40, "b": 40},
-                          legend={"orientation": "h", "y": -0.25}, template="plotly_white")
-        self._fig = go.FigureWidget(fig)
-        self._bar = go.FigureWidget(layout={
-            "barmode": "stack", "height": 110 + 26 * max(1, len(ranks)), "template": "plotly_white",
-            "title": {"text": "where step time goes (seconds, mean of recent steps)", "font": {"size": 13}},
-            "margin": {"l": 60, "r": 20, "t": 60, "b": 30},
-            "legend": {"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1.0, "xanchor": "right"}})
-        colours = {"compute": "#1f77b4", "communication": "#d62728", "data wait": "#ff7f0e",
-                   "other": "#bbbbbb"}
-        labels = [f"rank {r}" for r in ranks]
-        for name, colour in colours.items():
-            self._bar.add_trace(go.Bar(x=[0] * len(ranks), y=labels, orientation="h", name=name,
-                                       marker_color=colour))
-        self._header = W.HTML()
-        self._devices = W.HTML()
-        self._header.add_class("workbench-dashboard-header")
-        self._devices.add_class("workbench-device-panel")
-        self._fig.add_class("workbench-loss-plot")
-        for fw in (self._fig, self._bar):
-            fw.observe(self._count, names=[n for n in fw.trait_names() if n.startswith("_py2js_")])
-        for h in (self._header, self._devices):
-            h.observe(self._count, names="value")
-        self.widget.children = [self._header, self._fig, self._devices, self._bar]
-        self._built = True
+            return
+        self.messages += 1
+        sent = time.time()
+        self.delays.extend(sent - t for t in times)
 
-    def _count(self, change) -> None:
-        if change["new"] is not None:
+    def _send_text(self, run: Run | None) -> None:
+        c = self.collector
+        status = c.status()
+        with c.lock():
+            devices = {r: s.last() for r, s in c.devices.items()}
+            infos = {r: (st.host, dict(st.info)) for r, st in c.ranks.items()}
+            missing = c.stats["missing"]
+        plot = self._plot
+        self.summary = describe(run, plot.step, plot.has_points) + plot.words()
+        run_ranks = sorted(run.ranks) if run is not None else []
+        steps = {r: s for r, (s, _) in plot.last.items()}
+        values = {
+            "header": header_html(self.summary, status, run_ranks, missing),
+            "note": "" if plot.has_points else _note(run),
+            "devices": device_table(sorted(set(status) | set(run_ranks)), devices, infos, status, steps),
+            "bars": self._bars() if plot.last else "",
+        }
+        view = self.view
+        changed = {k: v for k, v in values.items() if getattr(view, k) != v}
+        if changed and self._static is None:
+            with view.hold_sync():
+                for k, v in changed.items():
+                    setattr(view, k, v)
             self.messages += 1
 
-    def _update_plots(self, data: dict) -> None:
-        fig = self._fig
-        with fig.batch_update():
-            ranks = self._ranks
-            empty = np.empty(0)
-            if len(ranks) <= MAX_LINES:
-                for i, r in enumerate(ranks):
-                    d = data.get(r)
-                    idx = thin(len(d["step"]), self.window) if d else slice(0)
-                    fig.data[i].x = d["step"][idx] if d else empty
-                    fig.data[i].y = d["loss"][idx] if d else empty
-                n_loss = len(ranks)
-            else:
-                steps, lo, mean, hi = _spread(data, "loss")
-                idx = thin(len(steps), self.window)
-                for trace, ys in zip(fig.data[:3], (lo, hi, mean), strict=True):
-                    trace.x, trace.y = steps[idx], ys[idx]
-                n_loss = 3
-            steps, total = _total(data, "samples_per_s")
-            idx = thin(len(steps), self.window)
-            fig.data[n_loss].x, fig.data[n_loss].y = steps[idx], total[idx]
-        sent = time.time()
-        for r, d in data.items():  # how long each new point took from its step's end to the widget
-            seqs = d["seq"]
-            if len(seqs):
-                self.delays.extend((sent - d["t"][seqs > self._seen_seq.get(r, -1)]).tolist())
-                self._seen_seq[r] = seqs[-1]
-
-    def _update_bar(self, data: dict, recent: int = 50) -> None:
-        parts = {"compute": [], "communication": [], "data wait": [], "other": []}
-        for r in self._ranks:
-            d = data.get(r)
-            means = [_nanmean(d[k][-recent:]) if d else math.nan
-                     for k in ("compute_time", "comm_time", "data_time", "step_time")]
-            known = sum(v for v in means[:3] if not math.isnan(v))
-            other = max(0.0, means[3] - known) if not math.isnan(means[3]) else math.nan
-            for name, v in zip(parts, [*means[:3], other], strict=False):
-                parts[name].append(0.0 if math.isnan(v) else v)
-        with self._bar.batch_update():
-            for trace, values in zip(self._bar.data, parts.values(), strict=False):
-                trace.x = values
+    def _bars(self) -> str:
+        return step_time_bars([f"rank {r}" for r in self._plot.ranks], self._plot.step_times(), RECENT_STEPS)
 
     # -- export ------------------------------------------------------------------------------
     def save_html(self, path) -> Path:
@@ -332,135 +345,38 @@ class Dashboard:
         self.refresh()
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        body = [self._header.value if self._built else "<p>no run yet</p>"]
-        if self._built:
-            body.append(pio.to_html(self._fig, full_html=False, include_plotlyjs=True))
-            body.append(self._devices.value)
-            body.append(pio.to_html(self._bar, full_html=False, include_plotlyjs=False))
+        body = [self.view.header or f"<p>{self.summary}</p>"]
+        if self._plot.has_points:
+            body.append(pio.to_html(self._plot.figure(), full_html=False, include_plotlyjs=True))
+            body.append(self.view.devices)
+            body.append(self._bars())
         title = f"workbench run {self.run_id}" if self.run_id else "workbench dashboard"
         path.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title></head>"
                         f"<body style='font-family: sans-serif'>{''.join(body)}</body></html>")
         return path
 
 
-# -- pure helpers ---------------------------------------------------------------------------------
-def _nanmean(values) -> float:
-    good = values[~np.isnan(values)]
-    return float(good.mean()) if len(good) else math.nan
-
-
-def _total(data: dict, field: str):
-    """Mean of ``field`` over ranks at each step: the Trainer reports samples of the whole step
-    (all data-parallel ranks) on every rank, so each rank's samples/s is already the world's."""
-    steps, _, mean, _ = _spread(data, field)
-    return steps, mean
-
-
-def _spread(data: dict, field: str):
-    """Steps, then min, mean and max of ``field`` over ranks at each step (NaNs left out).
-
-    >>> d = {0: {"step": np.array([1., 2.]), "x": np.array([1., 4.])},
-    ...      1: {"step": np.array([1., 2.]), "x": np.array([3., np.nan])}}
-    >>> [a.tolist() for a in _spread(d, "x")]
-    [[1.0, 2.0], [1.0, 4.0], [2.0, 4.0], [3.0, 4.0]]
-    """
-    if not data:
-        e = np.empty(0)
-        return e, e, e, e
-    steps = np.concatenate([d["step"] for d in data.values()])
-    values = np.concatenate([d[field] for d in data.values()])
-    ok = ~np.isnan(values)
-    steps, values = steps[ok], values[ok]
-    uniq, inv = np.unique(steps, return_inverse=True)
-    count = np.bincount(inv, minlength=len(uniq))
-    mean = np.bincount(inv, weights=values, minlength=len(uniq)) / np.maximum(count, 1)
-    lo = np.full(len(uniq), np.inf)
-    hi = np.full(len(uniq), -np.inf)
-    np.minimum.at(lo, inv, values)
-    np.maximum.at(hi, inv, values)
-    return uniq, lo, mean, hi
-
-
-def _fmt_bytes(n) -> str:
-    if n is None or (isinstance(n, float) and math.isnan(n)):
-        return "–"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return "–"
-
-
-def _fmt(v, spec: str, unit: str = "") -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "–"
-    return f"{v:{spec}}{unit}"
-
-
-def _header(run, data: dict, status: dict, stats: dict) -> str:
+def _note(run: Run | None) -> str:
+    """The sentence shown instead of empty axes."""
     if run is None:
-        counts = collections.Counter(status.values())
-        states = " · ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        return (f"<div class='workbench-dash-title'><b>workbench</b> · no training run yet · {len(status)} "
-                f"ranks ({states or 'none'})</div>")
-    last = {r: d for r, d in data.items() if len(d["step"])}
-    step = max((int(d["step"][-1]) for d in last.values()), default=0)
-    _, total = _total({r: {k: v[-1:] for k, v in d.items()} for r, d in last.items()}, "samples_per_s")
-    losses = [d["loss"][-1] for d in last.values() if not math.isnan(d["loss"][-1])]
-    counts = collections.Counter(status.get(r, "idle") for r in sorted(run.ranks | set(data)))
-    states = " · ".join(f"<span style='color:{STATE_COLOURS.get(s, '#333')}'>{n} {s}</span>"
-                        for s, n in sorted(counts.items()))
-    lost = f" · <b style='color:#c62828'>{stats['missing']} records missing</b>" if stats["missing"] else ""
-    state = "finished" if run.done else "training"
-    loss = f" · loss {sum(losses) / len(losses):.4g}" if losses else ""
-    rate = f" · {total[-1]:,.0f} samples/s" if len(total) else ""
-    return (f"<div class='workbench-dash-title'><b>run {run.id}</b> {state} · step {step}{loss}{rate} · "
-            f"{states}{lost}</div>")
+        return "No training run yet: a Trainer run (or publisher.step) on the ranks shows its curves here."
+    return describe(run, 0, False) + "…"
 
 
-def _reading(sample: dict, info: dict, key: str, spec: str, unit: str) -> str:
-    """One reading of a device sample; "not supported" where the device has none (a MIG instance's
-    utilisation, power, clock), rather than a 0 or a dash that reads as "no data yet".
-
-    >>> _reading({}, {"unsupported": ["util"]}, "util", ".0f", "%")
-    'not supported'
-    """
-    if key in (info.get("unsupported") or ()):
-        return "not supported"
-    return _fmt(sample.get(key), spec, unit)
+_exit_registered = threading.Event()
 
 
-def _device_table(ranks, devices, infos, status, data) -> str:
-    rows = []
-    hosts: dict[str, list[int]] = {}
-    for r in ranks:
-        hosts.setdefault(infos.get(r, ("?", {}))[0] or "?", []).append(r)
-    any_gpu = any(infos.get(r, ("", {}))[1].get("kind") == "gpu" for r in ranks)
-    head = ("<tr><th>rank</th><th>state</th><th>device</th><th>util</th><th>memory</th><th>power</th>"
-            "<th>temp</th><th>clock</th><th>step</th></tr>")
-    for host, host_ranks in hosts.items():
-        rows.append(f"<tr><td colspan='9' style='background:#f3f3f3'><b>{html.escape(host)}</b></td></tr>")
-        for r in host_ranks:
-            info = infos.get(r, ("", {}))[1]
-            d = devices.get(r) or {}
-            util = d.get("util", math.nan)
-            used, total = d.get("mem_used"), d.get("mem_total", info.get("mem_total"))
-            mem_pct = used / total * 100 if used is not None and total and not math.isnan(used) else math.nan
-            state = status.get(r, "idle")
-            step = data.get(r, {}).get("step", ())
-            name = html.escape(str(info.get("name") or info.get("device") or "?"))
-            fmt = functools.partial(_reading, d, info)
-            rows.append(
-                f"<tr data-rank='{r}'><td>{r}</td>"
-                f"<td style='color:{STATE_COLOURS.get(state, '#333')};font-weight:bold'>{state}</td>"
-                f"<td>{name}</td>"
-                f"<td style='background:{load_colour(util)}'>{fmt('util', '.0f', '%')}</td>"
-                f"<td style='background:{load_colour(mem_pct)}'>{_fmt_bytes(used)} / {_fmt_bytes(total)}</td>"
-                f"<td>{fmt('power_w', '.0f', ' W')}</td>"
-                f"<td>{fmt('temp_c', '.0f', ' °C')}</td>"
-                f"<td>{fmt('clock_mhz', '.0f', ' MHz')}</td>"
-                f"<td>{int(step[-1]) if len(step) else '–'}</td></tr>")
-    note = "" if any_gpu else ("<span style='color:#666;font-size:90%'>· no GPU detected: util is each "
-                               "engine's CPU share, memory its resident size</span>")
-    return (f"<div class='workbench-devices'><b>devices</b> {note}<table style='border-collapse:collapse;"
-            f"white-space:nowrap' cellpadding='4'>{head}{''.join(rows)}</table></div>")
+def _register_exit() -> None:
+    """At kernel shutdown or restart, every live dashboard leaves its static figure (registered after
+    the pool's own exit handler, so it runs first)."""
+    if not _exit_registered.is_set():
+        _exit_registered.set()
+        atexit.register(_end_all)
+
+
+def _end_all() -> None:
+    for dash in list(_live):
+        try:
+            dash._end(note="the kernel shut down")
+        except Exception:
+            log.debug("a dashboard could not leave its figure at exit", exc_info=True)

@@ -1,0 +1,111 @@
+"""The dashboard's figures as plain plotly JSON (no plotly import, no validation pass: we write valid
+specs), and the static output a finished run leaves in the notebook.
+
+The static output is plotly's own mime bundle, ``application/vnd.plotly.v1+json`` (JupyterLab draws it
+with its plotly renderer, also after a reload without the kernel), with a ``text/html`` fallback that
+needs no script at all (the header and an inline SVG of the same lines: nbviewer, GitHub) and a
+``text/plain`` summary.
+
+>>> loss, rate = trace("rank 0", [1, 2, 3], [0.9, 0.5, 0.4]), trace("samples/s", [1, 2], [10.0, 12.0], axis=2)
+>>> fig = lines_figure([loss], [rate])
+>>> bundle = static_bundle("run 1 finished at step 3", fig)
+>>> sorted(bundle)
+['application/vnd.plotly.v1+json', 'text/html', 'text/plain']
+>>> "<svg" in bundle["text/html"], "<script" in bundle["text/html"]
+(True, False)
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf")
+CONFIG = {"displaylogo": False, "showSendToCloud": False, "showEditInChartStudio": False}  # nothing online
+_AXIS = {"gridcolor": "#eeeeee", "zerolinecolor": "#dddddd", "linecolor": "#bbbbbb"}
+
+
+def clean(values) -> list:
+    """Floats for JSON: NaN and infinities become None (a gap in the line)."""
+    return [None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v for v in values]
+
+
+def trace(name: str, x, y, *, axis: int = 1, colour: str | None = None, **extra) -> dict:
+    """One line of the loss (``axis=1``) or throughput (``axis=2``) plot."""
+    t = {"type": "scatter", "mode": "lines", "name": name, "x": list(x), "y": clean(y),
+         "xaxis": f"x{axis if axis > 1 else ''}", "yaxis": f"y{axis if axis > 1 else ''}"}
+    if colour:
+        t["line"] = {"color": colour}
+    return {**t, **extra}
+
+
+def lines_figure(loss: list[dict], throughput: list[dict], title: str | None = None) -> dict:
+    """Loss per rank (left) and the pool's throughput (right), side by side."""
+    layout = {
+        "height": 320, "margin": {"l": 55, "r": 20, "t": 50 if title else 30, "b": 75},
+        "paper_bgcolor": "white", "plot_bgcolor": "white", "font": {"size": 12},
+        "legend": {"orientation": "h", "y": -0.32},
+        "xaxis": {"domain": [0, 0.46], "anchor": "y", "title": {"text": "step"}, **_AXIS},
+        "yaxis": {"anchor": "x", "title": {"text": "loss"}, **_AXIS},
+        "xaxis2": {"domain": [0.54, 1], "anchor": "y2", "title": {"text": "step"}, **_AXIS},
+        "yaxis2": {"anchor": "x2", "title": {"text": "samples/s"}, "rangemode": "tozero", **_AXIS},
+    }
+    if title:
+        layout["title"] = {"text": html.escape(title), "font": {"size": 14}, "x": 0.01, "xanchor": "left"}
+    return {"data": [*loss, *throughput], "layout": layout}
+
+
+def static_bundle(summary: str, figure: dict | None, note: str = "") -> dict:
+    """What a finished run leaves in the notebook: plotly's JSON where there are points, else a sentence.
+
+    ``summary``: one line (run, how it ended, at which step, loss, rate); ``note``: a sentence more.
+    """
+    text = f"workbench · {summary}" + (f" · {note}" if note else "")
+    if figure is None:
+        return {"text/plain": text,
+                "text/html": f"<div class='workbench-dash-title'><b>{html.escape(text)}</b></div>"}
+    figure = {**figure, "layout": {**figure["layout"], "title": {
+        "text": html.escape(text), "font": {"size": 14}, "x": 0.01, "xanchor": "left"}}}
+    figure["layout"]["margin"] = {**figure["layout"]["margin"], "t": 50}
+    return {
+        PLOTLY_MIME: {"data": figure["data"], "layout": figure["layout"], "config": CONFIG},
+        "text/html": f"<div><b>{html.escape(text)}</b></div>{svg(figure)}",
+        "text/plain": text,
+    }
+
+
+def svg(figure: dict, width: int = 760, height: int = 240) -> str:
+    """The figure's lines drawn as an inline SVG (two panels, min and max on each axis): no script needed."""
+    panels = []
+    half = width // 2
+    for i, (axis, label) in enumerate((("x", "loss"), ("x2", "samples/s"))):
+        lines = [t for t in figure["data"] if t.get("xaxis", "x") == axis]
+        panels.append(_panel(lines, label, i * half, half, height))
+    return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
+            f"viewBox='0 0 {width} {height}' font-family='sans-serif' font-size='11'>{''.join(panels)}</svg>")
+
+
+def _panel(lines: list[dict], label: str, left: int, width: int, height: int) -> str:
+    pts = [(x, y) for t in lines for x, y in zip(t["x"], t["y"], strict=False) if y is not None]
+    box = (left + 50, 20, width - 65, height - 50)  # x, y, w, h of the plot area
+    out = [f"<rect x='{box[0]}' y='{box[1]}' width='{box[2]}' height='{box[3]}' fill='none' stroke='#bbb'/>",
+           f"<text x='{box[0]}' y='{box[1] - 6}'>{html.escape(label)}</text>"]
+    if not pts:
+        return "".join(out)
+    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
+    y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
+    sx = lambda x: box[0] + (x - x0) / ((x1 - x0) or 1) * box[2]
+    sy = lambda y: box[1] + box[3] - (y - y0) / ((y1 - y0) or 1) * box[3]
+    for k, t in enumerate(lines):
+        xy = zip(t["x"], t["y"], strict=False)
+        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in xy if y is not None)
+        colour = (t.get("line") or {}).get("color", COLOURS[k % len(COLOURS)])
+        out.append(f"<polyline fill='none' stroke='{colour}' stroke-width='1.5' points='{coords}'/>")
+    bottom = box[1] + box[3]
+    out += [f"<text x='{box[0] - 4}' y='{box[1] + 10}' text-anchor='end'>{y1:.3g}</text>",
+            f"<text x='{box[0] - 4}' y='{bottom}' text-anchor='end'>{y0:.3g}</text>",
+            f"<text x='{box[0]}' y='{bottom + 14}'>step {x0:g}</text>",
+            f"<text x='{box[0] + box[2]}' y='{bottom + 14}' text-anchor='end'>{x1:g}</text>"]
+    return "".join(out)
