@@ -49,7 +49,7 @@ def _ratio(rates: dict) -> dict:
 def without_browser(pool, rounds: int, steps: int) -> dict:
     """On vs off on ``pool`` (a ``bench.training.Pool``), the dashboard in this process."""
     from workbench.metrics import remote
-    from workbench.widgets.dashboard import Dashboard
+    from workbench.widgets.live_dashboard import Dashboard
 
     s = pool.s
     if s.metrics is None:

@@ -107,11 +107,11 @@ def test_kernel_marks_a_failure_on_the_run_the_cell_trained_even_after_its_run_e
         c.close()
 
 
-def test_publisher_reports_an_interrupt_and_an_error_in_run_end():
+def test_publisher_reports_an_interrupt_and_an_error_in_run_end(channel):
     from workbench.metrics.publisher import Publisher
 
-    c = Collector()
-    pub = Publisher(c.url, rank=0, host="h", sample_interval=60)
+    c = Collector(channel)
+    pub = Publisher(channel, rank=0, host="h", sample_interval=60)
     try:
         class FakeTrainer:  # what the Trainer sets before its run-end callbacks
             step, run_error = 7, KeyboardInterrupt()
@@ -191,9 +191,30 @@ def collector():
 
 
 def _dash(collector, **kw):
-    from workbench.widgets.dashboard import Dashboard
+    from workbench.widgets.live_dashboard import Dashboard
 
     return Dashboard(collector, run="latest", start=False, **kw)
+
+
+def test_wb_dashboard_is_callable_after_every_widgets_module_was_imported(collector):
+    """Importing a module must not shadow the function: ``import workbench.widgets.<name>`` sets the
+    package attribute <name> to the module ('module' object is not callable when they share a name)."""
+    import importlib
+    import pkgutil
+    from types import SimpleNamespace
+
+    import workbench
+    import workbench.widgets
+
+    for mod in pkgutil.iter_modules(workbench.widgets.__path__):
+        importlib.import_module(f"workbench.widgets.{mod.name}")  # what a Dashboard shown once does
+    session = SimpleNamespace(metrics=collector)  # all dashboard() reads of a session
+    for make in (workbench.dashboard, workbench.widgets.dashboard):
+        dash = make(session, run="latest")
+        try:
+            assert type(dash).__name__ == "Dashboard" and dash.collector is collector
+        finally:
+            dash.close()
 
 
 def test_before_the_first_step_a_sentence_not_empty_axes(collector):
@@ -307,7 +328,7 @@ def test_display_is_replaced_by_a_static_figure_when_the_run_ends(collector, ips
     from IPython.display import display
     from IPython.utils.capture import capture_output
 
-    from workbench.widgets.dashboard import Dashboard
+    from workbench.widgets.live_dashboard import Dashboard
 
     collector.ingest(_msg(0, range(3), events=[_start()]))
     dash = Dashboard(collector, run=1, start=False)

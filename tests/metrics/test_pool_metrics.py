@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import until
 from workbench.session import Session
-from workbench.widgets.dashboard import Dashboard
+from workbench.widgets.live_dashboard import Dashboard
 
 pytestmark = pytest.mark.slow
 

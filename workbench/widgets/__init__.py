@@ -18,7 +18,7 @@ def dashboard(session=None, *, run="latest", interval: float = 0.25, window: int
     >>> dash.history.dataframe().tail()       # doctest: +SKIP
     """
     from workbench.session import current
-    from workbench.widgets.dashboard import Dashboard
+    from workbench.widgets.live_dashboard import Dashboard
 
     session = session or current()
     collector = getattr(session, "metrics", None)

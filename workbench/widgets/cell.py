@@ -35,7 +35,7 @@ class CellMonitor:
     def _show(self, run) -> None:
         from IPython.display import display
 
-        from workbench.widgets.dashboard import Dashboard
+        from workbench.widgets.live_dashboard import Dashboard
 
         self.dashboard = Dashboard(self.collector, run=run)
         display(self.dashboard)
@@ -72,7 +72,7 @@ def monitor_cell(session, always: bool = False) -> CellMonitor:
     collector = getattr(session, "metrics", None)
     if collector is None or collector.closed or not _has_widgets():
         return CellMonitor()
-    from workbench.widgets.dashboard import warm_up
+    from workbench.widgets.live_dashboard import warm_up
 
     warm_up()
     return CellMonitor(collector, always)

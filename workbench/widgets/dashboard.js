@@ -1,4 +1,4 @@
-// The live training dashboard in the page (an anywidget module; the kernel side is dashboard.py).
+// The live training dashboard in the page: an anywidget module (kernel side: view.py, live_dashboard.py).
 //
 // The kernel sends the whole figure only when it is built or its older points were thinned
 // (trait `figure`); new points come as small "extend" messages, appended with Plotly.extendTraces,
