@@ -104,8 +104,9 @@ def step_time_bars(labels: list[str], parts: dict[str, list[float]], recent: int
         segments = "".join(
             f"<div title='{name}: {v[i] * 1e3:.1f} ms' style='width:{v[i] / scale * 100:.1f}%;"
             f"background:{STEP_PARTS[name]}'></div>" for name, v in parts.items() if v[i] > 0)
-        rows.append(f"<tr><td>{html.escape(label)}</td><td style='width:100%'><div style='display:flex;"
-                    f"height:14px'>{segments}</div></td><td>{totals[i] * 1e3:.1f} ms</td></tr>")
+        rows.append(f"<tr style='white-space:nowrap'><td>{html.escape(label)}</td><td style='width:100%'>"
+                    f"<div style='display:flex;height:14px'>{segments}</div></td>"
+                    f"<td>{totals[i] * 1e3:.1f} ms</td></tr>")
     return (f"<div class='workbench-step-time'><b>where step time goes</b> <span style='color:#666'>(mean of "
             f"the last {recent} steps)</span> · {key}<table style='width:100%;border-collapse:collapse'>"
             f"{''.join(rows)}</table></div>")
