@@ -32,6 +32,15 @@ NOTEBOOK = {
          "source": "# the sidebar's \"Use in notebook\" inserts the attach cell below this one"},
         {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
          "source": "%%distributed\nprint(f\"hello from rank {rank} of {world_size}\")"},
+        # a Trainer cell on the attached pool: its live dashboard, as in a notebook that started the pool
+        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+         "source": "%%distributed\nimport torch, workbench as wb\n"
+                   "from torch.utils.data import TensorDataset\ntorch.manual_seed(0)\n"
+                   "model = wb.shard(wb.MLP(wb.MLPConfig(d_in=8, d_hidden=64, d_out=2, n_layers=2)), 'ddp')\n"
+                   "data = wb.make_loader(TensorDataset(*wb.regression_data(4096, d_in=8, d_out=2)), "
+                   "batch_size=16)\n"
+                   "r = wb.Trainer(model, data, lr=1e-2, optim='sgd').run(steps=150)\n"
+                   "print('trained', len(r.history), 'steps')"},
     ],
     "metadata": {"kernelspec": {"name": "workbench-cpu", "display_name": "Python 3 (workbench, CPU)",
                                 "language": "python"}},
@@ -103,7 +112,7 @@ def test_start_use_and_stop_a_pool_from_the_sidebar(lab, tmp_path):
                 timeout=60_000)
             page.locator(".jp-Notebook .jp-Cell").first.click()
             card.get_by_role("button", name="Use in notebook").click()
-            expect(page.locator(".jp-Notebook .jp-Cell")).to_have_count(3)
+            expect(page.locator(".jp-Notebook .jp-Cell")).to_have_count(4)
             # a workbench kernel has the magics already: the inserted cell only attaches
             attach_cell = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-InputArea-editor")
             expect(attach_cell).to_have_text(f"%dist attach {state['name']}")
@@ -111,6 +120,12 @@ def test_start_use_and_stop_a_pool_from_the_sidebar(lab, tmp_path):
             out = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-OutputArea")
             expect(out).to_contain_text("[rank 0] hello from rank 0 of 2", timeout=60_000)
             expect(out).to_contain_text("[rank 1] hello from rank 1 of 2")
+            # the Trainer cell on the attached pool gets the dashboard (live, then its static figure)
+            trained = page.locator(".jp-Notebook .jp-Cell").nth(3).locator(".jp-OutputArea")
+            board = trained.locator(".workbench-dashboard, .jp-RenderedPlotly.js-plotly-plot").first
+            expect(board).to_be_visible(timeout=90_000)
+            expect(trained).to_contain_text("trained 150 steps", timeout=90_000)
+            expect(trained.locator(".jp-RenderedPlotly.js-plotly-plot")).to_be_visible(timeout=30_000)
             page.screenshot(path=str(SHOTS / "4-notebook-distributed.png"))
 
             # the panel says which notebook owns... and stop from the sidebar, confirming from what to what

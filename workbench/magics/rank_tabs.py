@@ -14,6 +14,7 @@ import uuid
 # Output longer than this many lines (all ranks together) gets the per-rank view even when nothing failed.
 LONG_LINES = 12
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+FAILED = ("error", "died", "killed", "lost")  # outcomes of a rank's own failure (not our interrupt)
 _MARKS = {"ok": "", "error": " ✗", "died": " ✗", "killed": " ✗", "stopped": " ■", "interrupted": " ■",
           "lost": " ✗"}
 
@@ -23,13 +24,14 @@ def wanted(result) -> bool:
 
     >>> from types import SimpleNamespace as R
     >>> ok, failed = R(outcome="ok", stdout="a\\n", stderr=""), R(outcome="error", stdout="", stderr="")
-    >>> wanted(R(ranks=[ok, failed])), wanted(R(ranks=[ok, ok])), wanted(R(ranks=[failed]))
-    (True, False, False)
+    >>> stopped = R(outcome="interrupted", stdout="", stderr="")
+    >>> [wanted(R(ranks=ranks)) for ranks in ([ok, failed], [ok, ok], [failed], [stopped, stopped])]
+    [True, False, False, False]
     """
     if len(result.ranks) < 2:
         return False
     lines = sum((r.stdout + r.stderr).count("\n") for r in result.ranks)
-    return lines > LONG_LINES or any(r.outcome != "ok" for r in result.ranks)
+    return lines > LONG_LINES or any(r.outcome in FAILED for r in result.ranks)
 
 
 def rank_tabs(result, world_size: int) -> dict:
@@ -76,6 +78,9 @@ def _pane(r) -> str:
         parts.append(f"<pre>{html.escape(r.stdout)}</pre>")
     if r.stderr:
         parts.append(f'<pre class="wb-err">{html.escape(r.stderr)}</pre>')
+    if r.outcome in ("stopped", "interrupted"):  # our own interrupt: where it stopped, not our traceback
+        parts.append(f"<pre>stopped at {html.escape(r.where or 'an unknown line')}</pre>")
+        return "".join(parts)
     error = getattr(r.error, "traceback", None) or (str(r.error) if r.error is not None else "")
     if error:
         parts.append(f'<pre class="wb-err">{html.escape(_ANSI.sub("", error))}</pre>')
