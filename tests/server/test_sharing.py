@@ -107,7 +107,8 @@ async def test_an_attached_notebook_gets_the_dashboard_deaths_hangs_and_restart(
         nb = await notebooks("attached.ipynb")
         status, shown = await nb.run(f"%dist attach {panel_pool['name']}")
         assert status == "ok" and f"attached to pool {panel_pool['name']}" in shown, shown
-        assert "attached.ipynb" in shown  # the notebooks driving the pool are listed
+        assert "attached.ipynb" in shown  # the notebooks driving the pool are listed, the panel by name
+        assert "the JupyterLab panel (started it)" in shown, shown
         status, shown = await nb.run(TRAIN)
         assert status == "ok", shown
         status, shown = await nb.run(

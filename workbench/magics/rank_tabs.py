@@ -38,22 +38,23 @@ def rank_tabs(result, world_size: int) -> dict:
     """A display bundle: a tab per rank with its own output and error; the first failing rank selected.
 
     >>> from types import SimpleNamespace as R
-    >>> ok = R(rank=R(rank=0), outcome="ok", stdout="hi\\n", stderr="", error=None)
     >>> bad = R(rank=R(rank=1), outcome="error", stdout="", stderr="", error=R(traceback="ValueError: x"))
-    >>> bundle = rank_tabs(R(ranks=[ok, bad]), world_size=2)
+    >>> cut = R(rank=R(rank=0), outcome="stopped", stdout="", stderr="", error=None, where="cell line 2")
+    >>> bundle = rank_tabs(R(ranks=[cut, bad]), world_size=2)
     >>> bundle["text/plain"]
-    'per rank (world size 2): rank 0 ok · rank 1 error'
-    >>> 'checked><label class="wb-fail"' in bundle["text/html"]
-    True
+    'per rank (world size 2): rank 0 stopped · rank 1 error'
+    >>> page = bundle["text/html"]
+    >>> 'checked><label class="wb-fail"' in page, "stopped at cell line 2" in page
+    (True, True)
     """
     name = f"wb-ranks-{uuid.uuid4().hex[:8]}"
-    failing = [i for i, r in enumerate(result.ranks) if r.outcome != "ok"]
+    failing = [i for i, r in enumerate(result.ranks) if r.outcome in FAILED]
     chosen = failing[0] if failing else 0
     tabs, panes, rules = [], [], []
     for i, r in enumerate(result.ranks):
         k = i + 1
         rules.append(f"#{name}>input:nth-of-type({k}):checked~div:nth-of-type({k}){{display:block}}")
-        css = ' class="wb-fail"' if r.outcome != "ok" else ""
+        css = ' class="wb-fail"' if r.outcome in FAILED else ""
         tabs.append(f'<input type="radio" name="{name}" id="{name}-{k}"{" checked" * (i == chosen)}>'
                     f'<label{css} for="{name}-{k}" title="{r.outcome}">rank {r.rank.rank}'
                     f"{_MARKS.get(r.outcome, '')}</label>")

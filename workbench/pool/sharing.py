@@ -41,8 +41,19 @@ def name_for(pool_id: str) -> str:
     return f"pool-{pick.choice(_ADJECTIVES)}-{pick.choice(_ANIMALS)}"
 
 
+_me: dict[str, str] = {}  # what this process is called when it is no kernel (see call_this_process)
+
+
+def call_this_process(name: str) -> None:
+    """Name this process for the notebooks attached to its pools (the Jupyter server: its panel)."""
+    _me["name"] = name
+
+
 def this_notebook() -> str:
-    """The notebook of this kernel (Jupyter tells kernels in ``JPY_SESSION_NAME``), else its process."""
+    """The notebook of this kernel (Jupyter tells kernels in ``JPY_SESSION_NAME``), else what this process
+    was called (:func:`call_this_process`), else its process id."""
+    if "name" in _me:
+        return _me["name"]
     path = os.environ.get("JPY_SESSION_NAME")
     if path:
         return os.path.basename(path) if os.path.isabs(path) else path
