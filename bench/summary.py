@@ -53,7 +53,11 @@ def _restart(rec: dict) -> tuple[str, str]:
 
 def _dashboard(rec: dict) -> tuple[str, str]:
     d = rec["data"]
-    return (f"{d['ratio_on_to_off']} (on / off, samples/s)" if "ratio_on_to_off" in d else "-"), "-"
+    sides = [f"{d[side]['ratio_on_to_off']} {side}" for side in ("browser", "no browser")
+             if "ratio_on_to_off" in d.get(side, {})]
+    if "ratio_on_to_off" in d:  # a run from before the browser side existed
+        sides.append(f"{d['ratio_on_to_off']} no browser")
+    return ("; ".join(sides) + " (on / off, samples/s)" if sides else "-"), "-"
 
 
 def _memory(rec: dict) -> tuple[str, str]:
