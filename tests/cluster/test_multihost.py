@@ -62,9 +62,10 @@ def test_pool_across_hosts_over_ssh(three_hosts, workdir):
     assert "between nodes (ranks 0, 1, one per node)" in result["check"]
     assert probe["busbw_gbps"] > 0 and probe["nodes"] == 2
 
-    # elastic: the third rank lands on n1 (ranks stay contiguous per host) and training resumes at step 20
+    # scale 2 -> 3: the ranks that stay keep their rank, host and device (their Python state lives there); the
+    # new engine comes after them, as rank 2 on n1; training resumes at step 20
     assert [(r["rank"], r["host"], r["local_rank"]) for r in result["ranks_after_scale"]] == [
-        (0, "n1", 0), (1, "n1", 1), (2, "n2", 0)]
+        (0, "n1", 0), (1, "n2", 0), (2, "n1", 1)]
     assert result["resumed_step"] == [20, 20, 20]
     assert result["ddp_same_after"] == [True, True, True]
     assert result["ddp_second"][0][0] < first[0] * 0.5, "resumed from the checkpoint, not from scratch"

@@ -375,9 +375,9 @@ class Session:
     def scale(self, n: int, progress: Callable[[str], None] = lambda msg: None) -> list[RankInfo]:
         """Grow or shrink the pool to ``n`` ranks and re-form the process group at that world size.
 
-        Growing starts engines through the pool's launcher; shrinking stops the highest ranks. Ranks
-        stay contiguous per host; the ranks that remain keep their Python state (a training run then
-        resumes from its checkpoint at the new world size). Returns the new rank map.
+        Growing starts engines through the pool's launcher (the new ranks come after the others);
+        shrinking stops the highest ranks. The ranks that remain keep their rank, device and Python state
+        (a training run then resumes from its checkpoint at the new world size). Returns the new rank map.
 
         >>> s.scale(4, progress=print)        # doctest: +SKIP
         starting 2 engines
