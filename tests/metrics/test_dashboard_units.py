@@ -348,3 +348,23 @@ def test_display_is_replaced_by_a_static_figure_when_the_run_ends(collector, ips
         assert dash.view.comm is None  # the live widget is gone from the kernel and the page
     finally:
         dash.close()
+
+
+def test_an_elastic_regroup_is_marked_on_the_loss_curve_live_and_in_the_saved_figure(collector):
+    text = "rank 2 lost at step 4; continuing on 2 ranks"
+    dash = _dash(collector)
+    try:
+        for r in (0, 1, 2):
+            collector.ingest(_msg(r, range(3), events=[_start()]))
+        dash.refresh()
+        assert not dash.view.figure["layout"].get("shapes")
+        regroup = [1, 150.0, "regroup", {"step": 4, "world_size": 2, "lost": [2], "text": text}]
+        for r in (0, 1):  # every rank left says so; one mark
+            collector.ingest(_msg(r, range(3, 6), events=[regroup]))
+        dash.refresh()
+        assert [e["run"] for e in collector.events if e["event"] == "regroup"] == [1, 1]
+        for figure in (dash.view.figure, dash.static_bundle()[PLOTLY]):
+            assert [s["x0"] for s in figure["layout"]["shapes"]] == [4]
+            assert [a["text"] for a in figure["layout"]["annotations"]] == [text]
+    finally:
+        dash.close()

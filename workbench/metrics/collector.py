@@ -283,8 +283,9 @@ class Collector:
                         run.add_error(st.rank, str(details["error"]))
                     if st.run == run.id:
                         st.run = None
+            # an event inside a run (a regroup) belongs to the run the rank is in
             event = {"rank": st.rank, "host": st.host, "seq": seq, "t": t, "event": name,
-                     "run": run.id if run else None, **{k: v for k, v in details.items() if k != "run"}}
+                     "run": run.id if run else st.run, **{k: v for k, v in details.items() if k != "run"}}
             self.events.append(event)
             new_events.append(event)
             self.stats["event"] += 1

@@ -57,6 +57,24 @@ def lines_figure(loss: list[dict], throughput: list[dict], title: str | None = N
     return {"data": [*loss, *throughput], "layout": layout}
 
 
+def mark_steps(figure: dict, marks: dict[int, str]) -> dict:
+    """A dashed line on the loss plot at each marked step, with its text (e.g. a rank lost).
+
+    >>> fig = mark_steps(lines_figure([], []), {412: "rank 1 lost at step 412; continuing on 3 ranks"})
+    >>> fig["layout"]["shapes"][0]["x0"], fig["layout"]["annotations"][0]["text"][:11]
+    (412, 'rank 1 lost')
+    """
+    layout = figure["layout"]
+    layout["shapes"] = [{"type": "line", "xref": "x", "yref": "y domain", "x0": step, "x1": step, "y0": 0,
+                         "y1": 1, "line": {"color": "#d62728", "dash": "dash", "width": 1}}
+                        for step in sorted(marks)]
+    layout["annotations"] = [{"xref": "x", "yref": "y domain", "x": step, "y": 1, "yanchor": "bottom",
+                              "text": html.escape(text), "showarrow": False,
+                              "font": {"size": 10, "color": "#d62728"}}
+                             for step, text in sorted(marks.items())]
+    return figure
+
+
 def static_bundle(summary: str, figure: dict | None, note: str = "") -> dict:
     """What a finished run leaves in the notebook: plotly's JSON where there are points, else a sentence.
 

@@ -286,6 +286,8 @@ class Dashboard:
         cols = {r: c for r, (c, _) in new.items()}
         final = final or run.state != "training"
         whole, added = self._plot.feed(sorted(run.ranks | set(new)), active, cols, final)
+        regroups = [e for e in list(c.events) if e["event"] == "regroup" and e.get("run") == run.id]
+        whole |= self._plot.mark(regroups)  # a rank lost or taken back: marked on the loss curve
         self._send_points(whole, added, times)
 
     def _send_points(self, whole: bool, added: dict, times: list[float]) -> None:

@@ -37,6 +37,7 @@ class RunPlot:
         self._joins = {"loss": StepJoin(), "rate": StepJoin()}
         self._recent: dict[int, Recent] = {}
         self.last: dict[int, tuple[int, float]] = {}  # rank -> (last step, last finite loss)
+        self.marks: dict[int, str] = {}  # step -> what happened there (an elastic run lost or took ranks)
 
     @property
     def step(self) -> int:
@@ -79,6 +80,21 @@ class RunPlot:
         added[len(self.lines)] = (steps, mean)
         return whole, {i: p for i, p in added.items() if p[0]}
 
+    def mark(self, events: list[dict]) -> bool:
+        """Note the regroups of an elastic run (``{"step", "text"}``) on the loss plot; whether one is new.
+
+        >>> plot = RunPlot()
+        >>> plot.mark([{"step": 412, "text": "rank 1 lost at step 412; continuing on 3 ranks"}] * 2)
+        True
+        >>> plot.mark([{"step": 412, "text": "rank 1 lost at step 412; continuing on 3 ranks"}])
+        False
+        """
+        new = {int(e["step"]): str(e.get("text") or "") for e in events if "step" in e}
+        if new.keys() <= self.marks.keys():
+            return False
+        self.marks.update(new)
+        return True
+
     def _shape(self, ranks: list[int]) -> None:
         self.ranks = list(ranks)
         if len(ranks) <= MAX_LINES:
@@ -99,7 +115,7 @@ class RunPlot:
                                   fillcolor="rgba(31,119,180,0.2)"),
                     figures.trace("mean", mean.x, mean.y)]
         rate = figures.trace("samples/s", self.rate.x, self.rate.y, axis=2, colour="#555", showlegend=False)
-        return figures.lines_figure(loss, [rate])
+        return figures.mark_steps(figures.lines_figure(loss, [rate]), self.marks)
 
     def step_times(self) -> dict[str, list[float]]:
         """Per part of a step (compute, communication, data wait, other): each rank's recent mean."""
