@@ -219,10 +219,12 @@ class EnginePool:
                     "Try a longer --timeout, or fewer engines.", log=self.log_file)
             time.sleep(0.02 if self.launcher == "local" else 0.1)
 
-    def start_more(self, n: int, known_ids: set[int]) -> list[int]:
-        """Start ``n`` more engines (to replace dead ones, or to grow); return their ids once registered."""
+    def start_more(self, n: int, known_ids: set[int], *, alive: int) -> list[int]:
+        """Start ``n`` more engines (to replace dead ones, or to grow) beside the ``alive`` ones still
+        running; return their ids once registered. (``known_ids`` may hold dead engines: the controller
+        drops an engine only after 10 s of missed heartbeats, so they do not count for the capacity.)"""
         if self.launcher == "local":
-            capacity.check_this_machine(len(known_ids) + n, self.config.oversubscribe)
+            capacity.check_this_machine(alive + n, self.config.oversubscribe)
         self._start_engine_set(n)
         deadline = time.monotonic() + self.timeout
         while True:

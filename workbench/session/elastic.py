@@ -287,7 +287,8 @@ def replace_lost(group, transcript: Transcript, beacons, progress) -> list[RankI
     lost, pool = list(group.lost), group.pool
     progress(f"starting {len(lost)} engine{'s' if len(lost) != 1 else ''} for the rank"
              f"{'s' if len(lost) != 1 else ''} the elastic run lost")
-    infos = new_ranks(group, pool.start_more(len(lost), set(pool.client.ids)), like=lost)
+    new_ids = pool.start_more(len(lost), set(pool.client.ids), alive=len(group.ranks))
+    infos = new_ranks(group, new_ids, like=lost)
     set_up(group, infos, transcript, beacons, progress)
     group.ranks = [*group.ranks, *infos]
     group.lost = []
@@ -320,7 +321,8 @@ def restart_running(cell, transcript: Transcript, beacons, progress) -> list[int
         return []
     progress(f"starting {len(lost)} engine{'s' if len(lost) != 1 else ''} for the lost rank"
              f"{'s' if len(lost) != 1 else ''}")
-    infos = new_ranks(group, group.pool.start_more(len(lost), set(group.pool.client.ids)), like=lost)
+    infos = new_ranks(group, group.pool.start_more(len(lost), set(group.pool.client.ids),
+                                                       alive=len(group.ranks)), like=lost)
     joined = grow_running(cell, infos, transcript, beacons, progress)
     group.lost = []
     return [r.rank for r in joined]
@@ -331,7 +333,8 @@ def scale_running(cell, n: int, transcript: Transcript, beacons, progress) -> li
     group = cell.group
     if n > len(group.ranks):
         progress(f"starting {n - len(group.ranks)} engines")
-        infos = new_ranks(group, group.pool.start_more(n - len(group.ranks), set(group.pool.client.ids)))
+        infos = new_ranks(group, group.pool.start_more(n - len(group.ranks), set(group.pool.client.ids),
+                                                         alive=len(group.ranks)))
         grow_running(cell, infos, transcript, beacons, progress)
     elif n < len(group.ranks):
         shrink_running(cell, n, progress)

@@ -114,7 +114,8 @@ class ProcessGroup:
 
     def replace(self, ranks: list[int]) -> None:
         """New engines (through the pool's launcher) for these dead ranks, on the same host and device."""
-        new_ids = self.pool.start_more(len(ranks), set(self.pool.client.ids))
+        new_ids = self.pool.start_more(len(ranks), set(self.pool.client.ids),
+                                       alive=len(self.ranks) - len(ranks))
         for info in remap_engines([self.ranks[r] for r in ranks], self.describe(new_ids)):
             self.ranks[info.rank] = info
 
@@ -127,7 +128,7 @@ class ProcessGroup:
             return False
         if n > len(self.ranks):
             progress(f"starting {n - len(self.ranks)} engines")
-            new = self.pool.start_more(n - len(self.ranks), set(self.pool.client.ids))
+            new = self.pool.start_more(n - len(self.ranks), set(self.pool.client.ids), alive=len(self.ranks))
             self.ranks = extend_rank_map(self.ranks, self.describe(new), share_gpus=share_gpus)
         else:
             progress(f"stopping rank {format_ranks(range(n, len(self.ranks)))}")
