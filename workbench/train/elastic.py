@@ -273,7 +273,7 @@ def sync(trainer, plan: dict | None = None) -> None:
         _rebuild_fsdp(trainer, run)
         run.base_world = first["lr_world"]
     else:  # always copy: a new rank's weights may be at the same step count and still differ
-        _ddp_onto_world(trainer, fresh=any(e["new"] for e in everyone))
+        ddp_onto_world(trainer, fresh=any(e["new"] for e in everyone))
         _copy_from(trainer, run, source)
     run.fresh = False
     if plan is not None:  # mid-run: the run ends where it would have (between runs: ``steps`` more)
@@ -287,7 +287,7 @@ def sync(trainer, plan: dict | None = None) -> None:
     trainer._cut_mid_step = False
 
 
-def _ddp_onto_world(trainer, fresh: bool) -> None:
+def ddp_onto_world(trainer, fresh: bool) -> None:
     """DDP's reducer, our gradient hook and the layout's mesh onto the current group.
 
     ``fresh``: a rank joins. Every rank then wraps its module anew: DDP's gradient buckets must be laid

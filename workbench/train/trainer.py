@@ -234,22 +234,44 @@ class Trainer:
         """
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        from workbench.strategies.mesh import broadcast_module
-
         self.optimizer.zero_grad(set_to_none=True)
         composed = self.layout.mesh is not None and self.layout.mesh.ndim > 1
         if isinstance(self.model, DDP) and not composed:
-            self.model._update_process_group(dist.group.WORLD)
-            timer = getattr(self.model, "wb_comm", None)
-            if timer is not None:  # our gradient all-reduce hook holds its group too
-                timer.group = None  # (None: the current world, looked up at each call)
-            broadcast_module(self.module)
+            # A fresh wrapper on every rank (rank 0's parameters and buffers): a rank cut inside backward
+            # and one that finished the step hold DDP's gradient buckets in different orders (DDP rebuilds
+            # them after its first iterations), so their next collectives would not match and gloo would
+            # end the engine. Names in the notebook that held the old wrapper hold the new one.
+            elastic_mod.ddp_onto_world(self, fresh=True)
+            self._take_furthest()
         elif self.layout.mesh is not None:
             raise InterruptedMidStep(
                 "the process group was re-formed after a fault, and this sharded model (FSDP, tensor or "
                 "pipeline parallel) still holds the old one: shard the model again (wb.shard(...)) and "
                 "make a new Trainer, or wb.resume(...) from a checkpoint.")
         self._cut_mid_step = False
+
+    def _take_furthest(self) -> None:
+        """Every rank takes the training state of the rank that got furthest: a hard stop can cut one
+        rank inside a step another finished (its counters and optimizer one step ahead). The cut rank
+        had already taken that step's batch, so its data position agrees with the furthest rank's."""
+        from workbench.strategies.mesh import broadcast_module
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        key = torch.tensor([self.step * world + (world - 1 - rank)], dtype=torch.long)
+        dist.all_reduce(key, op=dist.ReduceOp.MAX)  # the furthest step; its lowest rank on a tie
+        source = world - 1 - int(key.item()) % world
+        broadcast_module(self.module, src=source)
+        state = {"optim": self.optimizer.state_dict(), "rng": torch.get_rng_state(),
+                 "counters": [self.step, self.skipped]}
+        if self.lr_scheduler is not None:
+            state["scheduler"] = self.lr_scheduler.state_dict()
+        state = elastic_mod.broadcast_tree(state, source, self.device)
+        if rank != source:
+            self.optimizer.load_state_dict(state["optim"])
+            torch.set_rng_state(state["rng"])
+            if "scheduler" in state:
+                self.lr_scheduler.load_state_dict(state["scheduler"])
+            self.step, self.skipped = state["counters"]
 
     def _train_step(self) -> StepStats | None:
         t0 = time.perf_counter()
