@@ -51,6 +51,7 @@ def test_check_and_scale_local_pool(ipshell):
         result, shown = run(ipshell, "%dist scale 3")
         assert result.success, shown
         assert "scaled from 2 to 3 ranks" in shown and s.world_size == 3
+        assert "the outputs above this line come from the world of 2 ranks" in shown
         result, shown = run(ipshell, "%%distributed\nimport torch\nt = torch.ones(1)\ndist.all_reduce(t)")
         assert result.success, shown
         assert [t.item() for t in s.pull("t")] == [3.0, 3.0, 3.0]

@@ -82,8 +82,8 @@ def browser(tmp_path):
             context.close()
 
 
-def _open(page, lab, name: str):
-    """Open a notebook; wait for its kernel. Returns the notebook's cells."""
+def _open(page, lab, name: str, set_up: int = 0):
+    """Open a notebook; wait for its kernel; run its first ``set_up`` cells. Returns the notebook's cells."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import expect
 
@@ -93,7 +93,10 @@ def _open(page, lab, name: str):
     except PlaywrightTimeout:
         pass
     expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(timeout=90_000)
-    return page.locator(".jp-Notebook .jp-Cell")
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    for i in range(set_up):
+        _run(page, cells, i)
+    return cells
 
 
 def _run(page, cells, i: int, wait: bool = True, timeout: float = 120_000):
@@ -163,9 +166,7 @@ def test_dashboard_is_live_then_static_and_survives_save_restart_reload(tmp_path
     with run_lab(tmp_path, {"train.ipynb": _notebook(TRAIN)}) as lab:
         page = browser.new_page()
         try:
-            cells = _open(page, lab, "train.ipynb")
-            for i in (0, 1, 2):
-                _run(page, cells, i)
+            cells = _open(page, lab, "train.ipynb", set_up=3)
             # live: appeared by itself (no --monitor, no wb.dashboard()), lines drawn in the page, devices
             cell, dash = _start_training(page, cells, 3, points=20)
             plot = dash.locator(".js-plotly-plot").first
@@ -222,9 +223,7 @@ def test_dashboard_after_an_interrupt_and_after_a_failure(tmp_path, browser):
     with run_lab(tmp_path, {"faults.ipynb": _notebook(FOREVER, FAIL)}) as lab:
         page = browser.new_page()
         try:
-            cells = _open(page, lab, "faults.ipynb")
-            for i in (0, 1, 2):
-                _run(page, cells, i)
+            cells = _open(page, lab, "faults.ipynb", set_up=3)
 
             # Ctrl-C (the kernel's interrupt) while it trains: "interrupted at step N", every point kept
             cell, _ = _start_training(page, cells, 3, points=30)

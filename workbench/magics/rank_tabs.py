@@ -8,12 +8,12 @@ styles, the ranks' panes show one below the other.
 from __future__ import annotations
 
 import html
-import re
 import uuid
+
+from workbench.session.results import plain_traceback
 
 # Output longer than this many lines (all ranks together) gets the per-rank view even when nothing failed.
 LONG_LINES = 12
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 FAILED = ("error", "died", "killed", "lost")  # outcomes of a rank's own failure (not our interrupt)
 _MARKS = {"ok": "", "error": " ✗", "died": " ✗", "killed": " ✗", "stopped": " ■", "interrupted": " ■",
           "lost": " ✗"}
@@ -82,7 +82,7 @@ def _pane(r) -> str:
     if r.outcome in ("stopped", "interrupted"):  # our own interrupt: where it stopped, not our traceback
         parts.append(f"<pre>stopped at {html.escape(r.where or 'an unknown line')}</pre>")
         return "".join(parts)
-    error = getattr(r.error, "traceback", None) or (str(r.error) if r.error is not None else "")
+    error = plain_traceback(r.error) or (str(r.error) if r.error is not None else "")
     if error:
-        parts.append(f'<pre class="wb-err">{html.escape(_ANSI.sub("", error))}</pre>')
+        parts.append(f'<pre class="wb-err">{html.escape(error)}</pre>')
     return "".join(parts) or "<pre>(no output)</pre>"

@@ -44,9 +44,13 @@ def name_for(pool_id: str) -> str:
 _me: dict[str, str] = {}  # what this process is called when it is no kernel (see call_this_process)
 
 
-def call_this_process(name: str) -> None:
-    """Name this process for the notebooks attached to its pools (the Jupyter server: its panel)."""
-    _me["name"] = name
+def call_this_process(name: str | None) -> None:
+    """Name this process for the notebooks attached to its pools (the Jupyter server: its panel);
+    None: name it as before."""
+    if name is None:
+        _me.pop("name", None)
+    else:
+        _me["name"] = name
 
 
 def this_notebook() -> str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from jupyter_server.extension.application import ExtensionApp
 
+from workbench.pool import sharing
 from workbench.server.handlers import handlers
-from workbench.server.manager import PoolManager
+from workbench.server.manager import PANEL, PoolManager
 
 
 class WorkbenchServerExtension(ExtensionApp):
@@ -16,6 +17,7 @@ class WorkbenchServerExtension(ExtensionApp):
 
     def initialize_settings(self) -> None:
         self.manager = PoolManager(owners=self._kernel_owners)
+        sharing.call_this_process(PANEL)  # what notebooks attached to a pool started here are told
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(handlers(self.manager))

@@ -121,7 +121,6 @@ class PoolManager:
         self._tasks: set[asyncio.Task] = set()
         self._usage = UsageSampler()
         self._closing = False
-        sharing.call_this_process(PANEL)  # what notebooks attached to a pool started here are told
 
     async def _run(self, fn, *args):
         try:

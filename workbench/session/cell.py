@@ -268,7 +268,8 @@ class CellRun:
                 # a rank whose error came (ipyparallel publishes it before the reply) has ended its
                 # cell: a signal now could lose the reply on its way (seen at load ~10: SIGINT, then
                 # SIGTERM for a rank that had only raised)
-                running = [r for r in running if not self._ended(r)]
+                ended = self._errored()
+                running = [r for r in running if r.rank not in ended]
                 if step != "sigint":  # a rank that was released and is only writing its traceback
                     running = [r for r in running if not self._finishing(r.rank)]  # is not stuck
                 if not running:
@@ -281,8 +282,7 @@ class CellRun:
             if step == "stop":  # a Trainer stops at its next step boundary, on every rank the same
                 self.group.command("stop", running)
             elif step == "abort":  # every rank, blocked ones too: their agents release them, state kept
-                self._raised_before_abort = {r.rank for r, c in self.children
-                                             if c.output.metadata["error"] is not None}
+                self._raised_before_abort = self._errored()
                 self.group.abort([r for r, _ in self.children if r.rank not in dead],
                                  beats=self.health.beacons.latest if self.health.beacons else None)
             else:
@@ -290,9 +290,9 @@ class CellRun:
                     self.signalled.setdefault(r.rank, set()).add(step)
                 self.group.signal(running, SIGNALS[step])
 
-    def _ended(self, info: RankInfo) -> bool:
-        """Whether ``info``'s error reached us, though its reply did not yet."""
-        return any(r is info and c.output.metadata["error"] is not None for r, c in self.children)
+    def _errored(self) -> set[int]:
+        """The ranks whose error reached us (ipyparallel publishes it before the reply)."""
+        return {r.rank for r, c in self.children if c.output.metadata["error"] is not None}
 
     def _finishing(self, rank: int) -> bool:
         """Whether ``rank`` may be finishing rather than stuck, so SIGTERM waits: its beacon shows it

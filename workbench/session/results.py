@@ -88,8 +88,7 @@ def where_in_cell(error) -> str | None:
     >>> where_in_cell(_Err("KeyboardInterrupt", "", "Cell In[1], line 5\\n...\\nCell In[1], line 3, in f()"))
     'cell line 3 (in f)'
     """
-    text = _ANSI.sub("", getattr(error, "traceback", None) or "")
-    frames = _CELL_FRAME.findall(text)
+    frames = _CELL_FRAME.findall(plain_traceback(error))
     if not frames:
         return None
     line, fn = frames[-1]
@@ -169,7 +168,16 @@ def in_backward(error) -> bool:
     >>> in_backward(_Err("KeyboardInterrupt", "", "File <cell>:2"))
     False
     """
-    return bool(_BACKWARD.search(_ANSI.sub("", getattr(error, "traceback", None) or "")))
+    return bool(_BACKWARD.search(plain_traceback(error)))
+
+
+def plain_traceback(error) -> str:
+    """A rank's traceback without its colours ("" if it has none).
+
+    >>> plain_traceback(_Err("ValueError", "x", "\x1b[31mValueError\x1b[39m: x"))
+    'ValueError: x'
+    """
+    return _ANSI.sub("", getattr(error, "traceback", None) or "")
 
 
 def _short(text, limit: int = 160) -> str:

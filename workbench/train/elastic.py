@@ -274,7 +274,7 @@ def sync(trainer, plan: dict | None = None) -> None:
         run.base_world = first["lr_world"]
     else:  # always copy: a new rank's weights may be at the same step count and still differ
         ddp_onto_world(trainer, fresh=any(e["new"] for e in everyone))
-        _copy_from(trainer, run, source)
+        copy_state_from(trainer, source, run)
     run.fresh = False
     if plan is not None:  # mid-run: the run ends where it would have (between runs: ``steps`` more)
         run.left = first["end"] - (trainer.step + trainer.skipped)
@@ -323,14 +323,16 @@ def ddp_onto_world(trainer, fresh: bool) -> None:
 
 
 @torch.no_grad()
-def _copy_from(trainer, run: ElasticRun, source: int) -> None:
-    """Everything that makes a rank's training state, from ``source`` to every rank."""
+def copy_state_from(trainer, source: int, run: ElasticRun | None = None) -> None:
+    """Everything that makes a rank's training state (parameters, optimizer, scheduler, RNG, counters;
+    ``run``: an elastic run's data position too), from ``source`` to every rank."""
     from workbench.strategies.mesh import broadcast_module
 
     broadcast_module(trainer.module, src=source)
-    state = {"optim": trainer.optimizer.state_dict(), "rng": torch.get_rng_state(),
-             "counters": {"step": trainer.step, "skipped": trainer.skipped, "epoch": trainer.epoch,
-                          "committed": list(run.committed), "lr_world": run.base_world}}
+    counters = {"step": trainer.step, "skipped": trainer.skipped, "epoch": trainer.epoch}
+    if run is not None:
+        counters.update(committed=list(run.committed), lr_world=run.base_world)
+    state = {"optim": trainer.optimizer.state_dict(), "rng": torch.get_rng_state(), "counters": counters}
     if trainer.lr_scheduler is not None:
         state["scheduler"] = trainer.lr_scheduler.state_dict()
     state = broadcast_tree(state, source, trainer.device)
@@ -341,7 +343,8 @@ def _copy_from(trainer, run: ElasticRun, source: int) -> None:
             trainer.lr_scheduler.load_state_dict(state["scheduler"])
         c = state["counters"]
         trainer.step, trainer.skipped, trainer.epoch = c["step"], c["skipped"], c["epoch"]
-        run.committed, run.base_world = tuple(c["committed"]), c["lr_world"]
+        if run is not None:
+            run.committed, run.base_world = tuple(c["committed"]), c["lr_world"]
 
 
 def _scale_lr(trainer, factor: float) -> None:

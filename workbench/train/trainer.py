@@ -254,24 +254,10 @@ class Trainer:
         """Every rank takes the training state of the rank that got furthest: a hard stop can cut one
         rank inside a step another finished (its counters and optimizer one step ahead). The cut rank
         had already taken that step's batch, so its data position agrees with the furthest rank's."""
-        from workbench.strategies.mesh import broadcast_module
-
         rank, world = dist.get_rank(), dist.get_world_size()
         key = torch.tensor([self.step * world + (world - 1 - rank)], dtype=torch.long)
         dist.all_reduce(key, op=dist.ReduceOp.MAX)  # the furthest step; its lowest rank on a tie
-        source = world - 1 - int(key.item()) % world
-        broadcast_module(self.module, src=source)
-        state = {"optim": self.optimizer.state_dict(), "rng": torch.get_rng_state(),
-                 "counters": [self.step, self.skipped]}
-        if self.lr_scheduler is not None:
-            state["scheduler"] = self.lr_scheduler.state_dict()
-        state = elastic_mod.broadcast_tree(state, source, self.device)
-        if rank != source:
-            self.optimizer.load_state_dict(state["optim"])
-            torch.set_rng_state(state["rng"])
-            if "scheduler" in state:
-                self.lr_scheduler.load_state_dict(state["scheduler"])
-            self.step, self.skipped = state["counters"]
+        elastic_mod.copy_state_from(self, source=world - 1 - int(key.item()) % world)
 
     def _train_step(self) -> StepStats | None:
         t0 = time.perf_counter()
