@@ -185,8 +185,10 @@ class Trainer:
         with self._running():
             if self._pending is None and not self._exhausted:
                 self._pending = self._fetch()
-                empty = torch.tensor([float(self._pending is None)], device=self._flag_device)
-                self._exhausted = bool(_world_sum(empty).cpu()[0])
+            # on every rank, every run: a hard stop may have cut one rank after it took its next batch
+            # and another before, and a collective made by some ranks only ends the engines (gloo)
+            empty = torch.tensor([float(self._pending is None)], device=self._flag_device)
+            self._exhausted = bool(_world_sum(empty).cpu()[0])
             for _ in range(steps):
                 if self._exhausted:
                     break
