@@ -18,9 +18,9 @@ import time
 
 from bench.common import BENCH, summary
 
-SETUP = f"""
+SETUP = """
 import sys, time
-sys.path.insert(0, {str(BENCH)!r})
+sys.path.insert(0, {bench!r})
 import loop
 import workbench as wb
 
@@ -32,7 +32,7 @@ class Taken(wb.Callback):
         self.steps.append((trainer.step, time.time(), tuple(s["position"]), s["size"]))
 
 taken = Taken()
-trainer = loop.build("mlp", elastic=True, callbacks=[taken])
+trainer = loop.build("mlp", data_world={ranks}, elastic=True, callbacks=[taken])
 """
 
 
@@ -45,7 +45,7 @@ def run(reps: int = 2, ranks: int = 3, steps: int = 120) -> dict:
     s = Session(n=ranks, timeout=120).start()
     beacons = BeaconReceiver(s.pool.channel)
     try:
-        s.run(SETUP)
+        s.run(SETUP.format(bench=str(BENCH), ranks=ranks))
         for rep in range(reps):
             if s.world_size < ranks:
                 t0 = time.monotonic()

@@ -15,16 +15,18 @@ import torch.distributed as dist
 BATCH = {"mlp": 64, "gpt": 16}
 
 
-def build(model: str = "mlp", seed: int = 0, device=None, **options):
+def build(model: str = "mlp", seed: int = 0, device=None, data_world: int | None = None, **options):
     """A DDP-sharded model on ``device`` (default: CPU), its loader over this rank's shard and a
-    Trainer (plain fp32, AdamW); ``options`` go to the Trainer (``elastic=True``, ``callbacks=``)."""
+    Trainer (plain fp32, AdamW); ``options`` go to the Trainer (``elastic=True``, ``callbacks=``).
+    The MLP's data holds 64 global batches of ``data_world`` ranks (default: the world size; an
+    elastic run fixes it: a new engine replays this in a group of one)."""
     import workbench as wb
 
     torch.manual_seed(seed)
     world = dist.get_world_size()
     if model == "mlp":
         net = wb.MLP(wb.MLPConfig(d_in=64, d_hidden=256, d_out=16, n_layers=4))
-        x, y = wb.regression_data(BATCH["mlp"] * world * 64, d_in=64, d_out=16)
+        x, y = wb.regression_data(BATCH["mlp"] * (data_world or world) * 64, d_in=64, d_out=16)
         data = torch.utils.data.TensorDataset(x, y)
     elif model == "gpt":
         vocab = wb.char_vocab()

@@ -18,11 +18,13 @@ import random
 import signal
 import time
 
+import psutil
 import pytest
 import torch
 
 from tests.conftest import PidsLimit, alive, until
 from workbench import Session
+from workbench.errors import WorkbenchError
 from workbench.pool.watch import BeaconReceiver
 from workbench.train.data import regression_data
 from workbench.train.models import MLP, MLPConfig
@@ -251,6 +253,49 @@ def test_restart_grows_the_run_back_and_the_new_rank_gets_the_state(four):
         torch.testing.assert_close(got, params[0], rtol=0, atol=0)  # the replicas are one
     for got in params:
         torch.testing.assert_close(got, reference(40))
+
+
+def test_a_new_engine_whose_setup_builds_other_data_is_refused_and_the_run_goes_on(four):
+    """A new engine replays the setup in a group of one: data sized by the world size comes out smaller
+    there, its epochs would split differently, and samples would be taken twice. The restart says so
+    (it went through before, and bench/elastic counted samples doubled), and leaves no engine behind."""
+    code = setup_code().replace(f"regression_data({N},", f"regression_data({N // 4} * world_size,")
+    assert code != setup_code()
+    four.run(code)
+    handle, _ = kill_during_run(four, 1, 3, 40)
+    handle.wait(120)
+    assert four.world_size == 3
+    tree = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(WorkbenchError, match=rf"({N // 4} samples, not {N}).*group of its own"):
+        four.restart()
+    assert four.world_size == 3
+    assert until(lambda: {p.pid for p in psutil.Process().children(recursive=True)} <= tree, 10)
+    four.run("result = trainer.run(steps=5)")  # the run goes on with the ranks it has
+    assert four.pull("trainer.step") == [45] * 3
+    four.run(setup_code())  # the setup, fixed and run again: now the rank comes back
+    assert four.restart() == [3]
+
+
+def test_replace_true_brings_a_lost_rank_back_by_itself_at_a_step_boundary(four):
+    """``ElasticConfig(replace=True)``: during the run the kernel starts the lost rank's replacement (a
+    local pool has room), which replays the setup, takes the state from a peer and joins at a step
+    boundary; the run ends on 4 ranks, every sample once, the reference's parameters."""
+    code = setup_code().replace("hang_timeout=3,", "hang_timeout=3, replace=True,")
+    assert code != setup_code()
+    four.run(code)
+    steps = 300
+    handle, _ = kill_during_run(four, 2, 3, steps)
+    result = handle.wait(240)
+    assert sorted(r.outcome for r in result.ranks) == ["lost"] + ["ok"] * 4, \
+        [(r.rank.rank, r.outcome, r.stderr[-300:]) for r in result.ranks]
+    assert four.world_size == 4
+    assert four.pull("trainer.step") == [steps] * 4
+    events = four.pull("trainer.elastic.events", rank=3)
+    assert events[-1]["joined"] == [3] and events[-1]["world_size"] == 4, events
+    print("the new rank joined at step", events[-1]["step"])
+    check_every_sample_once(four.pull("log.steps"), steps)
+    for got in final_params(four):
+        torch.testing.assert_close(got, reference(steps))
 
 
 @pytest.mark.timeout(600)  # the run must outlast an engine's start and setup, twice, on 2 busy cores

@@ -89,3 +89,33 @@ def test_the_agent_takes_regroup_plans_for_this_engine_and_a_newer_group_only(ch
     finally:
         a.close()
         agent.clear_plans()
+
+
+def test_a_join_asked_for_after_the_run_ended_fails_at_once_instead_of_waiting():
+    """``%dist restart`` (or a replacement) asking a finished elastic run to take a rank: the Future says
+    the run ended at once (before, it waited for a tick that never came: 120 s)."""
+    from workbench.session.elastic import ElasticWatch
+
+    class Cell:
+        woken = 0
+
+        def wake(self):
+            self.woken += 1
+
+    watch = ElasticWatch(Cell())
+    pending = watch.request("join", [])
+    watch.close()
+    late = watch.request("join", [])
+    for future in (pending, late):
+        assert future.done() and "the elastic run ended" in str(future.exception())
+    assert watch.cell.woken == 1
+
+
+def test_loaders_that_would_split_an_epoch_differently_are_told_apart():
+    from workbench.train.elastic import data_difference
+
+    data = TensorDataset(torch.arange(12.))
+    mine = ElasticLoader(data, global_batch=4).signature()
+    assert data_difference(mine, ElasticLoader(data, global_batch=2).signature()) == ""  # batch: agreed on
+    other = ElasticLoader(TensorDataset(torch.arange(36.)), global_batch=4, seed=1).signature()
+    assert data_difference(mine, other) == "12 samples, not 36, seed 0, not 1"

@@ -55,6 +55,21 @@ def set_replay(on: bool) -> None:
     elastic.REPLAY["on"] = on
 
 
+def check_joining_data(expected: dict) -> None:
+    """On a new engine: :func:`workbench.train.elastic.check_joining_data`."""
+    from workbench.train import elastic
+
+    elastic.check_joining_data(expected)
+
+
+def newest_elastic_status() -> dict | None:
+    """On an engine: what its newest elastic Trainer's beacon would say (None: it has none)."""
+    from workbench.train import elastic
+
+    trainer = elastic.latest_trainer()
+    return trainer.elastic.status() if trainer is not None else None
+
+
 def trainer_count() -> int:
     """On an engine: how many elastic Trainers it built (:func:`workbench.train.elastic.trainer_count`)."""
     from workbench.train import elastic

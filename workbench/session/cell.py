@@ -107,6 +107,7 @@ class CellRun:
             self._wait(wake, deadline)
         finally:
             self.health.remove_listener(wake.set)
+            self.elastic.close()
         self._await_deaths(wake)
         live = [c for r, c in self.children if r.engine_id not in self.elastic.dropped]
         if all(c.done() for c in live):  # a dead rank's output never completes

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -38,17 +39,23 @@ class ElasticWatch:
     """Regroups the ranks of one cell's elastic run when one is lost; see the module's docstring.
 
     ``on_regroup``: called (on the cell's thread) once the group holds the new rank map, for what the
-    session keeps in step with it (health watcher, state file, metrics).
+    session keeps in step with it (health watcher, state file, metrics). ``bring_back``: called after a
+    loss when the Trainer asked for replacements (``ElasticConfig(replace=True)``); it starts them in
+    the background (they join through :meth:`request`).
     """
 
     def __init__(self, cell, on_regroup: Callable[[], None] = lambda: None,
-                 report: Callable[[str], None] = lambda text: print(f"workbench: {text}", flush=True)):
+                 report: Callable[[str], None] = lambda text: print(f"workbench: {text}", flush=True),
+                 bring_back: Callable[[], None] | None = None):
         self.cell = cell
-        self.on_regroup, self.report = on_regroup, report
+        self.on_regroup, self.report, self.bring_back = on_regroup, report, bring_back
         self.settings: dict | None = None  # the elastic Trainer's settings, while its run goes on
         self.dropped: dict[int, str] = {}  # engine id -> how that rank was lost
         self.leaving: set[int] = set()  # engine ids a planned shrink left out (their run ends; they stop)
         self.requests: collections.deque = collections.deque()  # (what, argument, Future) from other threads
+        self.replacements: list = []  # threads bringing lost ranks back (``bring_back``)
+        self._closed = False
+        self._lock = threading.Lock()
         self.faults: list = []
         self.recovering: dict | None = None  # the regroup in progress: since, generation, step
         self._progress: dict[int, tuple] = {}  # engine id -> ((steps begun, collectives), since when)
@@ -98,9 +105,20 @@ class ElasticWatch:
         """Ask the cell's thread to let ``argument`` join ("join", new ranks set up) or to keep only the
         first ``argument`` ranks ("leave") at the next step boundary; the Future holds the new ranks."""
         done: Future = Future()
-        self.requests.append((what, argument, done))
+        with self._lock:
+            if self._closed:
+                done.set_exception(RuntimeError("the elastic run ended"))
+                return done
+            self.requests.append((what, argument, done))
         self.cell.wake()
         return done
+
+    def close(self) -> None:
+        """The cell ended: what is still asked for cannot happen any more (its Futures say so)."""
+        with self._lock:
+            self._closed = True
+            while self.requests:
+                self.requests.popleft()[2].set_exception(RuntimeError("the elastic run ended"))
 
     def lost(self, infos: list[RankInfo], how: str, kind: str = "died",
              detect_s: float | None = None) -> bool:
@@ -129,6 +147,8 @@ class ElasticWatch:
         self.recovering = {"since": time.monotonic(), "generation": plan["generation"], "step": step,
                            "fault": True}
         self.report(text)
+        if settings.get("replace") and self.bring_back is not None:
+            self.bring_back()
         return True
 
     def _step(self, ranks: list[RankInfo]) -> int:
@@ -236,8 +256,9 @@ class Transcript:
     def push(self, values: dict) -> None:
         self.items.append(("push", dict(values)))
 
-    def replay(self, group, infos: list[RankInfo], trainers: int, timeout: float) -> None:
-        """Run the setup on the engines of ``infos`` until each has built ``trainers`` elastic Trainers."""
+    def replay(self, group, infos: list[RankInfo], trainers: int, timeout: float, data: dict | None = None):
+        """Run the setup on the engines of ``infos`` until each has built ``trainers`` elastic Trainers,
+        whose data must match ``data`` (the running ranks' loader signature)."""
         from workbench.errors import WorkbenchError
 
         client = group.pool.client
@@ -259,11 +280,11 @@ class Transcript:
                 try:
                     view.execute(item, silent=True, block=False).get(timeout=timeout)
                 except Exception as exc:
+                    ename, evalue = _remote(exc)
                     raise WorkbenchError(
                         f"the new engine could not replay the notebook's setup: cell {cells} raised "
-                        f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}. Run "
-                        "the setup on the new rank yourself (%%distributed --ranks N), then the next "
-                        "trainer.run() brings it up to date.") from None
+                        f"{ename}: {evalue}. Run the setup on the new rank yourself (%%distributed "
+                        "--ranks N), then the next trainer.run() brings it up to date.") from None
                 built = min(view.apply_sync(calls.trainer_count))
         finally:
             view.apply_sync(calls.set_replay, False)
@@ -272,16 +293,37 @@ class Transcript:
                 f"the new engine replayed the {cells} cells that ran on every rank, but they built "
                 f"{built} elastic Trainer(s), not {trainers}: build the Trainer in a cell that runs on "
                 "every rank (not --ranks), or run the setup on the new rank yourself.")
+        if data is not None:
+            try:
+                view.apply_sync(calls.check_joining_data, data)
+            except Exception as exc:
+                reason = _remote(exc)[1]
+                raise WorkbenchError(f"the new engine cannot join the elastic run: {reason}") from None
 
 
-def trainers_built(beacons, ranks: list[RankInfo]) -> int:
-    """How many elastic Trainers the running ranks have built, as their beacons say (0: none)."""
-    latest = beacons.latest if beacons is not None else {}
-    found = [((latest.get(r.rank) or {}).get("trainer") or {}).get("elastic") for r in ranks]
-    return max([f["serial"] for f in found if f] or [0])
+def _remote(exc: Exception) -> tuple[str, str]:
+    """(ename, evalue) of what an engine raised (ipyparallel's RemoteError, or the first of a
+    CompositeError's), or of ``exc`` itself."""
+    first = (getattr(exc, "elist", None) or [None])[0]
+    if first is not None:
+        return first[0], first[1]
+    return getattr(exc, "ename", type(exc).__name__), getattr(exc, "evalue", str(exc))
 
 
-def replace_lost(group, transcript: Transcript, beacons, progress) -> list[RankInfo]:
+def newest_elastic_run(group, ranks: list[RankInfo], beacons=None) -> dict | None:
+    """The newest elastic Trainer of ``ranks`` (``serial``: how many they have built, ``data``: its
+    loader's signature), or None when they have built none. During a run (``beacons``) their beacons
+    say, the engines being busy; between cells the engines are asked (the last cell may have built one
+    that has not run yet)."""
+    if beacons is not None:
+        latest = beacons.latest
+        found = [((latest.get(r.rank) or {}).get("trainer") or {}).get("elastic") for r in ranks]
+    else:
+        found = group.view(ranks).apply_sync(calls.newest_elastic_status) if ranks else []
+    return max((f for f in found if f), key=lambda f: f["serial"], default=None)
+
+
+def replace_lost(group, transcript: Transcript, progress) -> list[RankInfo]:
     """New engines for the ranks an elastic run went on without, on their hosts and devices, set up
     by replaying the notebook's setup; they get the next rank numbers. The caller re-forms the group."""
     lost, pool = list(group.lost), group.pool
@@ -289,24 +331,25 @@ def replace_lost(group, transcript: Transcript, beacons, progress) -> list[RankI
              f"{'s' if len(lost) != 1 else ''} the elastic run lost")
     new_ids = pool.start_more(len(lost), set(pool.client.ids), alive=len(group.ranks))
     infos = new_ranks(group, new_ids, like=lost)
-    set_up(group, infos, transcript, beacons, progress)
+    set_up(group, infos, transcript, progress)
     group.ranks = [*group.ranks, *infos]
     group.lost = []
     return infos
 
 
-def set_up(group, infos: list[RankInfo], transcript: Transcript, beacons, progress) -> None:
-    """Give new engines the notebook's setup when the ranks run an elastic Trainer (else nothing: a
-    plain new engine starts empty, as always). A setup that fails stops the new engines."""
+def set_up(group, infos: list[RankInfo], transcript: Transcript, progress, beacons=None) -> None:
+    """Give new engines the notebook's setup when the ranks have an elastic Trainer (else nothing: a
+    plain new engine starts empty, as always). A setup that fails stops the new engines. ``beacons``:
+    the ranks are running the Trainer (see :func:`newest_elastic_run`)."""
     from workbench.errors import WorkbenchError
 
-    trainers = trainers_built(beacons, [r for r in group.ranks if r.engine_id not in
-                                        {i.engine_id for i in infos}])
-    if not trainers:
+    newest = newest_elastic_run(group, [r for r in group.ranks if r.engine_id not in
+                                        {i.engine_id for i in infos}], beacons)
+    if newest is None:
         return
     progress(f"replaying the notebook's setup on the new engine{'s' if len(infos) != 1 else ''}")
     try:
-        transcript.replay(group, infos, trainers, group.config.timeout)
+        transcript.replay(group, infos, newest["serial"], group.config.timeout, data=newest.get("data"))
     except WorkbenchError:
         group.pool.stop_engines([r.engine_id for r in infos])
         raise
@@ -323,8 +366,17 @@ def restart_running(cell, transcript: Transcript, beacons, progress) -> list[int
              f"{'s' if len(lost) != 1 else ''}")
     infos = new_ranks(group, group.pool.start_more(len(lost), set(group.pool.client.ids),
                                                        alive=len(group.ranks)), like=lost)
-    joined = grow_running(cell, infos, transcript, beacons, progress)
-    group.lost = []
+    from workbench.errors import WorkbenchError
+
+    try:
+        joined = grow_running(cell, infos, transcript, beacons, progress)
+    except WorkbenchError:
+        raise  # the setup failed: set_up stopped the new engines
+    except Exception:  # the run ended before they could join: no engine is left outside the group
+        group.pool.stop_engines([r.engine_id for r in infos if r.engine_id not in
+                                 {k.engine_id for k in group.ranks}])
+        raise
+    group.lost = [r for r in group.lost if r not in lost]
     return [r.rank for r in joined]
 
 
@@ -347,7 +399,7 @@ def grow_running(cell, infos: list[RankInfo], transcript: Transcript, beacons, p
     step boundary: set up by replaying the notebook's setup, then handed to the cell's thread. Returns
     them under their new rank numbers once they took part in a step."""
     group = cell.group
-    set_up(group, infos, transcript, beacons, progress)
+    set_up(group, infos, transcript, progress, beacons)
     progress("joining the run at its next step boundary")
     joined = cell.elastic.request("join", infos).result(timeout)
     _until(lambda: cell.elastic.recovering is None, timeout)

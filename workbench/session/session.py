@@ -45,6 +45,10 @@ from workbench.session.shared import Shared
 
 log = logging.getLogger(__name__)
 
+# A replacement that ElasticConfig(replace=True) started may still be joining when its run ends: the
+# cell waits this long for it (it then stops the new engine, or has joined).
+REPLACEMENT_WAIT_S = 60.0
+
 _current: Session | None = None
 
 
@@ -98,6 +102,7 @@ class Session:
         self._busy = threading.Lock()  # held while a cell, a restart or a scale of this session runs
         self._transcript = elastic.Transcript()  # what ran on every rank: a new engine's setup
         self._active: CellRun | None = None  # the cell running now (restart and scale ask it, when elastic)
+        self._bringing_back = threading.Lock()  # one replacement at a time (ElasticConfig(replace=True))
         self._idle: IdleRelease | None = None  # config.idle_release: stops a pool nobody uses
 
     # -- what it is ---------------------------------------------------------------------
@@ -363,8 +368,7 @@ class Session:
             if (dead or self._group.lost) and not self.local:
                 raise ValueError("restarting ranks is supported for local pools; stop and start the pool.")
             if self._group.lost:  # an elastic run went on without them: new engines, set up, then join
-                dead += [r.rank for r in elastic.replace_lost(self._group, self._transcript, self._beacons,
-                                                              progress)]
+                dead += [r.rank for r in elastic.replace_lost(self._group, self._transcript, progress)]
             elif dead:
                 progress(f"starting {len(dead)} engine(s) for rank {', '.join(map(str, dead))}")
                 self._group.replace(dead)
@@ -399,7 +403,7 @@ class Session:
             before = {r.engine_id for r in self.ranks}
             if self._group.resize(n, progress, share_gpus=self.config.share_gpus):
                 new = [r for r in self.ranks if r.engine_id not in before]
-                elastic.set_up(self._group, new, self._transcript, self._beacons, progress)
+                elastic.set_up(self._group, new, self._transcript, progress)
                 progress(f"re-forming the process group at world size {n}")
                 self._reform(since=t0)
         return list(self.ranks)
@@ -491,8 +495,30 @@ class Session:
         return self._run(self._cell(ranks, timeout, on_output, on_tick), code)
 
     def _cell(self, ranks, timeout, on_output, on_tick=None) -> CellRun:
-        return CellRun(self._group, self._health, self.targets(ranks), timeout, on_output, on_tick,
+        cell = CellRun(self._group, self._health, self.targets(ranks), timeout, on_output, on_tick,
                        on_regroup=self._follow_membership)
+        cell.elastic.bring_back = lambda: self._bring_back(cell)
+        return cell
+
+    def _bring_back(self, cell: CellRun) -> None:
+        """An elastic Trainer with ``replace=True`` lost a rank: start its replacement in the background,
+        set up by replaying the setup; it joins the run at a step boundary, as ``%dist restart`` would."""
+        if not self.local:
+            cell.elastic.report(f"a {self.config.launcher} pool cannot start an engine by itself: "
+                                "`%dist restart` brings the lost rank back")
+            return
+
+        def replace() -> None:
+            with self._bringing_back:
+                try:
+                    elastic.restart_running(cell, self._transcript, self._beacons, lambda message: None)
+                except Exception as exc:
+                    cell.elastic.report(f"the lost rank was not brought back ({exc}); `%dist restart` "
+                                        "tries again")
+
+        thread = threading.Thread(target=replace, name="workbench-bring-back", daemon=True)
+        cell.elastic.replacements.append(thread)
+        thread.start()
 
     def _run(self, cell: CellRun, code: str) -> CellResult:
         with self._busy, self._turn("a cell"):
@@ -504,6 +530,8 @@ class Session:
                 result = cell.run(code)
             finally:
                 self._active = None
+                for thread in cell.elastic.replacements:  # they end once the run did (joined or not)
+                    thread.join(REPLACEMENT_WAIT_S)
         if len(cell.targets) == self.world_size or cell.elastic.dropped:  # every rank ran it
             self._transcript.cell(code)
         return result

@@ -127,6 +127,15 @@ class ElasticLoader:
         return cls(loader.dataset, loader.batch_size * sampler.num_replicas, shuffle=sampler.shuffle,
                    seed=sampler.seed, drop_last=sampler.drop_last, collate_fn=loader.collate_fn)
 
+    def signature(self) -> dict:
+        """What every rank's loader must agree on for an epoch to be the same everywhere.
+
+        >>> ElasticLoader(TensorDataset(torch.arange(12.)), global_batch=4).signature()
+        {'samples': 12, 'shuffle': True, 'seed': 0, 'drop_last': True}
+        """
+        return {"samples": len(self.dataset), "shuffle": self.shuffle, "seed": self.seed,
+                "drop_last": self.drop_last}
+
     def permutation(self, epoch: int) -> list[int]:
         """The order of the samples in ``epoch`` (the same on every rank)."""
         if self._perm is None or self._perm[0] != epoch:

@@ -61,7 +61,9 @@ class ElasticConfig:
     (or whose heartbeat stopped) before that rank counts as lost: it is killed and the run goes on
     without it. ``plan_wait``: seconds a rank whose collective failed waits for the kernel's regroup
     plan. ``rebuild``: for FSDP, a function returning the model unsharded (default: rebuilt from its
-    config, for the workbench's own models).
+    config, for the workbench's own models). ``replace``: bring a lost rank back by itself where the
+    pool can start an engine (a local pool with room on the machine): what ``%dist restart`` does
+    during the run, without anyone typing it; the new rank joins at a step boundary.
     """
 
     batch: str = "global"
@@ -69,6 +71,7 @@ class ElasticConfig:
     hang_timeout: float = 60.0
     plan_wait: float = 15.0
     rebuild: Callable | None = None
+    replace: bool = False
 
     def __post_init__(self):
         if self.batch not in BATCH_POLICIES:
@@ -163,7 +166,7 @@ class ElasticRun:
         """What the beacon says about the elastic run (the kernel decides on regroups from it)."""
         c = self.config
         return {"serial": self.serial, "min_ranks": c.min_ranks, "hang_timeout": c.hang_timeout,
-                "fsdp": self.fsdp}
+                "fsdp": self.fsdp, "data": self.loader.signature(), "replace": c.replace}
 
     # -- data ----------------------------------------------------------------------------------------
     def fetch(self, trainer) -> list:
@@ -263,11 +266,15 @@ def sync(trainer, plan: dict | None = None) -> None:
     mine = {"step": trainer.step, "end": trainer.step + trainer.skipped + run.left,
             "global_batch": run.loader.global_batch,
             "new": run.fresh or plan is not None and rank >= plan["stay"],
-            "per_rank_batch": run.per_rank_batch, "lr_world": run.base_world}
+            "per_rank_batch": run.per_rank_batch, "lr_world": run.base_world, "data": run.loader.signature()}
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
     source = max(range(world), key=lambda r: (not everyone[r]["new"], everyone[r]["step"], -r))
     first = everyone[source]
+    for r in range(world):  # every rank raises alike: the epochs would split differently on them
+        if difference := data_difference(everyone[r]["data"], first["data"]):
+            raise ValueError(f"rank {r}'s Trainer data differs from rank {source}'s ({difference}). "
+                             + SAME_DATA_ADVICE)
     run.loader.global_batch, run.per_rank_batch = first["global_batch"], first["per_rank_batch"]
     if run.fsdp:
         _rebuild_fsdp(trainer, run)
@@ -491,6 +498,35 @@ def join_running(plan: dict):
         raise RuntimeError("this engine has no elastic Trainer to join the run with: run the notebook's "
                            "setup on it first.")
     return trainer._run_elastic(None, joining=plan)
+
+
+SAME_DATA_ADVICE = (
+    "A new engine replays the notebook's setup in a group of its own (world size 1): build the dataset "
+    "without dist.get_world_size() or world_size (wb.make_loader splits it over the ranks), or run the "
+    "setup on the new rank yourself with the sizes the others used.")
+
+
+def data_difference(mine: dict, theirs: dict) -> str:
+    """How one loader's :meth:`~workbench.train.data.ElasticLoader.signature` differs from another's
+    ("" when alike).
+
+    >>> data_difference({"samples": 4096, "seed": 0}, {"samples": 12288, "seed": 0})
+    '4096 samples, not 12288'
+    """
+    return ", ".join(f"{mine.get(k)} {k}, not {v}" if k == "samples" else f"{k} {mine.get(k)}, not {v}"
+                     for k, v in theirs.items() if mine.get(k) != v)
+
+
+def check_joining_data(expected: dict) -> None:
+    """On a new engine, after the setup replay: its newest elastic Trainer's data must be the data of
+    the run it joins (``expected``: a running rank's signature), else a ValueError that says what differs."""
+    trainer = latest_trainer()
+    if trainer is None:
+        return
+    difference = data_difference(trainer.elastic.loader.signature(), expected)
+    if difference:
+        raise ValueError(f"the Trainer data the setup built here differs from the running ranks' "
+                         f"({difference}). " + SAME_DATA_ADVICE)
 
 
 def _rank() -> int:
