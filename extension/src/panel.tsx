@@ -27,6 +27,7 @@ export interface IPanelActions {
   dismiss(pool: IPool): void;
   useInNotebook(pool: IPool): void;
   canUseInNotebook(): boolean;
+  openDashboard(pool: IPool): void;
 }
 
 /** The "Distributed pools" sidebar. */
@@ -331,6 +332,14 @@ function PoolCard(props: {
             onClick={() => actions.useInNotebook(pool)}
           >
             Use in notebook
+          </button>
+          <button
+            className="jp-mod-styled wb-DashboardButton"
+            disabled={pool.state !== 'running'}
+            title="Open this pool's live dashboard beside the notebook"
+            onClick={() => actions.openDashboard(pool)}
+          >
+            Open dashboard
           </button>
           <button
             className="jp-mod-styled"

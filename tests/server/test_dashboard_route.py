@@ -24,10 +24,11 @@ from tests.server.conftest import wait_for
 
 DASHBOARD_THREADS = ("workbench-collector", "workbench-dashboard")
 
-# a notebook elsewhere: start a pool, train when told, stop when its stdin closes
+# a notebook elsewhere: start a pool, train `argv[1]` steps when told, stop when its stdin closes
 TRAINS = textwrap.dedent("""
     import sys
     from workbench import Session
+    steps = int(sys.argv[1])
     s = Session(n=2).start()
     s.run('''
     import time, torch
@@ -43,7 +44,7 @@ TRAINS = textwrap.dedent("""
     ''')
     print(s.pool_id, flush=True)
     sys.stdin.readline()
-    s.run("trainer.run(steps=60)")
+    s.run(f"trainer.run(steps={steps})")
     print("trained", flush=True)
     sys.stdin.read()  # until the test closes it
     s.stop()
@@ -102,8 +103,8 @@ async def test_a_pool_of_another_notebook_docks_its_live_dashboard_until_it_stop
     sources.idle_s = 2.0
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     threads = _dashboard_threads()
-    proc = subprocess.Popen([sys.executable, "-c", TRAINS], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=dict(os.environ))
+    proc = subprocess.Popen([sys.executable, "-c", TRAINS, "60"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
     try:
         pool_id = proc.stdout.readline().strip()
         assert pool_id, "the other process did not start its pool"
