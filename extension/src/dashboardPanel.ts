@@ -6,6 +6,11 @@ import { DashboardFeed, DashboardModel } from './dashboard';
 
 /** How often a visible dashboard asks the server (the kernel's dashboard refreshes about as often). */
 export const DASHBOARD_POLL_MS = 1000;
+/**
+ * How often a hidden one asks: seldom, but within the server's 30 s, so its source (and the points it
+ * collected) stays while the panel is open behind another tab.
+ */
+export const DASHBOARD_HIDDEN_POLL_MS = 10000;
 
 type Cleanup = (() => void) | void;
 
@@ -98,7 +103,7 @@ export class DashboardPanel extends Widget {
     }
   };
 
-  /** Ask now, draw what changed, and ask again in a second while visible (a hidden panel asks nothing). */
+  /** Ask now, draw what changed, and ask again in a second while visible (every 10 s while hidden). */
   private _poll(): void {
     this._stopTimer();
     if (this._polling || this.isDisposed) {
@@ -116,9 +121,12 @@ export class DashboardPanel extends Widget {
         this._polling = false;
       }
       this._showStatus();
-      const stopped = this.feed.status.kind === 'stopped';
-      if (!stopped && !this.isDisposed && this.isVisible && !document.hidden) {
-        this._timer = setTimeout(() => this._poll(), DASHBOARD_POLL_MS);
+      if (this.feed.status.kind !== 'stopped' && !this.isDisposed) {
+        const visible = this.isVisible && !document.hidden;
+        this._timer = setTimeout(
+          () => this._poll(),
+          visible ? DASHBOARD_POLL_MS : DASHBOARD_HIDDEN_POLL_MS
+        );
       }
     })();
   }

@@ -51,6 +51,12 @@ TRAINS = textwrap.dedent("""
 """)
 
 
+@pytest.fixture
+def jp_server_config(jp_server_config):
+    """The server of the conftest, with sources closed 2 s after the last page asked (not 30)."""
+    return {**jp_server_config, "WorkbenchServerExtension": {"dashboard_idle_s": 2.0}}
+
+
 def _sources(jp_serverapp):
     ext = next(iter(jp_serverapp.extension_manager.extension_apps["workbench.server"]))
     return ext.manager.dashboards
@@ -100,7 +106,7 @@ async def test_the_page_code_comes_from_the_installed_packages(jp_fetch):
 @pytest.mark.timeout(240)
 async def test_a_pool_of_another_notebook_docks_its_live_dashboard_until_it_stops(api, jp_serverapp):
     sources = _sources(jp_serverapp)
-    sources.idle_s = 2.0
+    assert sources.idle_s == 2.0
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     threads = _dashboard_threads()
     proc = subprocess.Popen([sys.executable, "-c", TRAINS, "60"], stdin=subprocess.PIPE,
