@@ -184,7 +184,12 @@ class PoolManager:
 
     async def dashboard(self, pool_id: str, since: int = 0, view: str = "") -> dict:
         """The live dashboard of a running pool, for a page that has seen up to ``since`` of ``view``
-        (:class:`workbench.server.dashboards.DashboardSources`)."""
+        (:class:`workbench.server.dashboards.DashboardSources`).
+
+        >>> first = await manager.dashboard("abc123")                              # doctest: +SKIP
+        >>> await manager.dashboard("abc123", first["seq"], first["view"])         # doctest: +SKIP
+        {'pool': 'abc123', 'view': '5f…', 'seq': 12, 'live': True, 'extend': [...], 'header': '…', ...}
+        """
         self._open()
         return await self.dashboards.since(pool_id, since, view)
 
