@@ -126,13 +126,13 @@ class DashboardHandler(WorkbenchHandler):
 
 
 class DashboardCodeHandler(WorkbenchHandler):
-    FILES = {"dashboard.js": DASHBOARD_JS, "plotly.min.js": None}  # None: the installed plotly's
+    FILES = {"dashboard.js": lambda: DASHBOARD_JS, "plotly.min.js": plotly_js}
 
     @tornado.web.authenticated
     @authorized
     async def get(self, name: str):
         """The docked dashboard's page code: the notebook widget's module, and plotly.js (no CDN)."""
-        path = self.FILES[name] or plotly_js()
+        path = self.FILES[name]()
         code = await asyncio.to_thread(path.read_bytes)
         self.finish(code, set_content_type="text/javascript; charset=utf-8")
 
