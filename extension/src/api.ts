@@ -1,5 +1,7 @@
+import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { IDashboardAnswer, IDashboardSource } from './dashboard';
 import {
   IInfo,
   IInterface,
@@ -7,10 +9,10 @@ import {
   IStartOptions,
   IWorkbenchAPI
 } from './model';
-import { requestAPI } from './request';
+import { requestAPI, WorkbenchAPIError } from './request';
 
 /** The workbench REST API of the Jupyter server this Lab runs on. */
-export class WorkbenchAPI implements IWorkbenchAPI {
+export class WorkbenchAPI implements IWorkbenchAPI, IDashboardSource {
   constructor(private readonly _settings?: ServerConnection.ISettings) {}
 
   info(): Promise<IInfo> {
@@ -38,6 +40,27 @@ export class WorkbenchAPI implements IWorkbenchAPI {
   async stop(id: string): Promise<void> {
     const path = `pools/${encodeURIComponent(id)}`;
     await requestAPI(path, { method: 'DELETE' }, this._settings);
+  }
+
+  /** A pool's live dashboard: what came since `since` of view `view` (nothing seen: 0 and ''). */
+  dashboard(id: string, since: number, view: string): Promise<IDashboardAnswer> {
+    const query = URLExt.objectToQueryString({ since, view });
+    const path = `pools/${encodeURIComponent(id)}/dashboard${query}`;
+    return requestAPI<IDashboardAnswer>(path, {}, this._settings);
+  }
+
+  /** The dashboard's page code from the server's packages: `dashboard.js` or `plotly.min.js`. */
+  async dashboardCode(name: 'dashboard.js' | 'plotly.min.js'): Promise<ArrayBuffer> {
+    const settings = this._settings ?? ServerConnection.makeSettings();
+    const url = URLExt.join(settings.baseUrl, 'workbench', 'dashboard', name);
+    const response = await ServerConnection.makeRequest(url, {}, settings);
+    if (!response.ok) {
+      throw new WorkbenchAPIError(
+        `could not load ${name} for the dashboard: the server answered ${response.status}`,
+        response.status
+      );
+    }
+    return response.arrayBuffer();
   }
 
   async restart(id: string): Promise<IPool> {

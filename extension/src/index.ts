@@ -4,6 +4,7 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
+import { MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 import { LabIcon } from '@jupyterlab/ui-components';
 
@@ -14,6 +15,8 @@ import { WorkbenchAPI } from './api';
 import { IPool, IStartOptions, PoolsModel, startFromDialog } from './model';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
 import { PoolsPanel } from './panel';
+// eslint-disable-next-line jupyter/prefer-lazy-imports
+import { DashboardPanel } from './dashboardPanel';
 
 const POOL_ICON_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">
   <g class="jp-icon3" fill="#616161">
@@ -47,6 +50,8 @@ function insertAttachCell(tracker: INotebookTracker, pool: IPool): void {
   }
 }
 
+const OPEN_DASHBOARD = 'distributed-workbench:open-dashboard';
+
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'distributed-workbench:pools',
   description: 'A sidebar with the distributed pools of this server.',
@@ -59,9 +64,35 @@ const plugin: JupyterFrontEndPlugin<void> = {
     tracker: INotebookTracker | null,
     restorer: ILayoutRestorer | null
   ) => {
-    const model = new PoolsModel(
-      new WorkbenchAPI(app.serviceManager.serverSettings)
-    );
+    const api = new WorkbenchAPI(app.serviceManager.serverSettings);
+    const model = new PoolsModel(api);
+    // the docked dashboards: one per pool, beside the notebook, restored after a page reload
+    const dashboards = new WidgetTracker<MainAreaWidget<DashboardPanel>>({
+      namespace: 'workbench-dashboard'
+    });
+    const openDashboard = (id: string, label: string) => {
+      const open = dashboards.find(w => w.content.pool === id);
+      if (open) {
+        shell.activateById(open.id);
+        return open;
+      }
+      const widget = new MainAreaWidget({
+        content: new DashboardPanel(id, label, api)
+      });
+      widget.id = `workbench-dashboard-${id}`;
+      widget.title.label = `Dashboard · ${label}`;
+      widget.title.caption = `The live dashboard of pool ${label} (${id})`;
+      widget.title.icon = poolIcon;
+      widget.title.closable = true;
+      const notebook = tracker?.currentWidget;
+      shell.add(widget, 'main', {
+        mode: 'split-right',
+        ref: notebook && !notebook.isDisposed ? notebook.id : null
+      });
+      void dashboards.add(widget);
+      shell.activateById(widget.id);
+      return widget;
+    };
     const guard = async (pool: IPool, action: 'Stop' | 'Restart') => {
       const { confirmPoolAction } = await import('./dialogs');
       return confirmPoolAction(pool, action);
@@ -99,7 +130,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
       },
       dismiss: pool => void model.stop(pool.id),
       useInNotebook: pool => tracker && insertAttachCell(tracker, pool),
-      canUseInNotebook: () => !!tracker?.currentWidget
+      canUseInNotebook: () => !!tracker?.currentWidget,
+      openDashboard: pool =>
+        void app.commands.execute(OPEN_DASHBOARD, {
+          id: pool.id,
+          label: pool.name ?? pool.id
+        })
     });
     panel.title.icon = poolIcon;
     shell.add(panel, 'left', { rank: 400 });
@@ -107,6 +143,24 @@ const plugin: JupyterFrontEndPlugin<void> = {
     restorer?.add(panel, 'workbench-pools');
     // "Use in notebook" depends on whether a notebook is open.
     tracker?.currentChanged.connect(() => panel.update());
+
+    app.commands.addCommand(OPEN_DASHBOARD, {
+      label: args => `Open the dashboard of pool ${args.label ?? args.id}`,
+      describedBy: {
+        args: {
+          type: 'object',
+          properties: { id: { type: 'string' }, label: { type: 'string' } },
+          required: ['id']
+        }
+      },
+      execute: args =>
+        openDashboard(String(args.id), String(args.label ?? args.id))
+    });
+    restorer?.restore(dashboards, {
+      command: OPEN_DASHBOARD,
+      args: w => ({ id: w.content.pool, label: w.content.label }),
+      name: w => w.content.pool
+    });
 
     app.commands.addCommand('distributed-workbench:start-pool', {
       label: 'Start a distributed pool',

@@ -27,6 +27,7 @@ export interface IPanelActions {
   dismiss(pool: IPool): void;
   useInNotebook(pool: IPool): void;
   canUseInNotebook(): boolean;
+  openDashboard(pool: IPool): void;
 }
 
 /** The "Distributed pools" sidebar. */
@@ -223,6 +224,19 @@ function PoolCard(props: {
         <span className="wb-Card-status">
           {pool.state}
         </span>
+        {pool.state === 'running' && (
+          <button
+            className="wb-DashboardButton"
+            aria-label="Open dashboard"
+            title="Open dashboard: this pool's live loss, throughput and devices, beside the notebook"
+            onClick={() => actions.openDashboard(pool)}
+          >
+            <svg viewBox="0 0 16 16" width="16" height="16" aria-hidden="true">
+              <rect x="1" y="1.5" width="14" height="13" rx="2" />
+              <polyline points="3.5,11 6.5,7.5 9,9.5 12.5,4.5" />
+            </svg>
+          </button>
+        )}
       </div>
       {pool.state === 'running' && (
         <div className="wb-Card-meta wb-Card-counts">{countsText(pool)}</div>

@@ -63,6 +63,16 @@ def test_collector_drops_duplicates_and_counts_gaps(collector):
     assert [r["seq"] for r in c.history().records()] == [0, 1, 2, 3, 6, 7]
 
 
+def test_a_collector_that_attached_late_counts_no_gap_before_its_first_record(collector):
+    """The dashboard docked from the sidebar subscribes mid-run: a first message without step records
+    (device samples only) must not make the first step record it sees look like a gap."""
+    collector.ingest(_msg(0, []))
+    collector.ingest(_msg(0, [46, 47], events=[[5, 100.0, "run_start", {"run": 1}]]))
+    collector.ingest(_msg(0, [48]))
+    assert collector.stats["missing"] == 0 and collector.gaps == []
+    assert collector.stats["step"] == 3
+
+
 def test_new_publisher_restarts_numbering(collector):
     collector.ingest(_msg(0, [0, 1]))
     collector.ingest(_msg(0, [0, 1], pub="q"))  # the engine restarted: a fresh source

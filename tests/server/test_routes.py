@@ -35,6 +35,8 @@ def test_route_table_covers_the_verbs():
         ("/workbench/pools", ("GET", "POST")),
         ("/workbench/pools/(?P<pool_id>[A-Za-z0-9_-]+)", ("GET", "DELETE")),
         ("/workbench/pools/(?P<pool_id>[A-Za-z0-9_-]+)/restart", ("POST",)),
+        ("/workbench/pools/(?P<pool_id>[A-Za-z0-9_-]+)/dashboard", ("GET",)),
+        (r"/workbench/dashboard/(?P<name>dashboard\.js|plotly\.min\.js)", ("GET",)),
     }
 
 

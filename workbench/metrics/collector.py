@@ -238,10 +238,12 @@ class Collector:
 
     def _fresh(self, st: RankState, stream: str, rows: list) -> list:
         """Rows whose sequence number is new, in order; duplicates dropped, gaps counted."""
+        if not rows:
+            return []
         out = []
-        # a publisher's first record sets the count going: a session that attached later missed the
-        # records before it, which is not a loss
-        expected = st.expected.get(stream, int(rows[0][0]) if rows else 0)
+        # a publisher's first record sets the count going (not a message without one): a session that
+        # attached later missed the records before it, which is not a loss
+        expected = st.expected.get(stream, int(rows[0][0]))
         for row in rows:
             seq = int(row[0])
             if seq < expected:

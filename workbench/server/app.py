@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from jupyter_server.extension.application import ExtensionApp
+from traitlets import Float
 
 from workbench.pool import sharing
+from workbench.server.dashboards import IDLE_S
 from workbench.server.handlers import handlers
 from workbench.server.manager import PANEL, PoolManager
 
@@ -14,9 +16,11 @@ class WorkbenchServerExtension(ExtensionApp):
 
     name = "workbench"
     load_other_extensions = True
+    dashboard_idle_s = Float(IDLE_S, config=True,
+                             help="Seconds a docked dashboard's source stays open after the last page asked.")
 
     def initialize_settings(self) -> None:
-        self.manager = PoolManager(owners=self._kernel_owners)
+        self.manager = PoolManager(owners=self._kernel_owners, dashboard_idle_s=self.dashboard_idle_s)
         sharing.call_this_process(PANEL)  # what notebooks attached to a pool started here are told
 
     def initialize_handlers(self) -> None:

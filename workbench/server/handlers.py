@@ -1,13 +1,15 @@
 """Thin, authenticated REST handlers over :class:`~workbench.server.manager.PoolManager`.
 
 Every verb is authenticated and authorised (resource ``workbench``); only POST and
-DELETE change anything. Errors come back as JSON ``{"message": ...}`` with the right
+DELETE change anything; ``GET pools/<id>/dashboard`` is the pool's live dashboard, polled by
+the panel docked beside a notebook. Errors come back as JSON ``{"message": ...}`` with the right
 status: 400 for a malformed request, 404 for an unknown pool, 409 for a pool that is
 busy starting or stopping, 503 while the server shuts down.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 
@@ -17,6 +19,7 @@ from jupyter_server.base.handlers import APIHandler
 
 from workbench.server.manager import PoolBusy, PoolManager, PoolNotFound, ShuttingDown
 from workbench.server.start_request import interfaces, parse_start_request
+from workbench.widgets.assets import DASHBOARD_JS, plotly_js
 
 AUTH_RESOURCE = "workbench"
 POOL_ID = r"(?P<pool_id>[A-Za-z0-9_-]+)"
@@ -108,6 +111,32 @@ class RestartHandler(WorkbenchHandler):
         self.reply({"pool": await self.guarded(self.manager.restart_pool(pool_id))}, status=202)
 
 
+class DashboardHandler(WorkbenchHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, pool_id: str):
+        """The pool's live dashboard: ``?since=N&view=ID``, what the page has seen (nothing: 0 and "")."""
+        try:
+            since = int(self.get_query_argument("since", "0"))
+        except ValueError:
+            raise tornado.web.HTTPError(400, "since must be a whole number (the seq of the last answer).") \
+                from None
+        view = self.get_query_argument("view", "")
+        self.reply(await self.guarded(self.manager.dashboard(pool_id, since, view)))
+
+
+class DashboardCodeHandler(WorkbenchHandler):
+    FILES = {"dashboard.js": lambda: DASHBOARD_JS, "plotly.min.js": plotly_js}
+
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, name: str):
+        """The docked dashboard's page code: the notebook widget's module, and plotly.js (no CDN)."""
+        path = self.FILES[name]()
+        code = await asyncio.to_thread(path.read_bytes)
+        self.finish(code, set_content_type="text/javascript; charset=utf-8")
+
+
 @dataclass(frozen=True)
 class Route:
     """One URL of the API: its pattern (under the server's base URL), handler, and an example path."""
@@ -127,6 +156,9 @@ ROUTES = [
     Route("/workbench/pools", PoolsHandler, "/workbench/pools"),
     Route(f"/workbench/pools/{POOL_ID}", PoolHandler, "/workbench/pools/abc123"),
     Route(f"/workbench/pools/{POOL_ID}/restart", RestartHandler, "/workbench/pools/abc123/restart"),
+    Route(f"/workbench/pools/{POOL_ID}/dashboard", DashboardHandler, "/workbench/pools/abc123/dashboard"),
+    Route(r"/workbench/dashboard/(?P<name>dashboard\.js|plotly\.min\.js)", DashboardCodeHandler,
+          "/workbench/dashboard/dashboard.js"),
 ]
 
 

@@ -27,6 +27,7 @@ from workbench.config import BACKENDS, LAUNCHERS, PoolConfig
 from workbench.errors import WorkbenchError
 from workbench.pool import launchers, sharing
 from workbench.pool import state as pool_state
+from workbench.server.dashboards import IDLE_S, DashboardSources
 from workbench.server.start_request import start_options
 from workbench.server.usage import UsageSampler
 
@@ -110,9 +111,11 @@ class PoolManager:
     []
     """
 
-    def __init__(self, *, owners: OwnerLookup | None = None, max_workers: int = 8):
+    def __init__(self, *, owners: OwnerLookup | None = None, max_workers: int = 8,
+                 dashboard_idle_s: float = IDLE_S):
         self._owners = owners
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="workbench")
+        self.dashboards = DashboardSources(self._run, self.running_state, idle_s=dashboard_idle_s)
         self._started: dict[str, _Started] = {}  # by key
         self._stopping: set[str] = set()  # pool ids being stopped (any owner)
         self._probes: dict[str, Any] = {}  # pool id -> EnginePool attached to ask the controller
@@ -170,6 +173,25 @@ class PoolManager:
             if pool_id in (pool["id"], pool["request_id"]):
                 return pool
         raise PoolNotFound(pool_id, [p["id"] for p in await self.list_pools()])
+
+    async def running_state(self, pool_id: str) -> dict:
+        """The state file of a running pool (any owner), by id."""
+        states = await self._run(pool_state.list_states)
+        state = next((s for s in states if s["id"] == pool_id), None)
+        if state is None:
+            raise PoolNotFound(pool_id, [s["id"] for s in states])
+        return state
+
+    async def dashboard(self, pool_id: str, since: int = 0, view: str = "") -> dict:
+        """The live dashboard of a running pool, for a page that has seen up to ``since`` of ``view``
+        (:class:`workbench.server.dashboards.DashboardSources`).
+
+        >>> first = await manager.dashboard("abc123")                              # doctest: +SKIP
+        >>> await manager.dashboard("abc123", first["seq"], first["view"])         # doctest: +SKIP
+        {'pool': 'abc123', 'view': '5f…', 'seq': 12, 'live': True, 'extend': [...], 'header': '…', ...}
+        """
+        self._open()
+        return await self.dashboards.since(pool_id, since, view)
 
     async def _owner_labels(self) -> dict[int, str]:
         if self._owners is None:
@@ -358,6 +380,7 @@ class PoolManager:
             raise PoolNotFound(pool_id, [p["id"] for p in await self.list_pools()])
         self._stopping.add(pool_id)
         try:
+            await self.dashboards.close(pool_id)
             probe = self._probes.pop(pool_id, None)
             if probe is not None:
                 await self._run(_close_quietly, probe)
@@ -414,6 +437,7 @@ class PoolManager:
                 rec.phase = "stopping"
                 await self._run(lambda s=rec.session: s.stop(by="the Jupyter server, shutting down"))
         self._started.clear()
+        await self.dashboards.close_all()
         for probe in self._probes.values():
             await self._run(_close_quietly, probe)
         self._probes.clear()

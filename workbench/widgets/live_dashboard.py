@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 from workbench.metrics.collector import Collector, Run
@@ -69,6 +70,12 @@ class Dashboard:
     ``display()``: it replaces itself by a static figure when its run ends (``"latest"`` turns live
     again when a new run starts).
 
+    ``view``: makes the object it pushes to (one per live run); by default the notebook's widget
+    (:class:`workbench.widgets.view.DashboardView`). Anything with the traits ``figure``, ``header``,
+    ``note``, ``devices``, ``bars`` as attributes, ``send({"extend": ...})``, ``hold_sync()`` and
+    ``close()`` will do: the Jupyter server's docked dashboard uses a
+    :class:`workbench.widgets.polled.PolledView` that the page polls.
+
     >>> from workbench.metrics.collector import Collector
     >>> dash = Dashboard(Collector(), start=False)
     >>> dash.refresh(); dash.summary, dash.history
@@ -77,7 +84,7 @@ class Dashboard:
     """
 
     def __init__(self, collector: Collector, *, run="latest", interval: float = 1.0, window: int = 2000,
-                 start: bool = True):
+                 start: bool = True, view: Callable[[], object] | None = None):
         if run not in ("latest", "next") and not isinstance(run, int):
             raise ValueError(f"run must be 'latest', 'next' or a run number, not {run!r}.")
         self.collector = collector
@@ -96,6 +103,7 @@ class Dashboard:
         self._displayed = False
         self._static: dict | None = None  # the static figure shown instead of the widget, once ended
         self._version = -1
+        self._view_factory = view
         self._lock = threading.RLock()
         self._closed = threading.Event()
         self.view = self._new_view()
@@ -198,6 +206,7 @@ class Dashboard:
             if state is None and run is not None and run.state == "training":
                 state = "stopped"
             self._static = self.static_bundle(note, state, reason)
+            self._send_text(run, final=True)  # how the run ended, for a view that outlives the widget
             self._publish(self._static)  # first the figure, then the widget goes: never "model not found"
             self.view.close()
 
@@ -211,9 +220,12 @@ class Dashboard:
         """A new run (``"latest"``): a new widget in place of the static figure."""
         self._static = None
         self.view = self._new_view()
-        self._publish(self._bundle())
+        if self._displayed:
+            self._publish(self._bundle())
 
     def _new_view(self):
+        if self._view_factory is not None:
+            return self._view_factory()
         from workbench.widgets.view import DashboardView, plotly_library
 
         view = DashboardView(library=plotly_library().model_id)
@@ -307,7 +319,8 @@ class Dashboard:
         sent = time.time()
         self.delays.extend(sent - t for t in times)
 
-    def _send_text(self, run: Run | None) -> None:
+    def _send_text(self, run: Run | None, final: bool = False) -> None:
+        """Send the texts that changed; ``final``: once the run ended, with the summary it ended on."""
         c = self.collector
         status = c.status()
         with c.lock():
@@ -315,7 +328,8 @@ class Dashboard:
             infos = {r: (st.host, dict(st.info)) for r, st in c.ranks.items()}
             missing = c.stats["missing"]
         plot = self._plot
-        self.summary = describe(run, plot.step, plot.has_points) + plot.words()
+        if not final:
+            self.summary = describe(run, plot.step, plot.has_points) + plot.words()
         run_ranks = sorted(run.ranks) if run is not None else []
         steps = {r: s for r, (s, _) in plot.last.items()}
         values = {
@@ -326,7 +340,7 @@ class Dashboard:
         }
         view = self.view
         changed = {k: v for k, v in values.items() if getattr(view, k) != v}
-        if changed and self._static is None:
+        if changed and (self._static is None or final):
             with view.hold_sync():
                 for k, v in changed.items():
                     setattr(view, k, v)

@@ -14,19 +14,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 import anywidget
 import ipywidgets as W
 import traitlets as T
 
-
-def _plotly_js() -> bytes:
-    import importlib.util
-
-    spec = importlib.util.find_spec("plotly")
-    assert spec is not None and spec.origin is not None, "plotly is a dependency"
-    return (Path(spec.origin).parent / "package_data" / "plotly.min.js").read_bytes()
+from workbench.widgets.assets import DASHBOARD_JS, plotly_js
 
 
 class PlotlyLibrary(W.Widget):
@@ -42,7 +35,7 @@ def plotly_library() -> PlotlyLibrary:
     """The kernel's one :class:`PlotlyLibrary` (made on first use, again if it was closed)."""
     global _library
     if _library is None or _library.comm is None:
-        _library = PlotlyLibrary(code=_plotly_js())
+        _library = PlotlyLibrary(code=plotly_js().read_bytes())
     return _library
 
 
@@ -50,7 +43,7 @@ class DashboardView(anywidget.AnyWidget):
     """The live dashboard in the page: HTML header, device table and note; loss and throughput lines
     (``figure``, extended by ``{"extend": {"indices", "x", "y"}}`` messages); step-time bars (``bars``)."""
 
-    _esm = Path(__file__).with_name("dashboard.js")
+    _esm = DASHBOARD_JS
     uid = T.Unicode().tag(sync=True)
     # the PlotlyLibrary's model id, not a widget reference: the view shows its text at once, the plot
     # as soon as plotly.js is in the page (a reference would hold the view back until then)

@@ -1,0 +1,179 @@
+"""The docked dashboard's source in a real Jupyter server: GET /workbench/pools/<id>/dashboard.
+
+A pool another process started (as a notebook would) trains; the server subscribes to its relay when a
+page first asks, answers with the run's header and figure, and closes the source (its thread and its
+socket) when no page asked for a while, and when the pool stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from urllib.parse import urlparse
+
+import psutil
+import pytest
+
+from tests.metrics.test_polled_dashboard import Page
+from tests.server.conftest import wait_for
+
+DASHBOARD_THREADS = ("workbench-collector", "workbench-dashboard")
+
+# a notebook elsewhere: start a pool, train `argv[1]` steps when told, stop when its stdin closes
+TRAINS = textwrap.dedent("""
+    import sys
+    from workbench import Session
+    steps = int(sys.argv[1])
+    s = Session(n=2).start()
+    s.run('''
+    import time, torch
+    from torch.utils.data import TensorDataset
+    from workbench.train import MLP, Callback, MLPConfig, Trainer, make_loader, regression_data
+    class Slow(Callback):
+        def on_step_end(self, trainer, stats):
+            time.sleep(0.05)
+    torch.manual_seed(0)
+    loader = make_loader(TensorDataset(*regression_data(256, d_in=8, d_out=2)), batch_size=8)
+    trainer = Trainer(MLP(MLPConfig(d_in=8, d_hidden=16, d_out=2, n_layers=1)), loader, lr=1e-2,
+                      callbacks=[Slow()])
+    ''')
+    print(s.pool_id, flush=True)
+    sys.stdin.readline()
+    s.run(f"trainer.run(steps={steps})")
+    print("trained", flush=True)
+    sys.stdin.read()  # until the test closes it
+    s.stop()
+""")
+
+
+@pytest.fixture
+def jp_server_config(jp_server_config):
+    """The server of the conftest, with sources closed 2 s after the last page asked (not 30)."""
+    return {**jp_server_config, "WorkbenchServerExtension": {"dashboard_idle_s": 2.0}}
+
+
+def _sources(jp_serverapp):
+    ext = next(iter(jp_serverapp.extension_manager.extension_apps["workbench.server"]))
+    return ext.manager.dashboards
+
+
+def _relay_sockets(out_url: str) -> list:
+    port = urlparse(out_url).port
+    return [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port]
+
+
+def _dashboard_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name in DASHBOARD_THREADS]
+
+
+async def _until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} within {timeout} s")
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.timeout(30)
+async def test_an_unknown_pool_has_no_dashboard(api, jp_serverapp):
+    code, body, _ = await api("GET", "pools", "nosuch", "dashboard")
+    assert code == 404 and "no pool 'nosuch'" in body["message"]
+    code, body, _ = await api("GET", "pools", "nosuch", "dashboard", params={"since": "x"})
+    assert code == 400 and "since must be a whole number" in body["message"]
+    assert _sources(jp_serverapp).pools == []
+
+
+@pytest.mark.timeout(30)
+async def test_the_page_code_comes_from_the_installed_packages(jp_fetch):
+    from tornado.httpclient import HTTPClientError
+
+    from workbench.widgets.assets import DASHBOARD_JS, plotly_js
+
+    for name, path in (("dashboard.js", DASHBOARD_JS), ("plotly.min.js", plotly_js())):
+        r = await jp_fetch("workbench", "dashboard", name)
+        assert r.code == 200 and r.body == path.read_bytes()
+        assert r.headers["Content-Type"].startswith("text/javascript")
+    with pytest.raises(HTTPClientError) as err:
+        await jp_fetch("workbench", "dashboard", "other.js")
+    assert err.value.code == 404
+
+
+@pytest.mark.timeout(240)
+async def test_a_pool_of_another_notebook_docks_its_live_dashboard_until_it_stops(api, jp_serverapp):
+    sources = _sources(jp_serverapp)
+    assert sources.idle_s == 2.0
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    threads = _dashboard_threads()
+    proc = subprocess.Popen([sys.executable, "-c", TRAINS, "60"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        pool_id = proc.stdout.readline().strip()
+        assert pool_id, "the other process did not start its pool"
+        await wait_for(api, pool_id, "running")
+        from workbench.pool import state as pool_state
+
+        out = pool_state.read_state(pool_state.state_path(pool_id))["channel"]["out"]
+
+        async def poll(page: Page) -> dict:
+            code, body, raw = await api("GET", "pools", pool_id, "dashboard",
+                                        params={"since": str(page.seq), "view": page.view})
+            assert code == 200, body
+            assert out not in raw and "key" not in body  # never how to reach the relay, nor its key
+            page.apply(body)
+            return body
+
+        def closed() -> bool:  # its thread and its socket gone
+            return _dashboard_threads() == threads and not _relay_sockets(out)
+
+        page = Page()
+        first = await poll(page)
+        assert first["pool"] == pool_id and first["figure"] == {} and first["live"]
+        assert sources.pools == [pool_id] and len(_relay_sockets(out)) == 1
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 120
+        while "training · step" not in (a := await poll(page))["header"]:
+            assert time.monotonic() < deadline, f"no step shown; last: {a['header']} {a['note']}"
+            await asyncio.sleep(1.0)
+        assert "rank 0" in [t["name"] for t in page.figure["data"]]
+        deadline = time.monotonic() + 30
+        while "finished at step 60" not in (a := await poll(page))["header"]:
+            assert time.monotonic() < deadline, a["header"]
+            await asyncio.sleep(0.5)
+        assert len(page.figure["data"][0]["y"]) > 10  # the points it saw, kept
+
+        # nobody asks: closed after idle_s, its thread and its socket with it
+        await _until(lambda: not sources.pools and closed(), 10, "the idle source was not closed")
+
+        # asked again: a new source; the pool stops (its owner stops it): closed, then a 404
+        await poll(Page())
+        assert sources.pools == [pool_id]
+        proc.stdin.close()
+        await asyncio.to_thread(proc.wait, 30)
+        await _until(lambda: not sources.pools and closed(), 10, "the stopped pool's source was not closed")
+        code, body, _ = await api("GET", "pools", pool_id, "dashboard")
+        assert code == 404
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    await _until(lambda: {p.pid for p in psutil.Process().children(recursive=True)} <= before, 20,
+                 "processes of the pool were left")
+
+
+@pytest.mark.timeout(180)
+async def test_stopping_a_pool_from_the_panel_closes_its_dashboard(api, jp_serverapp):
+    code, body, _ = await api("POST", "pools", body={"n": 2})
+    pool = await wait_for(api, body["pool"]["request_id"], "running")
+    code, body, _ = await api("GET", "pools", pool["id"], "dashboard")
+    assert code == 200 and "No training run yet" in body["note"]
+    assert _sources(jp_serverapp).pools == [pool["id"]]
+    code, _, _ = await api("DELETE", "pools", pool["id"])
+    assert code == 200 and _sources(jp_serverapp).pools == []
+    code, body, _ = await api("GET", "pools", pool["id"], "dashboard")
+    assert code == 404

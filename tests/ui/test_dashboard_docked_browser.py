@@ -1,0 +1,131 @@
+""""Open dashboard" on a pool's card docks its live dashboard beside the notebook (real JupyterLab, Debian's
+Chromium, Playwright).
+
+The pool belongs to another process (as if another notebook started it) and trains there; the notebook open
+in the page is idle. The card's "Open dashboard" opens one main-area panel split right of the notebook,
+drawn by the notebook dashboard's own module with plotly.js from the server's plotly package: the loss plot
+and a header with the step. A second click brings the same panel forward; a page reload restores it; when
+the pool stops, the panel says so and keeps its last picture.
+Screenshots under build/ui/: dashboard-docked.png, dashboard-docked-stopped.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import alive
+from tests.server.test_dashboard_route import TRAINS
+from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, run_lab
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "build" / "ui"
+STEP = re.compile(r"run 1 training · step \d+")
+
+pytestmark = [pytest.mark.slow, needs_chromium]
+
+IDLE_NOTEBOOK = {
+    "cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+               "source": "# this notebook trains nothing: the pool is another notebook's"}],
+    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
+                                "language": "python"}},
+    "nbformat": 4, "nbformat_minor": 5,
+}
+
+
+def _open_notebook(page, lab) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import expect
+
+    page.goto(f"{lab['base']}/lab/tree/idle.ipynb?token={lab['token']}")
+    try:  # JupyterLab may ask which kernel to start even though the notebook names one
+        page.locator(".jp-Dialog").get_by_role("button", name="Select").click(timeout=15_000)
+    except PlaywrightTimeout:
+        pass
+    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(timeout=90_000)
+
+
+@pytest.mark.timeout(420)
+def test_open_dashboard_docks_the_pools_live_dashboard_beside_the_notebook(tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with run_lab(tmp_path, {"idle.ipynb": IDLE_NOTEBOOK}) as lab:
+        env = dict(os.environ, WORKBENCH_STATE_DIR=str(lab["state_dir"]))
+        owner = subprocess.Popen([sys.executable, "-c", TRAINS, "400"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, env=env)
+        pids = []
+        try:
+            pool_id = owner.stdout.readline().strip()
+            assert pool_id, "the other notebook's pool did not start"
+            state = json.loads((lab["state_dir"] / f"pool-{pool_id}.json").read_text())
+            pids = [r["pid"] for r in state["ranks"]]
+            with sync_playwright() as p:
+                browser = p.chromium.launch_persistent_context(
+                    str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+                    headless=True, viewport={"width": 1600, "height": 1000})
+                page = browser.new_page()
+                errors = []
+                page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+                try:
+                    _open_notebook(page, lab)
+                    page.locator('li.lm-TabBar-tab[data-id="workbench-pools"]').click()
+                    card = page.locator(f'#workbench-pools .wb-Card[data-pool-id="{pool_id}"]')
+                    expect(card).to_have_attribute("data-state", "running", timeout=60_000)
+                    owner.stdin.write("go\n")
+                    owner.stdin.flush()
+
+                    card.get_by_role("button", name="Open dashboard").click()
+                    docked = page.locator(".wb-DashboardPanel")
+                    expect(docked.locator(".main-svg").first).to_be_visible(timeout=90_000)
+                    header = docked.locator(".workbench-dashboard-header")
+                    expect(header).to_contain_text(STEP, timeout=90_000)
+                    expect(docked.locator(".workbench-device-panel [data-rank='1']").first).to_be_visible()
+                    # beside the notebook, both in view
+                    notebook = page.locator(".jp-NotebookPanel").first.bounding_box()
+                    dash = docked.bounding_box()
+                    assert dash["x"] >= notebook["x"] + notebook["width"] - 2, (notebook, dash)
+                    assert notebook["width"] > 300 and dash["width"] > 300, (notebook, dash)
+                    tab = page.locator("li.lm-TabBar-tab", has_text="Dashboard ·")
+                    expect(tab).to_have_count(1)
+                    page.wait_for_timeout(1500)  # a few more points drawn
+                    page.screenshot(path=str(SHOTS / "dashboard-docked.png"))
+
+                    # one panel per pool: a second click brings the same one forward
+                    card.get_by_role("button", name="Open dashboard").click()
+                    expect(docked).to_have_count(1)
+
+                    # a page reload restores it, drawn again
+                    page.reload()
+                    expect(docked.locator(".main-svg").first).to_be_visible(timeout=90_000)
+                    expect(header).to_contain_text("run 1", timeout=30_000)
+
+                    # the pool stops: the panel says so and keeps its last picture
+                    owner.stdin.close()
+                    owner.wait(timeout=240)
+                    status = docked.locator(".wb-DashboardPanel-status")
+                    expect(status).to_have_text(f"Pool {pool_id} stopped: this is its last picture.",
+                                                timeout=30_000)
+                    expect(docked.locator(".main-svg").first).to_be_visible()
+                    page.screenshot(path=str(SHOTS / "dashboard-docked-stopped.png"))
+                except Exception:
+                    page.screenshot(path=str(SHOTS / "dashboard-docked-failure.png"))
+                    print("errors in the page:", *errors, sep="\n")
+                    raise
+                finally:
+                    browser.close()
+        finally:
+            if owner.poll() is None:
+                owner.kill()
+                owner.wait()
+    assert not alive(pids)
+    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert not alive(list(left)), left
