@@ -177,3 +177,36 @@ async def test_stopping_a_pool_from_the_panel_closes_its_dashboard(api, jp_serve
     assert code == 200 and _sources(jp_serverapp).pools == []
     code, body, _ = await api("GET", "pools", pool["id"], "dashboard")
     assert code == 404
+
+
+@pytest.mark.timeout(240)
+async def test_a_dashboard_opened_after_the_run_shows_it_whole_when_the_panel_listed_the_pool(api):
+    """The relay keeps no history: the panel's listing makes the pool's source, so a dashboard opened only
+    after the run (before: "No training run yet") has the whole run, from when the panel saw the pool."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    proc = subprocess.Popen([sys.executable, "-c", TRAINS, "40"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        pool_id = proc.stdout.readline().strip()
+        assert pool_id, "the other process did not start its pool"
+        await wait_for(api, pool_id, "running")  # the panel lists the pool
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        trained = asyncio.ensure_future(asyncio.to_thread(proc.stdout.readline))
+        while not trained.done():  # the panel lists the pools every 1.5 s while the run goes on
+            code, _, _ = await api("GET", "pools")
+            assert code == 200
+            await asyncio.sleep(1.0)
+        assert (await trained).strip() == "trained"
+        page = Page()
+        code, body, _ = await api("GET", "pools", pool_id, "dashboard")
+        assert code == 200, body
+        page.apply(body)
+        assert "finished at step 40" in body["header"], body["header"]
+        steps = page.figure["data"][0]["x"]
+        assert min(steps) <= 2 and max(steps) == 40, steps  # from its first steps on
+    finally:
+        proc.stdin.close()
+        await asyncio.to_thread(proc.wait, 60)
+    await _until(lambda: {p.pid for p in psutil.Process().children(recursive=True)} <= before, 20,
+                 "processes of the pool were left")

@@ -4,9 +4,11 @@ A source subscribes to the pool's relay (the channel in its state file: any pool
 whoever started it) with its own :class:`~workbench.metrics.collector.Collector`, and runs the
 notebook's :class:`~workbench.widgets.live_dashboard.Dashboard` on a
 :class:`~workbench.widgets.polled.PolledView` that the page polls about once a second. It shows what
-came since it was made (the relay keeps no history). It is closed when no page asked for
-``idle_s`` seconds or when its pool stops; then the page's next question is a 404 and it keeps the
-last picture. No tornado here; the key never leaves the server.
+came since it was made (the relay keeps no history): the panel's listing makes one for every running
+pool it shows (:meth:`DashboardSources.watch`), so a dashboard opened mid-run has the run from the
+moment the panel saw the pool. It is closed when neither a page nor the listing asked for ``idle_s``
+seconds, or when its pool stops; then the page's next question is a 404 and it keeps the last picture.
+No tornado here; the key never leaves the server.
 
 >>> sources = DashboardSources(asyncio.to_thread, find=manager.running_state)  # doctest: +SKIP
 >>> await sources.since("abc123", 0, "")                 # doctest: +SKIP
@@ -77,16 +79,32 @@ class DashboardSources:
     async def since(self, pool_id: str, seq: int = 0, view: str = "") -> dict:
         """What a page that has seen up to ``seq`` of ``view`` shows next (see
         :meth:`workbench.widgets.polled.PolledView.since`)."""
+        source = await self._source(pool_id)
+        return await self._run(source.since, seq, view)
+
+    async def watch(self, states: list[dict]) -> None:
+        """Keep a source for each of these running pools (the panel lists them), so that a dashboard opened
+        later shows the run from the moment the panel first saw its pool: the relay keeps no history."""
+        for state in states:
+            if state.get("channel"):
+                try:
+                    await self._source(state["id"], state)
+                except Exception:  # the listing goes on; opening the dashboard will say what is wrong
+                    log.exception("could not follow the metrics of pool %s", state["id"])
+
+    async def _source(self, pool_id: str, state: dict | None = None) -> Source:
+        """The pool's source, made now if it has none (``state``: its state file, if known); asked now."""
         async with self._lock:
             source = self._sources.get(pool_id)
             if source is None:
-                state = await self._find(pool_id)
+                state = state or await self._find(pool_id)
                 if not state.get("channel"):
                     raise ValueError(f"pool {pool_id} has no metrics channel: it shows no dashboard.")
                 source = self._sources[pool_id] = await self._run(Source, pool_id, state)
                 if self._sweeper is None or self._sweeper.done():
                     self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
-        return await self._run(source.since, seq, view)
+            source.asked = time.monotonic()
+            return source
 
     async def close(self, pool_id: str) -> None:
         """Close a pool's source (its pool stops); nothing if it has none."""

@@ -164,6 +164,7 @@ class PoolManager:
         for state in by_id.values():
             pools.append(await self._describe(state, None, owners))
         self._forget_probes(keep={p["id"] for p in pools})
+        await self.dashboards.watch([s for s in states if s["id"] not in self._stopping])
         pools.sort(key=lambda p: p["created"])
         return pools
 
