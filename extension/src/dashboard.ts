@@ -144,7 +144,8 @@ export class DashboardFeed {
   constructor(
     readonly pool: string,
     private readonly _source: IDashboardSource,
-    private readonly _plotly: () => Promise<ArrayBuffer>
+    private readonly _plotly: () => Promise<ArrayBuffer>,
+    readonly label: string = pool // the pool's name, as its card says
   ) {}
 
   /** The model of the view shown now (`null` before the first answer). */
@@ -167,7 +168,7 @@ export class DashboardFeed {
         status === 404
           ? {
               kind: 'stopped',
-              message: `Pool ${this.pool} stopped: this is its last picture.`
+              message: `Pool ${this.label} stopped: this is its last picture.`
             }
           : { kind: 'error', message };
       return false;

@@ -62,8 +62,11 @@ export class DashboardPanel extends Widget {
     this._body = document.createElement('div');
     this._body.className = 'wb-DashboardPanel-body';
     this.node.append(this._status, this._body);
-    this.feed = new DashboardFeed(pool, _api, () =>
-      _api.dashboardCode('plotly.min.js')
+    this.feed = new DashboardFeed(
+      pool,
+      _api,
+      () => _api.dashboardCode('plotly.min.js'),
+      label
     );
   }
 

@@ -24,6 +24,7 @@ import pytest
 from tests.conftest import alive
 from tests.server.test_dashboard_route import TRAINS
 from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, run_lab
+from workbench.pool.sharing import name_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "build" / "ui"
@@ -112,8 +113,8 @@ def test_open_dashboard_docks_the_pools_live_dashboard_beside_the_notebook(tmp_p
                     owner.stdin.close()
                     owner.wait(timeout=240)
                     status = docked.locator(".wb-DashboardPanel-status")
-                    expect(status).to_have_text(f"Pool {pool_id} stopped: this is its last picture.",
-                                                timeout=30_000)
+                    stopped = f"Pool {name_for(pool_id)} stopped: this is its last picture."
+                    expect(status).to_have_text(stopped, timeout=30_000)
                     expect(docked.locator(".main-svg").first).to_be_visible()
                     page.screenshot(path=str(SHOTS / "dashboard-docked-stopped.png"))
                 except Exception:
