@@ -159,7 +159,8 @@ class ElasticWatch:
         stay, group = self.members(), self.cell.group
         step, world = self._step(stay), len(stay) + len(infos)
         numbers = format_ranks(range(len(stay), world))
-        text = f"rank {numbers} joined at step {step + 1}; continuing on {world} ranks"
+        # the ranks fill in the step they changed at ({step}); the kernel only knows it is the next one
+        text = f"rank {numbers} joined after step {{step}}; continuing on {world} ranks"
         plan = group.regroup(stay, join=infos, abort=False, text=text)
         joined = group.ranks[len(stay):]
         for info in joined:
@@ -178,7 +179,7 @@ class ElasticWatch:
         members = self.members()
         stay, leave = members[:n], members[n:]
         step = self._step(members)
-        text = (f"rank {format_ranks(r.rank for r in leave)} left at step {step + 1}; continuing on {n} "
+        text = (f"rank {format_ranks(r.rank for r in leave)} left after step {{step}}; continuing on {n} "
                 f"rank{'s' if n != 1 else ''}")
         plan = self.cell.group.regroup(stay, leave=leave, abort=False, text=text)
         self.leaving |= {r.engine_id for r in leave}
@@ -190,7 +191,8 @@ class ElasticWatch:
         self.on_regroup()
         self.recovering = {"since": time.monotonic(), "generation": plan["generation"], "step": step,
                            "fault": False}
-        self.report(text)
+        self.report(text.replace("joined after step {step}", "joins at the next step boundary")
+                    .replace("left after step {step}", "leaves at the next step boundary"))
 
     def _renumber(self) -> None:
         """The cell's ranks under their new numbers (lost ones keep their old number)."""

@@ -242,7 +242,8 @@ class ElasticRun:
 
     def _announce(self, trainer, plan: dict, seconds: float) -> None:
         event = {"step": trainer.step, "world_size": _world(), "generation": plan["generation"],
-                 "lost": plan.get("lost", []), "joined": plan.get("joined", []), "text": plan.get("text", ""),
+                 "lost": plan.get("lost", []), "joined": plan.get("joined", []),
+                 "text": plan.get("text", "").replace("{step}", str(trainer.step)),  # a join or a leave
                  "seconds": round(seconds, 3), "source": "checkpoint" if self.fsdp else "peers"}
         self.events.append(event)
         for cb in trainer.callbacks:
