@@ -112,6 +112,18 @@ def test_ranks_a_hard_stop_left_at_different_points_of_a_step_train_on_together(
     assert pool.pull("trainer.step", rank=0) == pool.pull("trainer.step", rank=1) == 5
 
 
+
+def test_ranks_asked_for_different_step_counts_take_the_fewest_together(pool):
+    """``trainer.run(steps=TOTAL - trainer.step)`` right after a hard stop: the count was computed before
+    the run evened the ranks' step counters, so it may differ by one. A rank that asked for fewer steps
+    finished while the other waited in its last step's collective (seen in CI: "rank 0 had finished",
+    then a timeout); every rank now takes the fewest."""
+    pool.run(TRAINER + "trainer.run(steps=2)")
+    pool.run("r = trainer.run(steps=3 + rank)\nsteps = len(r.history)", timeout=60)
+    assert pool.pull("steps") == [3, 3]
+    assert pool.pull("trainer.step") == [5, 5]
+
+
 TRAINER = """
 import torch
 from torch.utils.data import TensorDataset

@@ -18,6 +18,7 @@ that many steps, so the next ``run`` continues as if nothing happened.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -185,15 +186,28 @@ class Trainer:
         with self._running():
             if self._pending is None and not self._exhausted:
                 self._pending = self._fetch()
-            # on every rank, every run: a hard stop may have cut one rank after it took its next batch
-            # and another before, and a collective made by some ranks only ends the engines (gloo)
-            empty = torch.tensor([float(self._pending is None)], device=self._flag_device)
-            self._exhausted = bool(_world_sum(empty).cpu()[0])
+            steps = self._agree(steps)
             for _ in range(steps):
                 if self._exhausted:
                     break
                 self._took(result, self._train_step())
         return result
+
+    def _agree(self, steps: int) -> int:
+        """One all-reduce on every rank at every run: whether some rank's data ran out, and the fewest
+        steps any rank asked for. A hard stop may cut one rank after it took its next batch and another
+        before (a collective only some ranks make ends the engines: gloo), and a count computed from
+        ``trainer.step`` before this run evened the counters may differ by one between ranks."""
+        flags = torch.tensor([float(self._pending is None), -float(steps)], dtype=torch.float64,
+                             device=self._flag_device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        empty, negated = flags.cpu().tolist()
+        self._exhausted, fewest = empty > 0, int(-negated)
+        if fewest != steps:
+            print(f"workbench: rank {_rank()} asked for {steps} steps, another rank for {fewest}: every rank "
+                  "takes the fewest.", file=sys.stderr, flush=True)
+        return fewest
 
     @contextmanager
     def _running(self, **status):
