@@ -100,3 +100,16 @@ def run_lab(tmp_path: Path, notebooks: dict[str, dict], install_kernel: str | tu
 
         for path in (tmp_path / "pool-state").glob("pool-*.json"):  # anything left over: end it
             pool_state.terminate((pool_state.read_state(path) or {}).get("processes", []))
+
+
+def open_notebook(page, lab: dict, name: str) -> None:
+    """Open ``name`` in JupyterLab and wait until its kernel is idle."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import expect
+
+    page.goto(f"{lab['base']}/lab/tree/{name}?token={lab['token']}")
+    try:  # JupyterLab may ask which kernel to start even though the notebook names one
+        page.locator(".jp-Dialog").get_by_role("button", name="Select").click(timeout=15_000)
+    except PlaywrightTimeout:
+        pass
+    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(timeout=90_000)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, run_lab
+from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, open_notebook, run_lab
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "build" / "ui"
@@ -84,15 +84,7 @@ def browser(tmp_path):
 
 def _open(page, lab, name: str, set_up: int = 0):
     """Open a notebook; wait for its kernel; run its first ``set_up`` cells. Returns the notebook's cells."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    from playwright.sync_api import expect
-
-    page.goto(f"{lab['base']}/lab/tree/{name}?token={lab['token']}")
-    try:  # JupyterLab may ask which kernel to start even though the notebook names one
-        page.locator(".jp-Dialog").get_by_role("button", name="Select").click(timeout=15_000)
-    except PlaywrightTimeout:
-        pass
-    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(timeout=90_000)
+    open_notebook(page, lab, name)
     cells = page.locator(".jp-Notebook .jp-Cell")
     for i in range(set_up):
         _run(page, cells, i)

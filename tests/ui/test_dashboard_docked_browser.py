@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import alive
 from tests.server.test_dashboard_route import TRAINS
-from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, run_lab
+from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, open_notebook, run_lab
 from workbench.pool.sharing import name_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,18 +39,6 @@ IDLE_NOTEBOOK = {
                                 "language": "python"}},
     "nbformat": 4, "nbformat_minor": 5,
 }
-
-
-def _open_notebook(page, lab) -> None:
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    from playwright.sync_api import expect
-
-    page.goto(f"{lab['base']}/lab/tree/idle.ipynb?token={lab['token']}")
-    try:  # JupyterLab may ask which kernel to start even though the notebook names one
-        page.locator(".jp-Dialog").get_by_role("button", name="Select").click(timeout=15_000)
-    except PlaywrightTimeout:
-        pass
-    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(timeout=90_000)
 
 
 @pytest.mark.timeout(420)
@@ -77,7 +65,7 @@ def test_open_dashboard_docks_the_pools_live_dashboard_beside_the_notebook(tmp_p
                 errors = []
                 page.on("console", lambda m: m.type == "error" and errors.append(m.text))
                 try:
-                    _open_notebook(page, lab)
+                    open_notebook(page, lab, "idle.ipynb")
                     page.locator('li.lm-TabBar-tab[data-id="workbench-pools"]').click()
                     card = page.locator(f'#workbench-pools .wb-Card[data-pool-id="{pool_id}"]')
                     expect(card).to_have_attribute("data-state", "running", timeout=60_000)
@@ -97,7 +85,7 @@ def test_open_dashboard_docks_the_pools_live_dashboard_beside_the_notebook(tmp_p
                     assert notebook["width"] > 300 and dash["width"] > 300, (notebook, dash)
                     tab = page.locator("li.lm-TabBar-tab", has_text="Dashboard ·")
                     expect(tab).to_have_count(1)
-                    page.wait_for_timeout(1500)  # a few more points drawn
+                    expect(header).not_to_have_text(header.inner_text(), timeout=30_000)  # drawn on
                     page.screenshot(path=str(SHOTS / "dashboard-docked.png"))
 
                     # one panel per pool: a second click brings the same one forward

@@ -29,6 +29,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 
 from workbench.engine import calls
+from workbench.errors import WorkbenchError
 from workbench.pool.rankmap import RankInfo, extend_rank_map, format_ranks, remap_engines
 
 # What a new engine runs to join an elastic run in progress (the plan is pushed first).
@@ -261,8 +262,6 @@ class Transcript:
     def replay(self, group, infos: list[RankInfo], trainers: int, timeout: float, data: dict | None = None):
         """Run the setup on the engines of ``infos`` until each has built ``trainers`` elastic Trainers,
         whose data must match ``data`` (the running ranks' loader signature)."""
-        from workbench.errors import WorkbenchError
-
         client = group.pool.client
         for r in infos:
             client[r.engine_id].apply_sync(calls.join_alone, device=r.device, backend=group.config.backend,
@@ -343,8 +342,6 @@ def set_up(group, infos: list[RankInfo], transcript: Transcript, progress, beaco
     """Give new engines the notebook's setup when the ranks have an elastic Trainer (else nothing: a
     plain new engine starts empty, as always). A setup that fails stops the new engines. ``beacons``:
     the ranks are running the Trainer (see :func:`newest_elastic_run`)."""
-    from workbench.errors import WorkbenchError
-
     newest = newest_elastic_run(group, [r for r in group.ranks if r.engine_id not in
                                         {i.engine_id for i in infos}], beacons)
     if newest is None:
@@ -368,8 +365,6 @@ def restart_running(cell, transcript: Transcript, beacons, progress) -> list[int
              f"{'s' if len(lost) != 1 else ''}")
     infos = new_ranks(group, group.pool.start_more(len(lost), set(group.pool.client.ids),
                                                        alive=len(group.ranks)), like=lost)
-    from workbench.errors import WorkbenchError
-
     try:
         joined = grow_running(cell, infos, transcript, beacons, progress)
     except WorkbenchError:

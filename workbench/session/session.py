@@ -504,8 +504,8 @@ class Session:
         """An elastic Trainer with ``replace=True`` lost a rank: start its replacement in the background,
         set up by replaying the setup; it joins the run at a step boundary, as ``%dist restart`` would."""
         if not self.local:
-            cell.elastic.report(f"a {self.config.launcher} pool cannot start an engine by itself: "
-                                "`%dist restart` brings the lost rank back")
+            cell.elastic.report(f"a {self.config.launcher} pool cannot start an engine by itself: the run "
+                                "goes on with the ranks it has")
             return
 
         def replace() -> None:
