@@ -202,7 +202,86 @@ def scenario_ssh(ip, spec: dict) -> dict:
     return out
 
 
-SCENARIOS = {"slurm": scenario_slurm, "mpi": scenario_mpi, "ssh": scenario_ssh}
+def wait_for_step(s, step: int, timeout: float = 90) -> bool:
+    """Until every rank's beacon shows its Trainer past ``step`` (the engines are busy with the cell)."""
+    from workbench.pool.watch import BeaconReceiver
+
+    beacons = BeaconReceiver(s.pool.channel)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            trainers = [(beacons.latest.get(r.rank) or {}).get("trainer") or {} for r in s.ranks]
+            if all(t.get("running") and t.get("step", 0) >= step for t in trainers):
+                return True
+            time.sleep(0.01)
+        return False
+    finally:
+        beacons.close()
+
+
+def link(port: str, state: str) -> None:
+    """The switch side of a host's cable (the bridge port in this, the head, namespace) up or down."""
+    subprocess.run(["ip", "link", "set", port, state], check=True)
+
+
+def netns_left(name: str, keep: list[int]) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split() if int(p) not in keep]
+
+
+def scenario_ssh_cut(ip, spec: dict) -> dict:
+    """4 ranks on 2 hosts over ssh, an elastic DDP run, and one host's link cut mid-run; then restored."""
+    from workbench import PoolConfig, Session
+
+    opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"]}
+    config = PoolConfig(launcher="ssh", hosts=spec["hosts"], n=spec["n"], interface=spec["interface"],
+                        timeout=60, launcher_options=opts)
+    s = Session(config).start(progress=lambda m: print(m, flush=True))
+    out: dict = {"ranks": [[r.rank, r.host, r.pid] for r in s.ranks]}
+    run(ip, "%%distributed\n" + spec["setup"])
+    handle = s.submit(f"result = trainer.run(steps={spec['steps']})")
+    if not wait_for_step(s, spec["at_step"]):
+        raise RuntimeError("the run did not get going")
+    t_cut = time.time()
+    link(spec["port"], "down")
+    try:
+        result = handle.wait(spec["wait"])
+        out["outcomes"] = [[r.rank.rank, r.rank.host, r.outcome] for r in result.ranks]
+    except Exception as exc:  # what the cell raised: the test says what it expected instead
+        out["cell_error"] = f"{type(exc).__name__}: {exc}"
+    out["cut_s"] = time.time() - t_cut
+    out["t_cut"] = t_cut
+    out["faults"] = [f.__dict__ for f in s.faults]
+    out["ranks_after"] = [[r.rank, r.host, r.pid] for r in s.ranks]
+    try:
+        out["steps"] = s.pull("trainer.step")
+        out["events"] = s.pull("trainer.elastic.events")
+        out["step_log"] = s.pull("log.steps")
+        s.run("from workbench.train import full_state_dict\n"
+              "full = {k: v.tolist() for k, v in full_state_dict(trainer.model).items()}")
+        out["params"] = s.pull("full")
+        s.run("t = torch.ones(1)\ndist.all_reduce(t)")
+        out["all_reduce"] = [t.item() for t in s.pull("t")]
+    except Exception as exc:
+        out["after_error"] = f"{type(exc).__name__}: {exc}"
+    link(spec["port"], "up")
+    t_up = time.monotonic()
+    left = netns_left(spec["netns"], spec["keep"])
+    while left and time.monotonic() - t_up < spec["fence_wait"]:
+        time.sleep(0.2)
+        left = netns_left(spec["netns"], spec["keep"])
+    out["fenced_s"] = time.monotonic() - t_up
+    out["left_on_cut_host"] = left
+    out["status_after"] = s.status()
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed), contextlib.redirect_stdout(printed):
+        s.stop()
+        time.sleep(1.0)  # ipyparallel's launcher threads report an ssh exit after the stop returns
+    out["stop_output"] = printed.getvalue()
+    return out
+
+
+SCENARIOS = {"slurm": scenario_slurm, "mpi": scenario_mpi, "ssh": scenario_ssh, "ssh_cut": scenario_ssh_cut}
 
 
 def main() -> None:

@@ -12,6 +12,8 @@ session of the pool:
   collective with a rank that failed or stalled, is released and keeps its Python state;
 - ``interrupt``: SIGINT the main thread; ``signal``: send this process the signal ``sig`` (for ranks on
   other machines, which the kernel cannot signal by pid; engines have no ipyparallel nanny);
+- ``fence``: this engine (by host and pid) was declared lost and the run went on without it: it ends
+  itself at once (a link that came back must not bring back a rank that trains on its own);
 - ``regroup``: an elastic Trainer's group changes (a rank was lost, or ranks join or leave): the plan
   waits here for the Trainer (:func:`take_plan`); after a death (``abort``) the old group is aborted
   first, so that a main thread blocked in a collective with the lost rank is released at once.
@@ -39,9 +41,14 @@ from workbench import wire
 from workbench.engine import guard
 
 BEACON_PERIOD_S = 0.25
+FENCED_EXIT = 75  # the exit status of an engine that stopped itself because it was fenced
+_HOST = socket.gethostname()  # with the pid, how a fenced engine is named
 
 # What the Trainer tells the beacon about itself ({"step": 12, "running": True, "step_time": 0.05}).
 trainer_status: dict = {}
+# An elastic regroup that waits for its members ({"generation": 3, "missing": [2], "since": t}): the kernel
+# re-plans without members that do not answer.
+regroup_status: dict = {}
 _stop = threading.Event()
 _agent: Agent | None = None
 _plans: collections.deque = collections.deque()  # regroup plans (None: the kernel gave up on regrouping)
@@ -132,7 +139,8 @@ class Agent:
 
         with self._target_lock:
             beat = guard.snapshot(self.rank)
-            beat.update(pub=self.pub, seq=self.seq, generation=self.generation, trainer=dict(trainer_status))
+            beat.update(pub=self.pub, seq=self.seq, generation=self.generation, trainer=dict(trainer_status),
+                        host=_HOST, regroup=dict(regroup_status) or None)
         self.seq += 1
         try:
             self._push.send_multipart(self.signer.pack(wire.BEACON, json.dumps(beat).encode()), zmq.NOBLOCK)
@@ -149,7 +157,11 @@ class Agent:
             self.bad += 1
             return None
         with self._target_lock:
-            if what == "regroup":  # addressed to engines (host, pid): ranks are what it changes
+            if what == "fence":  # addressed to engines (host, pid): a fenced one has no rank any more
+                if [socket.gethostname(), os.getpid()] not in cmd.get("engines", []):
+                    return None
+                current = True
+            elif what == "regroup":  # addressed to engines (host, pid): ranks are what it changes
                 plan = cmd.get("plan") or {}
                 me = [socket.gethostname(), os.getpid()]
                 if me not in [*plan.get("members", []), *plan.get("leaving", [])]:
@@ -173,6 +185,8 @@ class Agent:
             if cmd.get("abort"):  # a rank was lost: release a main thread blocked in a collective with it,
                 guard.abort(cmd.get("peers", []))  # before the plan is posted (the new group forms after)
             _post(plan)
+        elif what == "fence":
+            fence_self()
         elif what == "interrupt":
             os.kill(os.getpid(), signal.SIGINT)
         elif what == "signal" and isinstance(cmd.get("sig"), int):
@@ -195,6 +209,17 @@ class Agent:
         self._halt.set()
         if self._thread is not threading.current_thread():
             self._thread.join(2)
+
+
+def fence_self() -> None:
+    """The kernel declared this engine lost and went on without it: it must never train or answer
+    again. Say so where the engine's log goes, then end the process at once (no cleanup: it holds
+    nothing the others need, and its group is gone)."""
+    import sys
+
+    print(f"workbench: this engine ({socket.gethostname()}, pid {os.getpid()}) was declared lost and "
+          "fenced; it stops", file=sys.__stderr__, flush=True)
+    os._exit(FENCED_EXIT)
 
 
 def start(channel: dict, rank: int, generation: int) -> Agent:

@@ -11,6 +11,8 @@ import logging
 import os
 import socket
 import sys
+import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -18,6 +20,11 @@ import torch.distributed as dist
 from workbench.engine import agent, guard
 
 log = logging.getLogger("workbench.engine")
+# An elastic regroup's members wait this long for each other before it is re-planned (never the store's
+# timeout); they look for the others every REGROUP_POLL_S and say whom they wait for every REGROUP_LOOK_S.
+REGROUP_WAIT_S = 10.0
+REGROUP_POLL_S = 0.02
+REGROUP_LOOK_S = 0.5
 OUTPUT_FLUSH_S = 0.05  # how often an engine sends what was printed (a line shows within 0.2 s in all)
 # Objects that must outlive one call: rank 0's store (its listening socket) and the rank's facts.
 _state: dict = {}
@@ -152,11 +159,12 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
             "standby_port": standby}
 
 
-def _init_group(backend: str, store, rank: int, world_size: int, dev: torch.device) -> None:
-    """``init_process_group`` with the interactive timeout for the rendezvous and the longer backstop for
-    collectives; then collectives are tracked afresh."""
+def _init_group(backend: str, store, rank: int, world_size: int, dev: torch.device,
+                rendezvous_s: float | None = None) -> None:
+    """``init_process_group`` with the interactive timeout (``rendezvous_s``: a shorter one, for a regroup)
+    for the rendezvous and the longer backstop for collectives; then collectives are tracked afresh."""
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=_state["timeout_s"]),
+                            timeout=datetime.timedelta(seconds=rendezvous_s or _state["timeout_s"]),
                             device_id=dev if dev.type == "cuda" else None)
     try:  # the rendezvous waited for ``timeout_s``; collectives get the longer backstop
         dist.group.WORLD.set_timeout(datetime.timedelta(seconds=_state["collective_timeout_s"]))
@@ -176,13 +184,44 @@ def _standby(address: str) -> int:
     return _state["standby_port"]
 
 
-def regroup(plan: dict) -> dict:
+class RegroupAbandoned(RuntimeError):
+    """A regroup that cannot complete: a newer plan came while the members met (another rank was lost
+    meanwhile), or some members did not answer within the bound. The caller takes the next plan."""
+
+
+def await_members(store, world_size: int, generation: int, wait_s: float,
+                  superseded: Callable[[], bool]) -> None:
+    """Until every member of group ``generation`` said it is ready in ``store``; never longer than
+    ``wait_s`` and never once ``superseded()`` (the kernel re-planned): :class:`RegroupAbandoned` then.
+    The beacon says whom this rank waits for (the kernel re-plans without the members that do not answer).
+    """
+    keys = [f"ready/{r}" for r in range(world_size)]
+    t0, started = time.monotonic(), time.time()  # the beacon's clock is the wall clock
+    next_look = t0 + REGROUP_LOOK_S
+    while not store.check(keys):
+        now = time.monotonic()
+        if superseded():
+            raise RegroupAbandoned(f"a newer plan came while group {generation} formed")
+        if now - t0 > wait_s or now >= next_look:
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            agent.regroup_status.update(generation=generation, missing=missing, since=started)
+            if now - t0 > wait_s:
+                raise RegroupAbandoned(f"rank {', '.join(map(str, missing))} of group {generation} did not "
+                                       f"answer within {wait_s:g} s")
+            next_look = now + REGROUP_LOOK_S
+        time.sleep(REGROUP_POLL_S)
+
+
+def regroup(plan: dict, superseded: Callable[[], bool] = agent.plan_pending,
+            wait_s: float = REGROUP_WAIT_S) -> dict:
     """Leave the current group and form the one ``plan`` describes (an elastic shrink or grow).
 
     ``plan``: ``generation`` (the new group's), ``members`` (``[host, pid]`` of every engine of the new
     group in rank order: those that stay, then those that join) and ``store``/``host`` (``[address,
     port]`` of a member's standby store, and that member). The engine keeps its Python state; its agent
     follows the new rank and generation without restarting, so that no command is missed meanwhile.
+    The members wait for each other at most ``wait_s`` and stop waiting as soon as ``superseded()``
+    (a newer plan is there): :class:`RegroupAbandoned` (nobody waits for a rank known lost).
     """
     rank, world_size = plan["members"].index(me()), len(plan["members"])
     if dist.is_initialized():
@@ -191,16 +230,22 @@ def regroup(plan: dict) -> dict:
         base = _state["standby"]
     else:
         address, port = plan["store"]
-        base = dist.TCPStore(address, port, is_master=False,
-                             timeout=datetime.timedelta(seconds=_state["timeout_s"]))
+        try:  # bounded: the member that hosts the meeting may be lost too
+            base = dist.TCPStore(address, port, is_master=False,
+                                 timeout=datetime.timedelta(seconds=min(wait_s, _state["timeout_s"])))
+        except (RuntimeError, dist.DistError) as exc:
+            raise RegroupAbandoned(f"the meeting place of group {plan['generation']} ({address}:{port}) "
+                                   f"did not answer: {exc}") from None
         _state["peer_store"] = base  # the group's gloo pairs met through it: keep it with the group
     store = dist.PrefixStore(f"workbench-elastic/{plan['generation']}/", base)
     # every member's agent has cut the old group's connections before anyone connects anew: a late cut
     # would hit the new group's connections where gloo listens on the same port again
     store.set(f"ready/{rank}", "1")
-    store.wait([f"ready/{r}" for r in range(world_size)])
+    await_members(store, world_size, plan["generation"], wait_s, superseded)
     dev = _state.get("device", torch.device("cpu"))
-    _init_group(_state["backend"], store, rank, world_size, dev)
+    _init_group(_state["backend"], store, rank, world_size, dev,
+                rendezvous_s=min(wait_s, _state["timeout_s"]))
+    agent.regroup_status.clear()
     _state.update(rank=rank, world_size=world_size, generation=plan["generation"])
     now = agent.current()
     if now is not None:

@@ -31,7 +31,10 @@ from dataclasses import replace
 from workbench.engine import calls
 from workbench.errors import WorkbenchError
 from workbench.pool.rankmap import RankInfo, extend_rank_map, format_ranks, remap_engines
+from workbench.session.losses import loss_text
 
+# A regroup whose members say they still wait for some of them this long is re-planned without those.
+REPLAN_S = 5.0
 # What a new engine runs to join an elastic run in progress (the plan is pushed first).
 JOIN = "import workbench.train.elastic as _wb_elastic\nresult = _wb_elastic.join_running(_workbench_plan)"
 
@@ -115,7 +118,10 @@ class ElasticWatch:
         return done
 
     def close(self) -> None:
-        """The cell ended: what is still asked for cannot happen any more (its Futures say so)."""
+        """The cell ended: what is still asked for cannot happen any more (its Futures say so). A regroup
+        that did not complete leaves the group to be re-formed on the survivors by the next cell."""
+        if self.recovering is not None:
+            self.cell.group.ok = False
         with self._lock:
             self._closed = True
             while self.requests:
@@ -133,10 +139,11 @@ class ElasticWatch:
         if len(stay) < settings.get("min_ranks", 1):
             return False
         step = self._step(stay)
-        text = (f"rank {format_ranks(r.rank for r in infos)} {how} at step {step + 1}; continuing on "
-                f"{len(stay)} rank{'s' if len(stay) != 1 else ''}"
-                + (" (its shards from the last checkpoint)" if settings.get("fsdp") else ""))
         group, health = self.cell.group, self.cell.health
+        text = loss_text(infos, group.ranks, how, step=step + 1, left=len(stay),
+                         fsdp=bool(settings.get("fsdp")))
+        if detect_s is None and health.beacons is not None:  # how long it was silent before we knew
+            detect_s = round(max(min(health.beacons.silent_for(r.rank), 3600.0) for r in infos), 3)
         event = health.record(kind, infos[0], text, detect_s, 0.0)
         plan = group.regroup(stay, lost=infos, abort=True, text=text,
                              beats=health.beacons.latest if health.beacons else None)
@@ -145,9 +152,10 @@ class ElasticWatch:
         self._renumber()
         self.on_regroup()
         self.faults.append(event)
+        earlier = self.recovering["events"] if self.recovering and self.recovering.get("fault") else []
         self.recovering = {"since": time.monotonic(), "generation": plan["generation"], "step": step,
-                           "fault": True}
-        self.report(text)
+                           "fault": True, "events": [*earlier, event], "left": len(stay)}
+        self.report(text.replace("; continuing on", "; regrouping on"))  # "continuing" once it has
         if settings.get("replace") and self.bring_back is not None:
             self.bring_back()
         return True
@@ -209,8 +217,19 @@ class ElasticWatch:
             seconds = time.monotonic() - self.recovering["since"]
             self.cell.group.endpoints = {rank: b.get("endpoints") or [] for rank, b in beats.items()}
             if self.recovering["fault"]:
+                for event in self.recovering["events"][:-1]:  # losses during the regroup: one recovery
+                    event.recover_s = round(seconds, 3)
                 self.cell.health.recovered(seconds)
+                self.report(f"continuing on {self.recovering['left']} ranks from step {step + 1}, "
+                            f"regrouped in {seconds:.1f} s")
             self.recovering = None
+            return
+        latest = self.cell.health.beacons.latest if self.cell.health.beacons else {}
+        stuck = unanswered(self.members(), list(latest.values()), g, REPLAN_S)
+        if stuck:  # members that do not come to the regroup: killed (fenced too), re-planned without them
+            self.cell.group.signal(stuck, signal.SIGKILL, breaks_group=False)
+            self.lost(stuck, f"did not answer the regroup for {REPLAN_S:g} s (killed)", kind="hang",
+                      detect_s=REPLAN_S)
 
     def _check_hang(self) -> None:
         """When no rank has made progress for ``hang_timeout`` s, the ranks behind the others (fewer
@@ -237,6 +256,32 @@ class ElasticWatch:
             return
         self.cell.group.signal(stalled, signal.SIGKILL, breaks_group=False)
         self.lost(stalled, f"hung for {hang_s:g} s (killed)", kind="hang", detect_s=hang_s)
+
+
+def unanswered(members: list[RankInfo], beats, generation: int, after: float) -> list[RankInfo]:
+    """The members of regroup ``generation`` the others have waited for longer than ``after`` s: their
+    beacons (``beats``: the latest of every engine) say ``regroup``: ``missing`` (new rank numbers) and
+    ``since`` (the wall clock, as the beacon's ``t``). Members that wait themselves are never among them.
+
+    >>> from workbench.pool.rankmap import RankInfo
+    >>> ms = [RankInfo(i, i, 0, "n1", 100 + i, "cpu", i) for i in range(3)]
+    >>> wait = {"generation": 4, "missing": [2], "since": 10.0}
+    >>> [r.rank for r in unanswered(ms, [{"pid": 100, "regroup": wait, "t": 16.0}], 4, 5.0)]
+    [2]
+    >>> unanswered(ms, [{"pid": 100, "regroup": wait, "t": 12.0}], 4, 5.0)
+    []
+    """
+    pids = {r.pid for r in members}
+    missing: set[int] = set()
+    waiting: set[int] = set()
+    for beat in beats:
+        wait = (beat or {}).get("regroup") or {}
+        if beat.get("pid") not in pids or wait.get("generation") != generation:
+            continue
+        waiting.add(beat["pid"])
+        if beat.get("t", 0) - wait.get("since", 0) > after:
+            missing |= set(wait.get("missing") or [])
+    return [r for r in members if r.rank in missing and r.pid not in waiting]
 
 
 # -- bringing ranks back ------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ from workbench.pool.watch import BeaconReceiver
 
 # Silence after which a rank on another node counts as dead.
 REMOTE_SILENCE_S = 3.0
+# A rank silent this long on the host of a rank found silent is lost with it (beacons come every 0.25 s).
+HOST_SILENCE_S = 1.0
 # How often the watcher looks at beacons (and, without pidfds, at local processes).
 LOOK_S = 0.05
 
@@ -128,7 +130,9 @@ class Health:
                 self._found(r.rank, "exited", local)
             elif handle is None and self.beacons is not None \
                     and self.beacons.silent_for(r.rank) > REMOTE_SILENCE_S:
-                self._found(r.rank, f"sent no heartbeat for {REMOTE_SILENCE_S:g} s", local)
+                # its host's other ranks that fell silent with it are lost with it: one fault, one regroup
+                host = silent_with(r, self._ranks, self.beacons.silent_for, set(self.dead))
+                self._found_together(host, f"sent no heartbeat for {REMOTE_SILENCE_S:g} s", local)
         if self.dead.keys() - self._announced and self._pool_running() and self._busy.acquire(blocking=False):
             try:  # no cell runs: nobody else will say it
                 for rank in sorted(self.dead.keys() - self._announced):
@@ -140,10 +144,15 @@ class Health:
                 self._busy.release()
 
     def _found(self, rank: int, how: str, local: dict) -> None:
+        self._found_together([rank], how, local)
+
+    def _found_together(self, ranks: list[int], how: str, local: dict) -> None:
+        """``ranks`` are dead, all at once (a cell sees them in one look)."""
         with self._lock:
-            if local is not self._local or rank in self.dead:
+            if local is not self._local or not set(ranks) - self.dead.keys():
                 return  # the ranks were re-formed meanwhile: that process is not one of ours any more
-            self.dead[rank] = how
+            for rank in ranks:
+                self.dead.setdefault(rank, how)
         for fn in list(self._listeners):
             fn()
 
@@ -171,6 +180,23 @@ class Health:
         if self._pending is not None:
             faults.append(self._pending)
             self._pending = None
+
+
+def silent_with(lost: RankInfo, ranks: list[RankInfo], silent_for: Callable[[int], float],
+                dead: set[int] = frozenset(), host_silence: float = HOST_SILENCE_S) -> list[int]:
+    """``lost`` and the ranks of its host that fell silent with it (silent for ``host_silence`` s or
+    more): a host that lost its link, or died, is one fault. Ranks in ``dead`` are left out.
+
+    >>> hosts = ["n1", "n1", "n2", "n2"]
+    >>> ranks = [RankInfo(i, i % 2, i // 2, h, 100 + i, "cpu", i) for i, h in enumerate(hosts)]
+    >>> silent = {0: 0.1, 1: 0.2, 2: 3.1, 3: 2.9}.get
+    >>> silent_with(ranks[2], ranks, silent)
+    [2, 3]
+    >>> silent_with(ranks[2], ranks, {0: 0.1, 1: 0.2, 2: 3.1, 3: 0.2}.get)
+    [2]
+    """
+    return [r.rank for r in ranks if r.rank == lost.rank or r.host == lost.host and r.rank not in dead
+            and silent_for(r.rank) >= host_silence]
 
 
 def _open(pid: int) -> int | psutil.Process:

@@ -216,7 +216,8 @@ class ElasticRun:
 
     def regroup(self, trainer, plan: dict | None, cause: BaseException | None = None) -> None:
         """Form the group ``plan`` says, then :func:`sync`. A failed attempt (a member lost meanwhile)
-        takes the next plan; ``cause`` is raised when none comes."""
+        takes the next plan (one that came meanwhile at once: a member lost while the group formed is
+        never waited for); ``cause`` is raised when none comes."""
         self.abandon(trainer)
         while True:
             if plan is None:
@@ -229,7 +230,8 @@ class ElasticRun:
                 rendezvous.regroup(plan)
                 sync(trainer, plan)
             except Exception as exc:
-                if not faults.is_secondary(type(exc).__name__, str(exc)) and not isinstance(exc, GroupLost):
+                if not (faults.is_secondary(type(exc).__name__, str(exc))
+                        or isinstance(exc, (GroupLost, rendezvous.RegroupAbandoned))):
                     raise
                 print(f"workbench: forming the group of {len(plan['members'])} ranks failed ({exc}); waiting "
                       "for the next plan", file=sys.stderr, flush=True)

@@ -1,0 +1,106 @@
+"""A node lost (issue 26), the parts that need no pool: a regroup's members never wait for a rank known
+lost nor longer than the bound (a real TCPStore), a fenced engine's beacons are refused and it is told to
+stop, and an agent that hears it is fenced ends its process."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+
+from workbench import wire
+from workbench.engine import agent, rendezvous
+from workbench.pool.watch import BeaconReceiver
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def store():
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=180))  # the timeout the bug waited for
+    yield dist.PrefixStore("workbench-elastic/2/", master)
+    del master
+    agent.regroup_status.clear()
+
+
+def test_the_members_of_a_regroup_meet_once_all_are_ready(store):
+    store.set("ready/0", "1")
+    threading.Timer(0.2, store.set, ("ready/1", "1")).start()
+    rendezvous.await_members(store, 2, generation=2, wait_s=10, superseded=lambda: False)
+    assert store.check(["ready/0", "ready/1"])
+
+
+def test_a_newer_plan_ends_the_wait_for_a_member_at_once(store):
+    """The kernel re-planned (a second rank was lost while the group formed): nobody waits for it."""
+    store.set("ready/0", "1")
+    came = time.monotonic() + 0.3
+    with pytest.raises(rendezvous.RegroupAbandoned, match="a newer plan came while group 2 formed"):
+        rendezvous.await_members(store, 3, generation=2, wait_s=120,
+                                 superseded=lambda: time.monotonic() > came)
+
+
+def test_a_member_that_never_comes_is_named_within_the_bound_never_the_store_timeout(store):
+    store.set("ready/0", "1")
+    store.set("ready/2", "1")
+    with pytest.raises(rendezvous.RegroupAbandoned, match=r"rank 1 of group 2 did not answer within 0.6 s"):
+        rendezvous.await_members(store, 3, generation=2, wait_s=0.6, superseded=lambda: False)
+    assert agent.regroup_status["generation"] == 2 and agent.regroup_status["missing"] == [1]
+
+
+def _beacon(key: str, *, rank: int, pid: int, host: str, seq: int = 0) -> list[bytes]:
+    beat = {"rank": rank, "pub": f"p{pid}", "seq": seq, "generation": 1, "pid": pid, "host": host}
+    return wire.Signer(key).pack(wire.BEACON, json.dumps(beat).encode())
+
+
+def test_a_fenced_engine_is_refused_and_told_to_stop_each_time_it_is_heard(channel):
+    rx = BeaconReceiver(channel)
+    told = []
+    rx.on_fenced = lambda host, pid: told.append((host, pid))
+    try:
+        rx.fence([["n2", 4242]])
+        assert rx.heard_since_fenced("n2", 4242) is None
+        assert not rx.take(_beacon(channel["key"], rank=2, pid=4242, host="n2"))  # its old rank number
+        assert 2 not in rx.latest and told == [("n2", 4242)]
+        assert not rx.take(_beacon(channel["key"], rank=2, pid=4242, host="n2", seq=1))
+        assert told == [("n2", 4242)], "told again at once: at most every FENCE_EVERY_S"
+        assert rx.heard_since_fenced("n2", 4242) is not None
+        assert rx.take(_beacon(channel["key"], rank=2, pid=4242, host="n1"))  # same pid, another host
+    finally:
+        rx.close()
+
+
+CHILD = """
+import json, os, socket, sys
+from workbench import wire
+from workbench.engine import agent
+channel = json.loads(sys.argv[1])
+a = agent.Agent(channel, rank=2, generation=1)
+def command(**body):
+    body = {"ranks": [], "generation": 0, "id": os.urandom(4).hex(), **body}
+    return wire.Signer(channel["key"]).pack(wire.COMMAND, json.dumps(body).encode())
+me = [socket.gethostname(), os.getpid()]
+assert a.handle(command(do="fence", engines=[["elsewhere", os.getpid()]])) is None
+assert a.handle(wire.Signer(wire.new_key()).pack(wire.COMMAND, b'{"do": "fence"}')) is None  # forged
+print("alive", flush=True)
+a.handle(command(do="fence", engines=[me]))
+print("still alive", flush=True)
+"""
+
+
+def test_an_engine_that_hears_it_was_fenced_ends_itself(channel):
+    spec = json.dumps({k: channel[k] for k in ("up", "out", "key")})
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    done = subprocess.run([sys.executable, "-c", CHILD, spec], capture_output=True, text=True, timeout=50,
+                          env=env)
+    assert done.returncode == agent.FENCED_EXIT, done.stderr
+    assert done.stdout.split() == ["alive"]
+    assert f"({socket.gethostname()}, pid " in done.stderr and "fenced; it stops" in done.stderr
