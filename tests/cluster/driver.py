@@ -204,17 +204,12 @@ def scenario_ssh(ip, spec: dict) -> dict:
 
 def wait_for_step(s, step: int, timeout: float = 90) -> bool:
     """Until every rank's beacon shows its Trainer past ``step`` (the engines are busy with the cell)."""
+    from bench.elastic import _under_way
     from workbench.pool.watch import BeaconReceiver
 
     beacons = BeaconReceiver(s.pool.channel)
-    deadline = time.monotonic() + timeout
     try:
-        while time.monotonic() < deadline:
-            trainers = [(beacons.latest.get(r.rank) or {}).get("trainer") or {} for r in s.ranks]
-            if all(t.get("running") and t.get("step", 0) >= step for t in trainers):
-                return True
-            time.sleep(0.01)
-        return False
+        return _under_way(s, beacons, step, timeout)
     finally:
         beacons.close()
 
@@ -271,6 +266,9 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
         time.sleep(0.2)
         left = netns_left(spec["netns"], spec["keep"])
     out["fenced_s"] = time.monotonic() - t_up
+    out["fence_heard"] = {f"{h}:{p}": s._beacons.heard_since_fenced(h, p) for h, p in s._beacons.fenced}
+    fencer = getattr(s.pool, "_fencer", None)
+    out["fence_ssh"] = dict(fencer.fenced) if fencer is not None else {}
     out["left_on_cut_host"] = left
     out["status_after"] = s.status()
     printed = io.StringIO()

@@ -64,8 +64,10 @@ def test_a_host_cut_off_mid_run_is_one_fault_and_the_run_goes_on(three_hosts, wo
     assert result["all_reduce"] == [2.0, 2.0]
 
     # the cable back: the engines cut off stop themselves (fenced) within seconds
-    assert result["left_on_cut_host"] == [], infra.describe(result["left_on_cut_host"])
+    assert result["left_on_cut_host"] == [], (result["fence_heard"], result["fence_ssh"])
     print(f"cable back -> the cut-off engines gone in {result['fenced_s']:.1f} s")
+    lost_rows = [(r["host"], r["state"]) for r in result["status_after"] if r["rank"] == "-"]
+    assert lost_rows == [("n2", "lost, stopped")] * 2, result["status_after"]
     assert "Traceback" not in result["stop_output"], result["stop_output"]
     assert n2.wait_empty(keep=set(spec["keep"])) == []
     assert head.wait_empty() == []

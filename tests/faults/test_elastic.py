@@ -322,3 +322,38 @@ def test_during_a_background_run_restart_and_scale_change_the_ranks_at_a_step_bo
     params = final_params(four)
     for got in params:
         torch.testing.assert_close(got, reference(steps))
+
+
+def test_a_rank_lost_while_the_group_re_forms_is_routed_around_in_the_same_regroup(four):
+    """Issue 26: one rank dies and, at that moment, another stops answering (SIGSTOP: alive, silent,
+    its process still there). The first plan counts the stopped rank; the members never wait for it
+    past the bound: their beacons say whom they wait for, the kernel kills it and re-plans, the
+    members drop the old plan at once, and the run goes on with the two ranks left."""
+    steps = 40
+    four.run(setup_code())
+    handle = four.submit(f"result = trainer.run(steps={steps})")
+    assert step_reached(four, 6), "the run did not get going"
+    stopped, killed = four.ranks[2].pid, four.ranks[3].pid
+    os.kill(stopped, signal.SIGSTOP)
+    os.kill(killed, signal.SIGKILL)
+    try:
+        result = handle.wait(120)  # no RankError: the run went on
+    finally:
+        if psutil.pid_exists(stopped):
+            os.kill(stopped, signal.SIGCONT)
+    assert sorted(r.outcome for r in result.ranks) == ["lost", "lost", "ok", "ok"]
+    died, stuck = four.faults[-2:]
+    assert died.kind == "died" and "rank 3 died at step" in died.first_failure
+    assert stuck.kind == "hang"
+    assert "rank 2 did not answer the regroup for 5 s (killed)" in stuck.first_failure
+    assert stuck.first_failure.endswith("continuing on 2 ranks")
+    assert died.recover_s is not None and stuck.recover_s is not None, "one recovery for both losses"
+    assert until(lambda: not psutil.pid_exists(stopped), 10), "the rank that did not answer was not killed"
+    assert four.world_size == 2 and four.pull("trainer.step") == [steps] * 2
+    events = four.pull("trainer.elastic.events")
+    assert all(e[-1]["world_size"] == 2 for e in events), events
+    check_every_sample_once(four.pull("log.steps"), steps)
+    for got in final_params(four):
+        torch.testing.assert_close(got, reference(steps))
+    four.run("t = torch.ones(1)\ndist.all_reduce(t)")
+    assert [t.item() for t in four.pull("t")] == [2.0] * 2

@@ -241,6 +241,21 @@ class EnginePool:
         if engine_ids:
             self.client.shutdown(targets=list(engine_ids), block=True)
 
+    def fence(self, pids: list[int]) -> None:
+        """End these engines on their hosts over ssh, in the background, once their hosts answer (engines
+        an elastic run declared lost; see :mod:`workbench.pool.fence`). Other launchers: nothing here."""
+        from workbench.pool.fence import Fencer
+
+        if getattr(self, "_fencer", None) is None:
+            self._fencer = Fencer(self.pool_id, lambda: [el for el in self._launchers()
+                                                         if isinstance(el, SSHLauncher) and el.pid > 0])
+        self._fencer.fence(pids)
+
+    def fenced_ended(self) -> set[int]:
+        """Pids of the fenced engines known ended (their host answered the ssh kill)."""
+        fencer = getattr(self, "_fencer", None)
+        return fencer.ended() if fencer is not None else set()
+
     def _engine_sets(self) -> list:
         return list((self.cluster.engines or {}).values()) if self.cluster else []
 
@@ -434,6 +449,8 @@ class EnginePool:
             with contextlib.suppress(Exception):
                 self._record()  # the launchers' latest pids, jobs and remote engines
         state, self.state, self.state_file = dict(self.state), {}, None
+        if getattr(self, "_fencer", None) is not None:
+            self._fencer.close()
         if self.cluster is not None:
             spawn.cancel(self.cluster.cluster_id)
             spawn.zygotes.pop(self.cluster.cluster_id, None)

@@ -138,7 +138,26 @@ class CancellableEngineSetLauncher(LocalEngineSetLauncher):
 
 
 class CancellableSSHEngineLauncher(_StopsWhenCancelled, SSHEngineLauncher):
-    """One engine over ssh that does not start once its pool was cancelled."""
+    """One engine over ssh that does not start once its pool was cancelled.
+
+    ipyparallel's thread that waits for the engine asks its host over ssh every few seconds; an ssh
+    that fails (the pool stopping ends it; a host whose link is cut does not answer) raised in that
+    thread (``Exception in thread wait(host=...)``, ssh exit status 255). A failure once the pool is
+    stopping means the engine's end; before, the engine counts as running and is asked again later:
+    whether it is lost is the health watcher's call (beacons), not this thread's.
+    """
+
+    def wait_one(self, timeout):
+        import subprocess
+        import time
+
+        try:
+            return super().wait_one(timeout)
+        except (subprocess.CalledProcessError, RuntimeError, OSError) as exc:
+            if self.cluster_id in _cancelled:
+                return -1
+            time.sleep(self.poll_seconds)
+            raise TimeoutError(f"{self.location} did not answer ({exc})") from None
 
 
 class CancellableSSHEngineSetLauncher(SSHEngineSetLauncher):

@@ -14,6 +14,9 @@ import zmq
 
 from workbench import wire
 
+# A fenced engine that is heard again is told so at most this often (it stops itself at the first).
+FENCE_EVERY_S = 0.5
+
 
 class BeaconReceiver:
     """Subscribes to the beacons on the relay's ``out`` and keeps each rank's latest one.
@@ -32,6 +35,11 @@ class BeaconReceiver:
         self.bad = 0  # messages dropped: forged, malformed or too large
         self._last: dict[int, tuple[str, int]] = {}  # rank -> (publisher, sequence) of its newest beacon
         self._generation: dict[int, int] = {}  # rank -> the newest process group a beacon of it came from
+        # engines an elastic run declared lost, (host, pid) -> when last heard: their beacons are refused,
+        # and each time one is heard (at most every FENCE_EVERY_S) ``on_fenced(host, pid)`` is called
+        self.fenced: dict[tuple[str, int], float] = {}
+        self.on_fenced = lambda host, pid: None
+        self._fence_told: dict[tuple[str, int], float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="workbench-beacons", daemon=True)
         self._thread.start()
@@ -58,6 +66,10 @@ class BeaconReceiver:
         except (wire.BadMessage, ValueError, KeyError, TypeError):
             self.bad += 1
             return False
+        engine = (str(beat.get("host")), int(beat.get("pid", -1)))
+        if engine in self.fenced:
+            self._heard_fenced(engine)
+            return False
         last = self._last.get(rank)
         if last is not None and last[0] == pub and seq <= last[1]:
             return False  # a replay or a reordering: older than what we have
@@ -67,6 +79,27 @@ class BeaconReceiver:
         self.latest[rank] = beat
         self.seen[rank] = time.monotonic()
         return True
+
+    def _heard_fenced(self, engine: tuple[str, int]) -> None:
+        now = time.monotonic()
+        self.fenced[engine] = now
+        if now - self._fence_told.get(engine, -FENCE_EVERY_S) >= FENCE_EVERY_S:
+            self._fence_told[engine] = now
+            try:
+                self.on_fenced(*engine)
+            except Exception:  # the pool is stopping: the command has nowhere to go
+                pass
+
+    def fence(self, engines) -> None:
+        """Refuse the beacons of ``engines`` (``[host, pid]`` each) from now on, and tell each one it is
+        fenced whenever it is heard (its link came back: it stops itself)."""
+        for host, pid in engines:
+            self.fenced.setdefault((str(host), int(pid)), 0.0)
+
+    def heard_since_fenced(self, host: str, pid: int) -> float | None:
+        """Seconds since a fenced engine was last heard (None: never since it was fenced)."""
+        last = self.fenced.get((host, pid))
+        return None if not last else time.monotonic() - last
 
     def expect(self, ranks) -> None:
         """Start each rank's silence clock now (a group was just formed: beacons are on their way)."""

@@ -52,6 +52,7 @@ class ProcessGroup:
         self.generation = 0  # counts the groups formed: the engines' agents take commands for the current one
         self.standby: dict[int, list] = {}  # engine id -> [address, port] of its standby store (regroups)
         self.lost: list[RankInfo] = []  # ranks an elastic run went on without (`%dist restart` replaces them)
+        self.fenced: list[list] = []  # [host, pid] of every engine declared lost: refused, told to stop
         self._commands = None  # a PUSH socket up the pool's side channel, made on first use
         self._commands_lock = threading.Lock()
 
@@ -176,16 +177,23 @@ class ProcessGroup:
                 "lost": [r.rank for r in lost], "joined": list(range(len(stay), len(members))), "text": text}
         self.command("regroup", [*stay, *leave], plan=plan, abort=abort, peers=self.peers(beats))
         self.lost += list(lost)
+        self.fenced += [[r.host, r.pid] for r in lost]
+        if lost and not self.local:  # engines on other hosts: ended over ssh once their host answers
+            self.pool.fence([r.pid for r in lost])
         self.endpoints = {i: self.endpoints.get(r.rank, []) for i, r in enumerate(stay)}  # until beacons say
         self.ranks = [replace(r, rank=i) for i, r in enumerate(members)]
         self.generation = plan["generation"]
         return plan
 
+    def fence(self, host: str, pid: int) -> None:
+        """Tell a fenced engine (heard again: its link came back) to stop itself."""
+        self.command("fence", [], engines=[[host, pid]])
+
     def command(self, what: str, infos: list[RankInfo], **details) -> None:
         """Send the agents of ``infos`` a signed command (see :mod:`workbench.engine.agent`)."""
         import zmq
 
-        if not infos or not self.pool.channel:
+        if not (infos or what == "fence") or not self.pool.channel:
             return
         body = {"do": what, "ranks": [r.rank for r in infos], "generation": self.generation,
                 "id": uuid.uuid4().hex, **details}

@@ -47,9 +47,11 @@ def loss_text(lost: list[RankInfo], ranks: list[RankInfo], how: str, *, step: in
             + (" (its shards from the last checkpoint)" if fsdp else ""))
 
 
-def fenced_rows(lost: list[RankInfo], beacons=None, quiet_s: float = 1.0) -> list[dict]:
+def fenced_rows(lost: list[RankInfo], beacons=None, ended: set[int] = frozenset(),
+                quiet_s: float = 1.0) -> list[dict]:
     """``%dist status`` rows for the engines an elastic run went on without: "lost, fenced" (refused,
-    told to stop if heard again), "lost, stopped" once one was heard, told, and is silent since.
+    told to stop if heard again), "lost, stopped" once its host answered the kill over ssh (``ended``:
+    those pids), or it was heard, told, and is silent since.
 
     >>> from workbench.pool.rankmap import RankInfo
     >>> fenced_rows([RankInfo(2, 0, 1, "n2", 4242, "cpu", 7)])
@@ -58,6 +60,7 @@ def fenced_rows(lost: list[RankInfo], beacons=None, quiet_s: float = 1.0) -> lis
     rows = []
     for r in lost:
         heard = beacons.heard_since_fenced(r.host, r.pid) if beacons is not None else None
-        state = "lost, stopped" if heard is not None and heard > quiet_s else "lost, fenced"
+        stopped = r.pid in ended or heard is not None and heard > quiet_s
+        state = "lost, stopped" if stopped else "lost, fenced"
         rows.append({"rank": "-", "host": r.host, "pid": r.pid, "device": r.device, "state": state})
     return rows

@@ -40,6 +40,7 @@ from workbench.session import elastic
 from workbench.session.cell import CellRun, OutputCallback, RunHandle
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
+from workbench.session.losses import fenced_rows
 from workbench.session.results import CellResult
 from workbench.session.shared import Shared
 
@@ -239,6 +240,7 @@ class Session:
         self._group = ProcessGroup(pool, self.config)
         if pool.channel:
             self._beacons = BeaconReceiver(pool.channel)
+            self._beacons.on_fenced = self._group.fence  # a lost engine heard again is told to stop
             self.metrics = Collector(pool.channel)
         self._health = Health(pool_id=pool.pool_id, busy=self._busy, beacons=self._beacons,
                               pool_running=lambda: self._shared is None or not self._shared.gone())
@@ -264,6 +266,8 @@ class Session:
     def _follow_membership(self) -> None:
         """Watch the ranks of the group now formed and publish them (also after an elastic regroup)."""
         self._health.watch(self.ranks, local=self.local)
+        if self._beacons is not None:
+            self._beacons.fence(self._group.fenced)
         self._pool.n = self.world_size
         self._shared.publish(ranks=[r.__dict__ for r in self.ranks], backend=self.backend,
                              backend_requested=self.config.backend, generation=self._group.generation,
@@ -547,7 +551,9 @@ class Session:
 
     # -- status ----------------------------------------------------------------------
     def status(self) -> list[dict]:
-        """One row per rank: rank, host, pid, device, state (idle, busy or dead)."""
+        """One row per rank: rank, host, pid, device, state (idle, busy or dead); then one per engine an
+        elastic run went on without ("lost, fenced": refused, told to stop when heard; "lost, stopped":
+        heard again since, told, and silent since)."""
         if not self.running:
             return []
         self._check()
@@ -567,4 +573,4 @@ class Session:
                 pending = [m for m in [*q.get("queue", []), *q.get("tasks", [])] if m not in client.results]
                 state = "busy" if pending else "idle"
             rows.append({"rank": r.rank, "host": r.host, "pid": r.pid, "device": r.device, "state": state})
-        return rows
+        return rows + fenced_rows(self._group.lost, self._beacons, self._pool.fenced_ended())
