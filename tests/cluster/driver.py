@@ -228,7 +228,7 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
     """4 ranks on 2 hosts over ssh, an elastic DDP run, and one host's link cut mid-run; then restored."""
     from workbench import PoolConfig, Session
 
-    opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"]}
+    opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"], "remote_python": spec["python"]}
     config = PoolConfig(launcher="ssh", hosts=spec["hosts"], n=spec["n"], interface=spec["interface"],
                         timeout=60, launcher_options=opts)
     s = Session(config).start(progress=lambda m: print(m, flush=True))
@@ -259,6 +259,14 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
         out["all_reduce"] = [t.item() for t in s.pull("t")]
     except Exception as exc:
         out["after_error"] = f"{type(exc).__name__}: {exc}"
+    # the cut host does not answer: the lost ranks come back on the other host, set up by the replay
+    try:
+        out["restart_output"] = run(ip, "%dist restart")
+        out["ranks_restarted"] = [[r.rank, r.host, r.pid] for r in s.ranks]
+        s.run("t = torch.ones(1)\ndist.all_reduce(t)")
+        out["all_reduce_restarted"] = [t.item() for t in s.pull("t")]
+    except Exception as exc:
+        out["restart_error"] = f"{type(exc).__name__}: {exc}"
     link(spec["port"], "up")
     t_up = time.monotonic()
     left = netns_left(spec["netns"], spec["keep"])
@@ -279,7 +287,63 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
     return out
 
 
-SCENARIOS = {"slurm": scenario_slurm, "mpi": scenario_mpi, "ssh": scenario_ssh, "ssh_cut": scenario_ssh_cut}
+def scenario_ssh_plain(ip, spec: dict) -> dict:
+    """4 ranks on 2 hosts over ssh: a host's link cut during a plain cell, then back and `%dist restart`;
+    then every engine of that host killed while idle, and `%dist restart` again."""
+    from workbench import PoolConfig, Session
+
+    opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"], "remote_python": spec["python"]}
+    config = PoolConfig(launcher="ssh", hosts=spec["hosts"], n=4, interface=spec["interface"], timeout=60,
+                        launcher_options=opts)
+    s = Session(config).start(progress=lambda m: print(m, flush=True))
+    out: dict = {"ranks": [[r.rank, r.host, r.pid] for r in s.ranks]}
+    handle = s.submit("import time\nfor _ in range(600):\n    time.sleep(0.05)")
+    time.sleep(1.0)
+    t_cut = time.time()
+    link(spec["port"], "down")
+    try:
+        handle.wait(60)
+        out["cell_error"] = None
+    except Exception as exc:
+        out["cell_error"] = f"{type(exc).__name__}: {exc}"
+    out["cell_s"] = time.time() - t_cut
+    out["faults_cut"] = [f.__dict__ for f in s.faults]
+    link(spec["port"], "up")
+    old = [r.pid for r in s.ranks if r.host == "n2"]
+    out["restart_1"] = run(ip, "%dist restart")
+    out["ranks_1"] = [[r.rank, r.host, r.pid] for r in s.ranks]
+    run(ip, ALL_REDUCE)
+    out["sum_1"] = [w["sum"] for w in s.pull("where")]
+    deadline = time.monotonic() + spec["fence_wait"]
+    while any(psutil.pid_exists(p) for p in old) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    out["old_left"] = [p for p in old if psutil.pid_exists(p)]
+    # every engine of n2 killed while idle: one line, one fault, then back on n2
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        for r in s.ranks:
+            if r.host == "n2":
+                os.kill(r.pid, 9)
+        deadline = time.monotonic() + 30
+        while "while the pool was idle" not in printed.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # a second line would come now
+    out["idle_output"] = printed.getvalue()
+    out["restart_2"] = run(ip, "%dist restart")
+    out["ranks_2"] = [[r.rank, r.host, r.pid] for r in s.ranks]
+    run(ip, ALL_REDUCE)
+    out["sum_2"] = [w["sum"] for w in s.pull("where")]
+    out["faults"] = [f.__dict__ for f in s.faults]
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed), contextlib.redirect_stdout(printed):
+        s.stop()
+        time.sleep(1.0)
+    out["stop_output"] = printed.getvalue()
+    return out
+
+
+SCENARIOS = {"slurm": scenario_slurm, "mpi": scenario_mpi, "ssh": scenario_ssh, "ssh_cut": scenario_ssh_cut,
+             "ssh_plain": scenario_ssh_plain}
 
 
 def main() -> None:

@@ -104,3 +104,30 @@ def test_an_engine_that_hears_it_was_fenced_ends_itself(channel):
     assert done.returncode == agent.FENCED_EXIT, done.stderr
     assert done.stdout.split() == ["alive"]
     assert f"({socket.gethostname()}, pid " in done.stderr and "fenced; it stops" in done.stderr
+
+
+def test_new_engines_start_on_the_lost_hosts_that_answer_else_on_the_least_used_host():
+    from workbench.pool.ssh_places import place
+
+    where = {"n1": "10.0.0.1", "n2": "10.0.0.2", "n3": "10.0.0.3"}
+    hosts = list(where.values())
+    assert place(["n2", "n2"], where, hosts, answers=lambda h: True) == ({"10.0.0.2": 2}, [])
+    down = {"10.0.0.2"}
+    placement, notes = place(["n2", "n2", "n3"], where, hosts, answers=lambda h: h not in down,
+                             alive={"10.0.0.1": 2, "10.0.0.3": 0})
+    assert placement == {"10.0.0.3": 3}  # n3 has the fewest engines
+    assert notes == ["host n2 does not answer over ssh: 2 engines start on n3 instead"]
+    with pytest.raises(ValueError, match="no host of the pool answers over ssh"):
+        place(["n2"], where, hosts, answers=lambda h: False)
+
+
+def test_a_rank_moved_to_another_host_takes_its_next_free_local_rank_and_gpu():
+    from workbench.pool.rankmap import EngineInfo, build_rank_map, remap_moved
+
+    ranks = build_rank_map([EngineInfo(0, "a", 10, 2), EngineInfo(1, "b", 11, 2), EngineInfo(2, "b", 12, 2)])
+    assert [r.device for r in ranks] == ["cuda:0", "cuda:0", "cuda:1"]
+    moved = remap_moved(ranks[1:], [EngineInfo(7, "a", 20, 4, ("u0", "u1")), EngineInfo(8, "a", 21, 4)],
+                        running=ranks[:1])
+    assert [(r.rank, r.host, r.local_rank, r.device, r.engine_id) for r in moved] == [
+        (1, "a", 1, "cuda:1", 7), (2, "a", 2, "cuda:2", 8)]
+    assert moved[0].gpu_uuid == "u1"

@@ -143,7 +143,10 @@ class DistributedMagics(Magics):
 
     def _dist_restart(self, args):
         s = self._session("%dist restart")
-        restarted = s.restart(progress=print)
+        try:
+            restarted = s.restart(progress=print)
+        except ValueError as exc:  # the launcher cannot start them (MPI, Slurm), or no host answers
+            raise UsageError(str(exc)) from None
         what = f"restarted rank {', '.join(map(str, restarted))}" if restarted else "no rank was dead"
         print(f"{what}; the process group is re-formed.")
         print(format_table(s.status(), STATUS_COLUMNS))

@@ -171,9 +171,11 @@ class EnginePool:
         return start_errors.explain(exc, launcher=self.launcher, address=self.address, log=self.log_file,
                                     launched=self._launched(), n=self.n)
 
-    def _start_engine_set(self, n: int) -> None:
+    def _start_engine_set(self, n: int, hosts: dict[str, int] | None = None) -> None:
         kwargs = launchers.engine_set_kwargs(self.config, n, work_dir=self.work_dir, env=self.env,
                                              engine_args=ENGINE_ARGS, log=str(self.log_file or ""))
+        if hosts and self.launcher == "ssh":  # replacements: on the hosts chosen for them
+            kwargs["engines"] = dict(hosts)
         try:
             self.cluster.start_engines_sync(n=n, **kwargs)
         except subprocess.CalledProcessError as exc:  # sbatch, mpiexec or ssh refused: keep what it said
@@ -219,13 +221,15 @@ class EnginePool:
                     "Try a longer --timeout, or fewer engines.", log=self.log_file)
             time.sleep(0.02 if self.launcher == "local" else 0.1)
 
-    def start_more(self, n: int, known_ids: set[int], *, alive: int) -> list[int]:
+    def start_more(self, n: int, known_ids: set[int], *, alive: int, hosts: dict[str, int] | None = None
+                   ) -> list[int]:
         """Start ``n`` more engines (to replace dead ones, or to grow) beside the ``alive`` ones still
         running; return their ids once registered. (``known_ids`` may hold dead engines: the controller
-        drops an engine only after 10 s of missed heartbeats, so they do not count for the capacity.)"""
+        drops an engine only after 10 s of missed heartbeats, so they do not count for the capacity.)
+        ``hosts``: on an ssh pool, how many on which host (see :meth:`place_replacements`)."""
         if self.launcher == "local":
             capacity.check_this_machine(alive + n, self.config.oversubscribe)
-        self._start_engine_set(n)
+        self._start_engine_set(n, hosts)
         deadline = time.monotonic() + self.timeout
         while True:
             new = sorted(set(self.client.ids) - known_ids)
@@ -240,6 +244,24 @@ class EnginePool:
         """Shut down some engines (a shrink): their processes exit, the others keep running."""
         if engine_ids:
             self.client.shutdown(targets=list(engine_ids), block=True)
+
+    def place_replacements(self, lost: list, ranks: list) -> tuple[dict[str, int], list[str]]:
+        """ssh pools: where new engines for the ``lost`` ranks start (``{host: n}``), on their own host when
+        it answers over ssh, else on another host of the list; and the lines that say where they moved.
+        ``ranks``: the ranks running now. See :mod:`workbench.pool.ssh_places`."""
+        from workbench.pool import ssh_places
+
+        ssh = [el for el in self._launchers() if isinstance(el, SSHLauncher)]
+        pids: dict[str, set[int]] = {}
+        for r in [*ranks, *lost]:
+            pids.setdefault(r.host, set()).add(r.pid)
+        where = ssh_places.locations(ssh, pids)
+        command = [*ssh[0].ssh_cmd, *ssh[0].ssh_args] if ssh else ["ssh"]
+        alive: dict[str, int] = {}
+        for r in ranks:
+            alive[where.get(r.host, r.host)] = alive.get(where.get(r.host, r.host), 0) + 1
+        return ssh_places.place([r.host for r in lost], where, list(self.config.hosts),
+                                lambda location: ssh_places.answers(command, location), alive)
 
     def fence(self, pids: list[int]) -> None:
         """End these engines on their hosts over ssh, in the background, once their hosts answer (engines

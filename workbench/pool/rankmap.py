@@ -151,6 +151,41 @@ def remap_engines(ranks: list[RankInfo], engines: list[EngineInfo]) -> list[Rank
     return out
 
 
+def remap_moved(ranks: list[RankInfo], engines: list[EngineInfo], running: list[RankInfo]) -> list[RankInfo]:
+    """Like :func:`remap_engines`, but a rank whose host got no new engine (it did not answer) moves to a
+    host that got one: there it takes the next free local rank (a GPU rank the GPU of that number).
+    ``running``: the ranks that stay, whose local ranks are taken.
+
+    >>> run = build_rank_map([EngineInfo(0, "a", 1)])
+    >>> lost = build_rank_map([EngineInfo(0, "a", 1), EngineInfo(1, "b", 2)])[1:]
+    >>> [(r.rank, r.host, r.local_rank, r.engine_id) for r in remap_moved(lost, [EngineInfo(5, "a", 9)], run)]
+    [(1, 'a', 1, 5)]
+    """
+    free: dict[str, list[EngineInfo]] = {}
+    for e in sorted(engines, key=lambda e: e.engine_id):
+        free.setdefault(e.host, []).append(e)
+    used: dict[str, set[int]] = {}
+    for r in running:
+        used.setdefault(r.host, set()).add(r.local_rank)
+    placed: dict[int, RankInfo] = {}
+    for r in ranks:
+        if free.get(r.host):
+            e = free[r.host].pop(0)
+            placed[r.rank] = replace(r, engine_id=e.engine_id, pid=e.pid)
+            used.setdefault(r.host, set()).add(r.local_rank)
+    left = sorted((e for es in free.values() for e in es), key=lambda e: e.engine_id)
+    for r, e in zip([r for r in ranks if r.rank not in placed], left, strict=True):
+        taken = used.setdefault(e.host, set())
+        local = next(i for i in range(len(taken) + 1) if i not in taken)
+        taken.add(local)
+        node = next((o.node_rank for o in running if o.host == e.host), r.node_rank)
+        device = r.device if r.device == "cpu" else f"cuda:{local}"
+        uuid = e.gpu_uuids[local] if device != "cpu" and local < len(e.gpu_uuids) else None
+        placed[r.rank] = replace(r, host=e.host, local_rank=local, node_rank=node, device=device,
+                                 engine_id=e.engine_id, pid=e.pid, gpu_uuid=uuid)
+    return [placed[r.rank] for r in ranks]
+
+
 def parse_ranks(spec: str, world_size: int) -> list[int]:
     """Parse a rank list like ``"0,2-3"`` into sorted ranks, checked against the world size.
 

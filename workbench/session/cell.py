@@ -25,6 +25,7 @@ from workbench.pool.rankmap import RankInfo
 from workbench.session.elastic import ElasticWatch
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
+from workbench.session.losses import death_text
 from workbench.session.results import (
     CellResult,
     RankDied,
@@ -215,8 +216,10 @@ class CellRun:
         how = dead[lost[0].rank] if lost else ""
         if lost and self.elastic.lost(lost, "died" if how == "exited" else how):
             return  # an elastic run goes on without them
-        for r in lost:
-            self._start_fault(now, "died", r, f"rank {r.rank} {dead[r.rank]}", AFTER_FAILURE)
+        if lost:  # a whole host gone (off this machine) is named as such: one fault
+            text = death_text(lost, self.group.ranks, dead) if not self.group.local else \
+                f"rank {lost[0].rank} {how}"
+            self._start_fault(now, "died", lost[0], text, AFTER_FAILURE)
             return
         for r, c in self.children:
             err = c.output.metadata["error"]

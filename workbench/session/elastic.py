@@ -30,7 +30,9 @@ from dataclasses import replace
 
 from workbench.engine import calls
 from workbench.errors import WorkbenchError
-from workbench.pool.rankmap import RankInfo, extend_rank_map, format_ranks, remap_engines
+from workbench.pool import netif
+from workbench.pool.rankmap import RankInfo, extend_rank_map, format_ranks, remap_engines, remap_moved
+from workbench.session.hosts_back import where_to_start
 from workbench.session.losses import loss_text
 
 # A regroup whose members say they still wait for some of them this long is re-planned without those.
@@ -309,9 +311,12 @@ class Transcript:
         whose data must match ``data`` (the running ranks' loader signature)."""
         client = group.pool.client
         for r in infos:
+            # its standby store listens on its own address (off this machine: the one that reaches us)
+            own = group.config.address if group.local else \
+                client[r.engine_id].apply_sync(netif.route_to, group.config.address)["address"]
             client[r.engine_id].apply_sync(calls.join_alone, device=r.device, backend=group.config.backend,
                                            timeout_s=group.config.timeout, channel=group.pool.channel,
-                                           standby_address=group.config.address)
+                                           standby_address=own)
         view = group.view(infos)
         view.apply_sync(calls.set_replay, True)
         built, cells = 0, 0
@@ -369,14 +374,16 @@ def newest_elastic_run(group, ranks: list[RankInfo], beacons=None) -> dict | Non
     return max((f for f in found if f), key=lambda f: f["serial"], default=None)
 
 
-def replace_lost(group, transcript: Transcript, progress) -> list[RankInfo]:
-    """New engines for the ranks an elastic run went on without, on their hosts and devices, set up
-    by replaying the notebook's setup; they get the next rank numbers. The caller re-forms the group."""
+def replace_lost(group, transcript: Transcript, progress, hosts: dict[str, int] | None = None
+                 ) -> list[RankInfo]:
+    """New engines for the ranks an elastic run went on without, on their hosts and devices (``hosts``:
+    an ssh pool's placement, another host for one that did not answer), set up by replaying the
+    notebook's setup; they get the next rank numbers. The caller re-forms the group."""
     lost, pool = list(group.lost), group.pool
     progress(f"starting {len(lost)} engine{'s' if len(lost) != 1 else ''} for the rank"
              f"{'s' if len(lost) != 1 else ''} the elastic run lost")
-    new_ids = pool.start_more(len(lost), set(pool.client.ids), alive=len(group.ranks))
-    infos = new_ranks(group, new_ids, like=lost)
+    new_ids = pool.start_more(len(lost), set(pool.client.ids), alive=len(group.ranks), hosts=hosts)
+    infos = new_ranks(group, new_ids, like=lost, moved=bool(hosts))
     set_up(group, infos, transcript, progress)
     group.ranks = [*group.ranks, *infos]
     group.lost = []
@@ -406,10 +413,12 @@ def restart_running(cell, transcript: Transcript, beacons, progress) -> list[int
     lost = list(group.lost)
     if not lost:
         return []
+    hosts = where_to_start(group, lost, progress)  # ssh: the lost ranks' hosts if they answer
     progress(f"starting {len(lost)} engine{'s' if len(lost) != 1 else ''} for the lost rank"
              f"{'s' if len(lost) != 1 else ''}")
     infos = new_ranks(group, group.pool.start_more(len(lost), set(group.pool.client.ids),
-                                                       alive=len(group.ranks)), like=lost)
+                                                       alive=len(group.ranks), hosts=hosts),
+                      like=lost, moved=bool(hosts))
     try:
         joined = grow_running(cell, infos, transcript, beacons, progress)
     except WorkbenchError:
@@ -460,12 +469,15 @@ def shrink_running(cell, n: int, progress, timeout: float = 120.0) -> list[RankI
     return leave
 
 
-def new_ranks(group, ids: list[int], like: list[RankInfo] = ()) -> list[RankInfo]:
+def new_ranks(group, ids: list[int], like: list[RankInfo] = (), moved: bool = False) -> list[RankInfo]:
     """RankInfos for new engines ``ids``, numbered after the group's ranks: on the host and device of the
-    ranks they replace (``like``), else where ``%dist scale`` would put them. Only the new engines are
-    asked who they are (the running ones are busy with the cell)."""
+    ranks they replace (``like``; ``moved``: or on the host they were started on instead), else where
+    ``%dist scale`` would put them. Only the new engines are asked who they are (the running ones are
+    busy with the cell)."""
     engines = group.describe(ids)
-    if like:
+    if like and moved:
+        infos = remap_moved(list(like), engines, group.ranks)
+    elif like:
         infos = remap_engines(list(like), engines)
     else:
         infos = extend_rank_map(group.ranks, engines, share_gpus=group.config.share_gpus)[len(group.ranks):]

@@ -34,6 +34,7 @@ from workbench.pool.rankmap import (
     format_ranks,
     group_backend,
     remap_engines,
+    remap_moved,
 )
 
 
@@ -52,7 +53,7 @@ class ProcessGroup:
         self.generation = 0  # counts the groups formed: the engines' agents take commands for the current one
         self.standby: dict[int, list] = {}  # engine id -> [address, port] of its standby store (regroups)
         self.lost: list[RankInfo] = []  # ranks an elastic run went on without (`%dist restart` replaces them)
-        self.fenced: list[list] = []  # [host, pid] of every engine declared lost: refused, told to stop
+        self.fenced: list[RankInfo] = []  # engines declared lost: refused, told to stop (kept for status)
         self._commands = None  # a PUSH socket up the pool's side channel, made on first use
         self._commands_lock = threading.Lock()
 
@@ -113,11 +114,18 @@ class ProcessGroup:
         self.lost = [r for r in self.lost if r.engine_id not in {k.engine_id for k in self.ranks}]
         self.ok = True
 
-    def replace(self, ranks: list[int]) -> None:
-        """New engines (through the pool's launcher) for these dead ranks, on the same host and device."""
+    def replace(self, ranks: list[int], hosts: dict[str, int] | None = None) -> None:
+        """New engines (through the pool's launcher) for these dead ranks, on the same host and device
+        (``hosts``: an ssh pool's placement, where a host that did not answer is replaced by another)."""
         new_ids = self.pool.start_more(len(ranks), set(self.pool.client.ids),
-                                       alive=len(self.ranks) - len(ranks))
-        for info in remap_engines([self.ranks[r] for r in ranks], self.describe(new_ids)):
+                                       alive=len(self.ranks) - len(ranks), hosts=hosts)
+        old = [self.ranks[r] for r in ranks]
+        if not self.local:  # a rank found dead off this machine may be only cut off: never let it back
+            self.fenced += old
+            self.pool.fence([r.pid for r in old])
+        engines = self.describe(new_ids)
+        stay = [r for r in self.ranks if r.rank not in set(ranks)]
+        for info in remap_moved(old, engines, stay) if hosts else remap_engines(old, engines):
             self.ranks[info.rank] = info
 
     def resize(self, n: int, progress, share_gpus: bool = False) -> bool:
@@ -177,7 +185,7 @@ class ProcessGroup:
                 "lost": [r.rank for r in lost], "joined": list(range(len(stay), len(members))), "text": text}
         self.command("regroup", [*stay, *leave], plan=plan, abort=abort, peers=self.peers(beats))
         self.lost += list(lost)
-        self.fenced += [[r.host, r.pid] for r in lost]
+        self.fenced += list(lost)
         if lost and not self.local:  # engines on other hosts: ended over ssh once their host answers
             self.pool.fence([r.pid for r in lost])
         self.endpoints = {i: self.endpoints.get(r.rank, []) for i, r in enumerate(stay)}  # until beacons say

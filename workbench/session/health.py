@@ -21,8 +21,9 @@ from collections.abc import Callable
 import psutil
 
 from workbench import faults
-from workbench.pool.rankmap import RankInfo
+from workbench.pool.rankmap import RankInfo, format_ranks
 from workbench.pool.watch import BeaconReceiver
+from workbench.session.losses import lost_hosts
 
 # Silence after which a rank on another node counts as dead.
 REMOTE_SILENCE_S = 3.0
@@ -135,8 +136,19 @@ class Health:
                 self._found_together(host, f"sent no heartbeat for {REMOTE_SILENCE_S:g} s", local)
         if self.dead.keys() - self._announced and self._pool_running() and self._busy.acquire(blocking=False):
             try:  # no cell runs: nobody else will say it
-                for rank in sorted(self.dead.keys() - self._announced):
-                    info = self._ranks[rank]
+                new = [self._ranks[rank] for rank in sorted(self.dead.keys() - self._announced)]
+                hosts = lost_hosts(new, self._ranks) if len(new) > 1 and not self._local else []
+                for host in hosts:  # a whole host: one fault, one line
+                    infos = [r for r in new if r.host == host]
+                    ranks = format_ranks(r.rank for r in infos)
+                    how = self.dead[infos[0].rank]
+                    self.record("died", infos[0], f"host {host} lost while idle: ranks {ranks} {how}",
+                                abort_s=0.0)
+                    self._announced |= {r.rank for r in infos}
+                    self._report(f"workbench: host {host} lost while the pool was idle: ranks {ranks} {how}; "
+                                 "`%dist restart` brings them back.")
+                for info in [r for r in new if r.host not in hosts]:
+                    rank = info.rank
                     self.record("died", info, f"rank {rank} {self.dead[rank]} while idle", abort_s=0.0)
                     self._report(f"workbench: rank {rank} ({info.host}, {info.device}) died while the pool "
                                  "was idle; `%dist restart` brings it back.")

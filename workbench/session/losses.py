@@ -64,3 +64,21 @@ def fenced_rows(lost: list[RankInfo], beacons=None, ended: set[int] = frozenset(
         state = "lost, stopped" if stopped else "lost, fenced"
         rows.append({"rank": "-", "host": r.host, "pid": r.pid, "device": r.device, "state": state})
     return rows
+
+
+def death_text(lost: list[RankInfo], ranks: list[RankInfo], how: dict[int, str]) -> str:
+    """What a plain cell's fault record says of ranks found dead (``how``: rank -> what was seen): the
+    host where all of its ranks are gone, else the first rank.
+
+    >>> from workbench.pool.rankmap import RankInfo
+    >>> hosts = ["n1", "n1", "n2", "n2"]
+    >>> ranks = [RankInfo(i, i % 2, i // 2, h, 100 + i, "cpu", i) for i, h in enumerate(hosts)]
+    >>> death_text(ranks[2:], ranks, {2: "sent no heartbeat for 3 s", 3: "sent no heartbeat for 3 s"})
+    'host n2 lost: ranks 2-3 sent no heartbeat for 3 s'
+    >>> death_text(ranks[3:], ranks, {3: "exited"})
+    'rank 3 exited'
+    """
+    hosts = lost_hosts(lost, ranks) if len(lost) > 1 else []
+    if len(hosts) == 1:
+        return f"host {hosts[0]} lost: ranks {format_ranks(r.rank for r in lost)} {how[lost[0].rank]}"
+    return f"rank {lost[0].rank} {how[lost[0].rank]}"

@@ -40,6 +40,7 @@ from workbench.session import elastic
 from workbench.session.cell import CellRun, OutputCallback, RunHandle
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
+from workbench.session.hosts_back import where_to_start
 from workbench.session.losses import fenced_rows
 from workbench.session.results import CellResult
 from workbench.session.shared import Shared
@@ -267,7 +268,7 @@ class Session:
         """Watch the ranks of the group now formed and publish them (also after an elastic regroup)."""
         self._health.watch(self.ranks, local=self.local)
         if self._beacons is not None:
-            self._beacons.fence(self._group.fenced)
+            self._beacons.fence([r.host, r.pid] for r in self._group.fenced)
         self._pool.n = self.world_size
         self._shared.publish(ranks=[r.__dict__ for r in self.ranks], backend=self.backend,
                              backend_requested=self.config.backend, generation=self._group.generation,
@@ -369,13 +370,13 @@ class Session:
         with self._busy, self._turn("a restart"):  # the health watcher waits for the new ranks too
             t0 = time.perf_counter()
             dead = sorted(self.dead_ranks())
-            if (dead or self._group.lost) and not self.local:
-                raise ValueError("restarting ranks is supported for local pools; stop and start the pool.")
+            lost = list(self._group.lost) or [self.ranks[r] for r in dead]
+            hosts = where_to_start(self._group, lost, progress) if lost else None  # ssh: which hosts answer
             if self._group.lost:  # an elastic run went on without them: new engines, set up, then join
-                dead += [r.rank for r in elastic.replace_lost(self._group, self._transcript, progress)]
+                dead += [r.rank for r in elastic.replace_lost(self._group, self._transcript, progress, hosts)]
             elif dead:
                 progress(f"starting {len(dead)} engine(s) for rank {', '.join(map(str, dead))}")
-                self._group.replace(dead)
+                self._group.replace(dead, hosts)
             progress("re-forming the process group")
             self._reform(since=t0)
             return dead
@@ -507,15 +508,16 @@ class Session:
     def _bring_back(self, cell: CellRun) -> None:
         """An elastic Trainer with ``replace=True`` lost a rank: start its replacement in the background,
         set up by replaying the setup; it joins the run at a step boundary, as ``%dist restart`` would."""
-        if not self.local:
+        if self.config.launcher not in ("local", "ssh"):
             cell.elastic.report(f"a {self.config.launcher} pool cannot start an engine by itself: the run "
                                 "goes on with the ranks it has")
             return
+        say = (lambda message: None) if self.local else cell.elastic.report  # ssh: which host, said
 
         def replace() -> None:
             with self._bringing_back:
                 try:
-                    elastic.restart_running(cell, self._transcript, self._beacons, lambda message: None)
+                    elastic.restart_running(cell, self._transcript, self._beacons, say)
                 except Exception as exc:
                     cell.elastic.report(f"the lost rank was not brought back ({exc}); `%dist restart` "
                                         "tries again")
@@ -573,4 +575,4 @@ class Session:
                 pending = [m for m in [*q.get("queue", []), *q.get("tasks", [])] if m not in client.results]
                 state = "busy" if pending else "idle"
             rows.append({"rank": r.rank, "host": r.host, "pid": r.pid, "device": r.device, "state": state})
-        return rows + fenced_rows(self._group.lost, self._beacons, self._pool.fenced_ended())
+        return rows + fenced_rows(self._group.fenced, self._beacons, self._pool.fenced_ended())
