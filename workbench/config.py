@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 LAUNCHERS = ("local", "slurm", "mpi", "ssh")
@@ -116,6 +116,30 @@ class PoolConfig:
         if self.engines is not None and self.n is not None and self.n != self.engines:
             raise ValueError(f"-n {self.n} does not match {self._places()} x {self.gpus_per_node} GPUs "
                              f"= {self.engines} engines: give one of them.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, as JSON takes it (the pool's state file carries it; :meth:`from_dict` reads it back).
+
+        >>> PoolConfig(launcher="ssh", hosts="a,b").to_dict()["hosts"]
+        ['a', 'b']
+        >>> PoolConfig.from_dict(PoolConfig(n=3, name="team-a").to_dict()) == PoolConfig(n=3, name="team-a")
+        True
+        """
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["hosts"] = list(self.hosts)
+        out["launcher_options"] = dict(self.launcher_options)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], **changes: Any) -> PoolConfig:
+        """The config :meth:`to_dict` wrote, with ``changes`` on top; keys it does not know are left out
+        (a state file written by another version of the workbench).
+
+        >>> PoolConfig.from_dict({"n": 2, "launcher": "mpi", "colour": "red"}, n=4).n
+        4
+        """
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in {**data, **changes}.items() if k in known})
 
     def _places(self) -> str:
         return f"{len(self.hosts)} hosts" if self.hosts else f"{self.nodes or 1} nodes"

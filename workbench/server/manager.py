@@ -409,8 +409,7 @@ class PoolManager:
         elif state is None:
             raise PoolNotFound(pool_id, [p["id"] for p in await self.list_pools()])
         else:
-            config = PoolConfig(n=state["n"], launcher=state["launcher"],
-                                backend=state.get("backend_requested", "auto"), name=state.get("name"))
+            config = pool_state.config_of(state)
         same_id = pool_id if state is not None else None  # the pool starts again as itself
         if rec is not None and rec.phase in ("starting", "stopping") or pool_id in self._stopping:
             raise PoolBusy(f"pool {pool_id} is {rec.phase if rec else 'stopping'}: wait until it is done.")

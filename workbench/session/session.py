@@ -216,9 +216,7 @@ class Session:
         """
         pool = EnginePool.attach(ref)
         state = pool.state
-        self = cls(PoolConfig(n=state["n"], launcher=state["launcher"],
-                              backend=state.get("backend_requested", "auto"),
-                              address=state.get("address", "127.0.0.1")))
+        self = cls(pool_state.config_of(state))
         if len(state.get("ranks", [])) != state["n"]:
             pool.client.close()
             raise PoolStartError(f"pool {pool.name} has not finished starting: try again in a moment.")
