@@ -18,13 +18,10 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import pickle
 import threading
 import time
 import warnings
 from collections.abc import Callable
-
-from ipyparallel.error import CompositeError, RemoteError
 
 from workbench.config import PoolConfig
 from workbench.errors import NoPoolError, PoolStartError, RankDiedError
@@ -34,7 +31,7 @@ from workbench.pool.cluster import EnginePool, interrupts_held
 from workbench.pool.devices import check_gpu_fit, visible_gpu_count
 from workbench.pool.idle import IdleRelease
 from workbench.pool.launchers import default_engines
-from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks
+from workbench.pool.rankmap import RankInfo, build_rank_map, parse_ranks
 from workbench.pool.watch import BeaconReceiver
 from workbench.session import elastic
 from workbench.session.cell import CellRun, OutputCallback, RunHandle
@@ -42,6 +39,7 @@ from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
 from workbench.session.results import CellResult
 from workbench.session.shared import Shared
+from workbench.session.view import RankView
 
 log = logging.getLogger(__name__)
 
@@ -435,49 +433,28 @@ class Session:
             raise ValueError(f"rank {bad[0]} is out of range: this pool has ranks 0-{self.world_size - 1}.")
         return [self.ranks[r] for r in sorted(set(ranks))]
 
-    def push(self, values: dict, ranks=None) -> None:
-        """Send ``{name: value}`` into the namespace of the target ranks.
+    def view(self, ranks=None) -> RankView:
+        """The ranks ``ranks`` (``None``: all, a rank, a list, ``"0,2-3"``) as one object that pushes,
+        pulls, applies, scatters and gathers (:class:`~workbench.session.view.RankView`).
 
-        A value that cannot be sent (a generator, a lock, an open file) is a ``ValueError`` saying so.
+        >>> s.view("0-1").scatter(list(range(8)), "x")     # doctest: +SKIP
+        [4, 4]
         """
-        view = self._group.view(self._alive(self.targets(ranks)))
-        try:
-            view.push(values, block=True)
-        except (TypeError, AttributeError, pickle.PicklingError) as exc:  # pickle's refusals
-            raise ValueError(f"cannot send {', '.join(values)} to the ranks: {exc}. Send data (numbers, "
-                             "lists, arrays, tensors), or build the object on the ranks in a "
-                             "%%distributed cell.") from None
-        if ranks is None:
-            self._transcript.push(values)
+        return RankView(ranks, resolve=self.targets, engines=lambda targets: self._group.view(targets),
+                        dead=self.dead_ranks, on_push=self._transcript.push)
+
+    def push(self, values: dict, ranks=None) -> None:
+        """Send ``{name: value}`` into the namespace of the target ranks (:meth:`RankView.push`)."""
+        self.view(ranks).push(values)
 
     def pull(self, name: str, rank: int | None = None):
-        """A value from one rank, or a list with every rank's value (in rank order).
-
-        A name some rank does not have is a ``NameError`` naming those ranks.
-        """
-        targets = self._alive(self.targets(rank) if rank is not None else self.targets())
-        try:
-            values = self._group.view(targets).pull(name, block=True)
-        except (RemoteError, CompositeError) as exc:
-            errors = exc.elist if isinstance(exc, CompositeError) else [(exc.ename, exc.evalue, None, None)]
-            if any(e[0] == "NameError" for e in errors):
-                where = format_ranks([r.rank for r in targets])
-                raise NameError(f"{name!r} is not defined on rank {where}: set it in a %%distributed cell "
-                                "first.") from None
-            raise
+        """A value from one rank, or a list with every rank's value (:meth:`RankView.pull`)."""
+        values = self.view(rank).pull(name)
         return values[0] if rank is not None else values
 
     def apply(self, fn: Callable, *args, ranks=None, **kwargs) -> list:
         """Call ``fn(*args, **kwargs)`` on the target ranks at once; the results in rank order."""
-        return self._group.view(self._alive(self.targets(ranks))).apply_sync(fn, *args, **kwargs)
-
-    def _alive(self, targets: list[RankInfo]) -> list[RankInfo]:
-        dead = self.dead_ranks()
-        gone = [r for r in targets if r.rank in dead]
-        if gone:
-            raise RankDiedError(f"{gone[0].label()} is dead ({dead[gone[0].rank]}): `%dist restart` brings "
-                                "it back.")
-        return targets
+        return self.view(ranks).apply(fn, *args, **kwargs)
 
     # -- cells ---------------------------------------------------------------------------
     def run(self, code: str, *, ranks=None, timeout: float | None = None,
