@@ -30,7 +30,7 @@ def test_a_view_carries_push_pull_apply_scatter_gather_and_refuses_a_dead_rank()
         assert s.pull("part") == [[0, 1, 2], [3, 4]]
         assert s.view().gather("part") == [0, 1, 2, 3, 4]
         with pytest.raises(ValueError, match="rank 5 is out of range"):
-            s.view([0, 5]).targets
+            s.view([0, 5]).push({"y": 1})
         with pytest.raises(ValueError, match="cannot send"):
             s.view().push({"g": (i for i in range(2))})
 
