@@ -238,7 +238,7 @@ class DistributedMagics(Magics):
             elif merger is not None:
                 merger.feed(rank, kind, payload)
 
-        from workbench.widgets.cell import monitor_cell, submit_cell  # live dashboard (issue 4)
+        from workbench.widgets.cell_monitor import monitor_cell, submit_cell  # live dashboard (issue 4)
 
         monitor = monitor_cell(s, always=args.monitor or args.async_)  # hidden until a Trainer runs
 

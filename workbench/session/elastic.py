@@ -28,12 +28,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
 
-from workbench.engine import calls
+from workbench import remote
 from workbench.errors import WorkbenchError
 from workbench.pool.rankmap import RankInfo, extend_rank_map, format_ranks, remap_engines
 
-# What a new engine runs to join an elastic run in progress (the plan is pushed first).
-JOIN = "import workbench.train.elastic as _wb_elastic\nresult = _wb_elastic.join_running(_workbench_plan)"
+# What a new engine runs to join an elastic run in progress (the plan and remote.join_running pushed first).
+JOIN = "result = _wb_join_running(_workbench_plan)"
 
 
 class ElasticWatch:
@@ -166,7 +166,7 @@ class ElasticWatch:
         joined = group.ranks[len(stay):]
         for info in joined:
             view = group.pool.client[info.engine_id]
-            view.push({"_workbench_plan": plan}, block=True)
+            view.push({"_workbench_plan": plan, "_wb_join_running": remote.join_running}, block=True)
             ar = view.execute(JOIN, silent=False, block=False)
             ar.add_done_callback(lambda _: self.cell.wake())
             child = ar._children[0]
@@ -264,11 +264,11 @@ class Transcript:
         whose data must match ``data`` (the running ranks' loader signature)."""
         client = group.pool.client
         for r in infos:
-            client[r.engine_id].apply_sync(calls.join_alone, device=r.device, backend=group.config.backend,
+            client[r.engine_id].apply_sync(remote.join_alone, device=r.device, backend=group.config.backend,
                                            timeout_s=group.config.timeout, channel=group.pool.channel,
                                            standby_address=group.config.address)
         view = group.view(infos)
-        view.apply_sync(calls.set_replay, True)
+        view.apply_sync(remote.set_replay, True)
         built, cells = 0, 0
         try:
             for kind, item in self.items:
@@ -286,9 +286,9 @@ class Transcript:
                         f"the new engine could not replay the notebook's setup: cell {cells} raised "
                         f"{ename}: {evalue}. Run the setup on the new rank yourself (%%distributed "
                         "--ranks N), then the next trainer.run() brings it up to date.") from None
-                built = min(view.apply_sync(calls.trainer_count))
+                built = min(view.apply_sync(remote.trainer_count))
         finally:
-            view.apply_sync(calls.set_replay, False)
+            view.apply_sync(remote.set_replay, False)
         if built < trainers:
             raise WorkbenchError(
                 f"the new engine replayed the {cells} cells that ran on every rank, but they built "
@@ -296,7 +296,7 @@ class Transcript:
                 "every rank (not --ranks), or run the setup on the new rank yourself.")
         if data is not None:
             try:
-                view.apply_sync(calls.check_joining_data, data)
+                view.apply_sync(remote.check_joining_data, data)
             except Exception as exc:
                 reason = _remote(exc)[1]
                 raise WorkbenchError(f"the new engine cannot join the elastic run: {reason}") from None
@@ -320,7 +320,7 @@ def newest_elastic_run(group, ranks: list[RankInfo], beacons=None) -> dict | Non
         latest = beacons.latest
         found = [((latest.get(r.rank) or {}).get("trainer") or {}).get("elastic") for r in ranks]
     else:
-        found = group.view(ranks).apply_sync(calls.newest_elastic_status) if ranks else []
+        found = group.view(ranks).apply_sync(remote.newest_elastic_status) if ranks else []
     return max((f for f in found if f), key=lambda f: f["serial"], default=None)
 
 

@@ -2,7 +2,7 @@
 
 Everything here runs in the kernel and reaches the engines through ipyparallel; what runs on the
 engines is :mod:`workbench.engine.rendezvous` (describe, open the store, join) and
-:mod:`workbench.engine.guard` (abort), sent through :mod:`workbench.engine.calls` (the kernel imports no
+:mod:`workbench.engine.guard` (abort), sent through :mod:`workbench.remote` (the kernel imports no
 torch).
 
 >>> group = ProcessGroup(pool, config)              # doctest: +SKIP
@@ -21,11 +21,9 @@ import threading
 import uuid
 from dataclasses import replace
 
-from workbench import wire
+from workbench import remote, wire
 from workbench.config import PoolConfig
-from workbench.engine import calls
 from workbench.errors import PoolStartError, RankDiedError
-from workbench.pool import netif
 from workbench.pool.cluster import EnginePool
 from workbench.pool.rankmap import (
     EngineInfo,
@@ -72,7 +70,7 @@ class ProcessGroup:
     def describe(self, engine_ids) -> list[EngineInfo]:
         """Host, pid and visible GPUs of each engine (they answer once ``import torch`` is done)."""
         view = self.pool.client[list(engine_ids)]
-        infos = view.apply_async(calls.describe).get(timeout=self.config.timeout)
+        infos = view.apply_async(remote.describe).get(timeout=self.config.timeout)
         return [EngineInfo(eid, i["host"], i["pid"], i["gpus"], tuple(i.get("gpu_uuids", ())))
                 for eid, i in zip(view.targets, infos, strict=True)]
 
@@ -85,15 +83,15 @@ class ProcessGroup:
         # binds the store on its own address there (never on all interfaces).
         routes = {}
         if not self.local:
-            found = self.view(self.ranks).apply_sync(netif.route_to, self.config.address)
+            found = self.view(self.ranks).apply_sync(remote.route_to, self.config.address)
             routes = {r.rank: route for r, route in zip(self.ranks, found, strict=True)}
         store_address = routes[root.rank]["address"] if routes else self.config.address
         own = {r.rank: routes[r.rank]["address"] if routes else self.config.address for r in self.ranks}
-        port = client[root.engine_id].apply_sync(calls.open_store, store_address, self.config.timeout)
+        port = client[root.engine_id].apply_sync(remote.open_store, store_address, self.config.timeout)
         generation = self.generation + 1
         futures = [
             client[r.engine_id].apply_async(
-                calls.join, rank=r.rank, local_rank=r.local_rank, world_size=len(self.ranks),
+                remote.join, rank=r.rank, local_rank=r.local_rank, world_size=len(self.ranks),
                 address=store_address, port=port, backend=backend, device=r.device,
                 timeout_s=self.config.timeout, collective_timeout_s=self.config.collective_timeout,
                 local_pids=[o.pid for o in self.ranks if o.host == r.host],
@@ -156,7 +154,7 @@ class ProcessGroup:
 
     def reform(self, alive: list[RankInfo]) -> None:
         """Abort what is left of the old group on the ``alive`` ranks (never destroy), then form anew."""
-        self.view(alive).apply_sync(calls.abort, self.peers())
+        self.view(alive).apply_sync(remote.abort, self.peers())
         self.form()
 
     def regroup(self, stay: list[RankInfo], join: list[RankInfo] = (), leave: list[RankInfo] = (), *,

@@ -23,6 +23,7 @@ import time
 import warnings
 from collections.abc import Callable
 
+from workbench import remote
 from workbench.config import PoolConfig
 from workbench.errors import NoPoolError, PoolStartError, RankDiedError
 from workbench.pool import netif, sharing
@@ -250,10 +251,8 @@ class Session:
             self._group.form()
         self._follow_membership()
         if self.metrics is not None:  # every rank's publisher (re)connects: metrics never stop a pool
-            from workbench.metrics import remote
-
             try:
-                self._group.view(self.ranks).apply_sync(remote.connect, self._pool.channel)
+                self._group.view(self.ranks).apply_sync(remote.connect_metrics, self._pool.channel)
             except Exception:
                 log.warning("live metrics are off: the ranks' publishers did not start", exc_info=True)
 

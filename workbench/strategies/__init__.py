@@ -9,11 +9,11 @@ outermost, then tensor parallel -> activation checkpointing -> compile -> FSDP/D
 """
 
 from workbench.strategies.compose import plan, shard, unwrap
-from workbench.strategies.config import ParallelConfig
 from workbench.strategies.ddp import ddp
 from workbench.strategies.fsdp import fsdp
 from workbench.strategies.layout import Layout, layout_of
 from workbench.strategies.mesh import build_mesh
+from workbench.strategies.parallel_config import ParallelConfig
 from workbench.strategies.pipeline import Pipelined, split_stage
 from workbench.strategies.tensor_parallel import tensor_parallel
 
