@@ -12,7 +12,7 @@ session.
 """
 
 from workbench.pool.rankmap import format_ranks
-from workbench.session.cell import RunHandle
+from workbench.session.cell_run import RunHandle
 from workbench.session.results import CellResult, RankDied, RankResult
 from workbench.session.session import Session, current, current_or_none, running_pools, use
 

@@ -1,7 +1,7 @@
 """Elastic training: a lost rank is routed around at the step it was lost in, and new ranks join.
 
 ``Trainer(..., elastic=True)`` (or ``elastic=ElasticConfig(...)``). When a rank dies or hangs, the
-kernel (:mod:`workbench.session.elastic`) sends the ranks left a *regroup plan*: the new members in
+kernel (:mod:`workbench.session.cell_elastic`) sends the ranks left a *regroup plan*: the new members in
 rank order and a standby store to meet at. Each of them, its step cut off by the lost peer (or
 released by its agent), takes the plan, forms the new group (:func:`workbench.engine.rendezvous.regroup`),
 resets its wrapper onto it and agrees with the others on the state (:func:`sync`): the most advanced
@@ -159,7 +159,8 @@ class ElasticRun:
 
     def mark_progress(self) -> None:
         """Count steps begun and collectives launched from here (every member is at the same point): a
-        rank that falls behind the others while they wait is hung (see :mod:`workbench.session.elastic`)."""
+        rank that falls behind the others while they wait is hung (see
+        :mod:`workbench.session.cell_elastic`)."""
         agent.trainer_status.update(begun=0, base=guard.launched())
 
     def status(self) -> dict:
