@@ -2,9 +2,10 @@
 
 A :class:`Session` wires the rooms for a pool it started or one it attached to, the same way for
 both: the pool (:mod:`workbench.pool`: processes), the process group (:mod:`.group`), health
-(:mod:`.health`: dead ranks, beacons, the fault log), the cell (:mod:`.cell`) and the pool as other
-notebooks share it (:mod:`.shared`). It adds what a notebook does with ranks: run a cell, push,
-pull, apply.
+(:mod:`.health`: dead ranks, beacons, the fault log), recovery (:mod:`.recovery`: restart, scale,
+bring-back), the cell (:mod:`.cell_run`) and the pool as other notebooks share it (:mod:`.shared`).
+Its own jobs: the registry (:func:`current`, :func:`use`), start/attach wiring, stop and idle release,
+cells, status; push, pull and apply go through a :class:`~.view.RankView` (:meth:`Session.view`).
 
 >>> from workbench import Session
 >>> with Session(n=2).start() as s:                        # doctest: +SKIP
