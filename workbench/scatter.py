@@ -19,7 +19,7 @@ from typing import Any
 
 def scatter(value: Any, name: str = "batch", *, ranks=None, session=None) -> list[int]:
     """Send ``value`` split along dim 0 to the ranks: rank i gets part i as ``name``
-    (:meth:`workbench.session.view.RankView.scatter`).
+    (:meth:`workbench.session.rank_view.RankView.scatter`).
 
     Returns each target rank's part length. ``ranks``: None (all), a rank or a list.
     """

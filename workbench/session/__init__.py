@@ -2,7 +2,7 @@
 
 - :mod:`.session`: :class:`Session`: the registry (:func:`current`, :func:`use`, the only way the magics
   find it), wiring the rooms for a started or an attached pool, stop and idle release, cells, status.
-- :mod:`.view`: :class:`~.view.RankView`, a set of ranks that pushes, pulls, applies, scatters and
+- :mod:`.rank_view`: :class:`~.rank_view.RankView`, a set of ranks that pushes, pulls, applies, scatters and
   gathers (ipyparallel's ``DirectView`` for ranks); ``Session.push/pull/apply`` forward to it.
 - :mod:`.recovery`: restart, scale and bringing a lost rank back, between cells and during an elastic
   run (the notebook's setup replayed on new engines).
@@ -22,9 +22,9 @@ the session.
 
 from workbench.pool.rankmap import format_ranks
 from workbench.session.cell_run import RunHandle
+from workbench.session.rank_view import RankView
 from workbench.session.results import CellResult, RankDied, RankResult
 from workbench.session.session import Session, current, current_or_none, running_pools, use
-from workbench.session.view import RankView
 
 __all__ = ["CellResult", "RankDied", "RankResult", "RankView", "RunHandle", "Session", "current",
            "current_or_none", "format_ranks", "running_pools", "use"]

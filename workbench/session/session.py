@@ -5,7 +5,7 @@ both: the pool (:mod:`workbench.pool`: processes), the process group (:mod:`.gro
 (:mod:`.health`: dead ranks, beacons, the fault log), recovery (:mod:`.recovery`: restart, scale,
 bring-back), the cell (:mod:`.cell_run`) and the pool as other notebooks share it (:mod:`.shared`).
 Its own jobs: the registry (:func:`current`, :func:`use`), start/attach wiring, stop and idle release,
-cells, status; push, pull and apply go through a :class:`~.view.RankView` (:meth:`Session.view`).
+cells, status; push, pull and apply go through a :class:`~.rank_view.RankView` (:meth:`Session.view`).
 
 >>> from workbench import Session
 >>> with Session(n=2).start() as s:                        # doctest: +SKIP
@@ -41,10 +41,10 @@ from workbench.session import recovery
 from workbench.session.cell_run import CellRun, OutputCallback, RunHandle
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
+from workbench.session.rank_view import RankView
 from workbench.session.recovery import Recovery
 from workbench.session.results import CellResult
 from workbench.session.shared import Shared
-from workbench.session.view import RankView
 
 log = logging.getLogger(__name__)
 
@@ -421,7 +421,7 @@ class Session:
 
     def view(self, ranks=None) -> RankView:
         """The ranks ``ranks`` (``None``: all, a rank, a list, ``"0,2-3"``) as one object that pushes,
-        pulls, applies, scatters and gathers (:class:`~workbench.session.view.RankView`).
+        pulls, applies, scatters and gathers (:class:`~workbench.session.rank_view.RankView`).
 
         >>> s.view("0-1").scatter(list(range(8)), "x")     # doctest: +SKIP
         [4, 4]

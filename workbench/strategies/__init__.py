@@ -1,7 +1,8 @@
 """Sharding strategies as plain functions over (model, mesh, config), and ``shard``.
 
 Composed in one fixed order on a named DeviceMesh ("pp", "dp", "tp"): pipeline split
-outermost, then tensor parallel -> activation checkpointing -> compile -> FSDP/DDP.
+outermost, then tensor parallel -> activation checkpointing -> compile -> FSDP/DDP. The degrees are a
+:class:`~workbench.strategies.parallel_config.ParallelConfig`.
 
 >>> import workbench as wb                                  # doctest: +SKIP
 >>> model = wb.shard(MLP(), "fsdp")                         # doctest: +SKIP
