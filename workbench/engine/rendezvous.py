@@ -213,17 +213,21 @@ def await_members(store, world_size: int, generation: int, wait_s: float,
 
 
 def regroup(plan: dict, superseded: Callable[[], bool] = agent.plan_pending,
-            wait_s: float = REGROUP_WAIT_S) -> dict:
+            wait_s: float | None = None) -> dict:
     """Leave the current group and form the one ``plan`` describes (an elastic shrink or grow).
 
     ``plan``: ``generation`` (the new group's), ``members`` (``[host, pid]`` of every engine of the new
     group in rank order: those that stay, then those that join) and ``store``/``host`` (``[address,
     port]`` of a member's standby store, and that member). The engine keeps its Python state; its agent
     follows the new rank and generation without restarting, so that no command is missed meanwhile.
-    The members wait for each other at most ``wait_s`` and stop waiting as soon as ``superseded()``
+    The members wait for each other at most ``wait_s`` (default: :data:`REGROUP_WAIT_S` after a loss, the
+    pool's timeout for a planned change, whose new ranks may be slow to come) and stop waiting as soon as
+    ``superseded()``
     (a newer plan is there): :class:`RegroupAbandoned` (nobody waits for a rank known lost).
     """
     rank, world_size = plan["members"].index(me()), len(plan["members"])
+    if wait_s is None:  # after a loss the members are all up already; a new rank may take a while to come
+        wait_s = REGROUP_WAIT_S if plan.get("lost") else _state["timeout_s"]
     if dist.is_initialized():
         guard.abort()  # what is left of the old group: abort, never destroy (that can block)
     if me() == plan["host"]:

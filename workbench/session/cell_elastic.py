@@ -34,6 +34,7 @@ from workbench.session.losses import loss_text
 
 # A regroup whose members say they still wait for some of them this long is re-planned without those.
 REPLAN_S = 5.0
+REPLAN_QUIET_S = 1.0  # ... and that have been silent this long (a member only slow to come still beacons)
 # What a new engine runs to join an elastic run in progress (the plan and remote.join_running pushed first).
 JOIN = "result = _wb_join_running(_workbench_plan)"
 
@@ -223,7 +224,8 @@ class ElasticWatch:
             self.recovering = None
             return
         latest = self.cell.health.beacons.latest if self.cell.health.beacons else {}
-        stuck = unanswered(self.members(), list(latest.values()), g, REPLAN_S)
+        stuck = unanswered(self.members(), list(latest.values()), g, REPLAN_S) \
+            if self.recovering["fault"] else []  # a planned change waits for its new ranks
         if stuck:  # members that do not come to the regroup: killed (fenced too), re-planned without them
             self.cell.group.signal(stuck, signal.SIGKILL, breaks_group=False)
             self.lost(stuck, f"did not answer the regroup for {REPLAN_S:g} s (killed)", kind="hang",
@@ -256,10 +258,13 @@ class ElasticWatch:
         self.lost(stalled, f"hung for {hang_s:g} s (killed)", kind="hang", detect_s=hang_s)
 
 
-def unanswered(members: list[RankInfo], beats, generation: int, after: float) -> list[RankInfo]:
-    """The members of regroup ``generation`` the others have waited for longer than ``after`` s: their
-    beacons (``beats``: the latest of every engine) say ``regroup``: ``missing`` (new rank numbers) and
-    ``since`` (the wall clock, as the beacon's ``t``). Members that wait themselves are never among them.
+def unanswered(members: list[RankInfo], beats, generation: int, after: float,
+               quiet: float = REPLAN_QUIET_S) -> list[RankInfo]:
+    """The members of regroup ``generation`` the others have waited for longer than ``after`` s and that
+    have been silent for ``quiet`` s meanwhile (stopped, or hung holding the interpreter: a member that
+    is only slow to come still beacons, and is waited for). ``beats``: the latest beacon of every
+    engine; a waiting member's says ``regroup``: ``missing`` (new rank numbers) and ``since`` (the wall
+    clock, as the beacon's ``t``). Members that wait themselves are never among them.
 
     >>> from workbench.pool.rankmap import RankInfo
     >>> ms = [RankInfo(i, i, 0, "n1", 100 + i, "cpu", i) for i in range(3)]
@@ -268,15 +273,21 @@ def unanswered(members: list[RankInfo], beats, generation: int, after: float) ->
     [2]
     >>> unanswered(ms, [{"pid": 100, "regroup": wait, "t": 12.0}], 4, 5.0)
     []
+    >>> unanswered(ms, [{"pid": 100, "regroup": wait, "t": 16.0}, {"pid": 102, "t": 15.9}], 4, 5.0)
+    []
     """
     pids = {r.pid for r in members}
     missing: set[int] = set()
     waiting: set[int] = set()
+    heard = {beat.get("pid"): beat.get("t", 0) for beat in beats}
+    now = 0.0
     for beat in beats:
         wait = (beat or {}).get("regroup") or {}
         if beat.get("pid") not in pids or wait.get("generation") != generation:
             continue
         waiting.add(beat["pid"])
+        now = max(now, beat.get("t", 0))
         if beat.get("t", 0) - wait.get("since", 0) > after:
             missing |= set(wait.get("missing") or [])
-    return [r for r in members if r.rank in missing and r.pid not in waiting]
+    return [r for r in members if r.rank in missing and r.pid not in waiting
+            and now - heard.get(r.pid, float("-inf")) > quiet]
