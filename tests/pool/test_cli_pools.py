@@ -45,6 +45,17 @@ def cli(*args: str, env: dict, cwd: Path, stdin=subprocess.DEVNULL, timeout: flo
                           capture_output=True, text=True, timeout=timeout)
 
 
+def cli_on_a_tty(args: list[str], answer: str, env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    """The CLI with a terminal as its stdin (a pty), the person's ``answer`` typed ahead."""
+    main, tty = os.openpty()
+    try:
+        os.write(main, answer.encode())
+        return cli(*args, env=env, cwd=cwd, stdin=tty)
+    finally:
+        os.close(tty)
+        os.close(main)
+
+
 def start_owner(env: dict, cwd: Path) -> tuple[subprocess.Popen, dict]:
     """A process that starts a 2-rank pool as the notebook ``train.ipynb``."""
     proc = subprocess.Popen([sys.executable, "-c", OWNER], env={**env, "JPY_SESSION_NAME": "train.ipynb"},
@@ -97,6 +108,12 @@ def _list_refuse_stop(proc: subprocess.Popen, pool: dict, env: dict, here: Path)
     assert refused.returncode == 1
     assert f"train.ipynb (started it, pid {proc.pid}) is attached" in refused.stderr
     assert "add --yes" in refused.stderr and alive(pool["pids"]) == pool["pids"]
+    # on a terminal it asks, saying who is attached; "n" keeps the pool
+    asked = cli_on_a_tty(["stop", pool["name"]], "n\n", env=env, cwd=here)
+    assert asked.returncode == 0, asked.stderr
+    assert f"stop pool {pool['name']} ({pool['id']}, local, 2/2 ranks)? train.ipynb (started it, pid " \
+           f"{proc.pid}) is attached. [y/N] kept pool {pool['name']}" in asked.stdout, asked.stdout
+    assert alive(pool["pids"]) == pool["pids"]
     unknown = cli("stop", "pool-no-such", env=env, cwd=here)
     assert unknown.returncode == 1 and f"running pools: {pool['name']} ({pool['id']})" in unknown.stderr
 
