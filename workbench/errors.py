@@ -100,11 +100,11 @@ class RankError(WorkbenchError):
     def _render_traceback_(self) -> list[str]:
         # IPython shows this instead of the kernel-side frames: one line saying how every rank
         # ended, the failing rank's own traceback, then one line per other failure or cut-short rank.
-        from workbench.session.results import summary_line
+        from workbench.session.results import relabel_cells, summary_line
 
         lines = [f"\x1b[1;31m{self}\x1b[0m", summary_line(self.result.ranks)]
         info, err = self.failures[0]
-        lines += err.render_traceback()
+        lines += relabel_cells(err.render_traceback(), _notebook_cell())
         for info, err in self.failures[1:]:
             lines.append(f"rank {info.rank} ({info.host}, {info.device}): {err.ename}: {err.evalue}")
         stopped = self.result.ranks_with("stopped")
@@ -114,3 +114,15 @@ class RankError(WorkbenchError):
         if self.result.fault is not None and self.result.fault.abort_s:
             lines.append(self.result.fault.summary() + "; the next cell re-forms the process group.")
         return lines
+
+
+def _notebook_cell() -> int | None:
+    """The number of the notebook cell running now (``In [4]``), if this is an IPython kernel."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    # the running cell's result holds its number (shell.execution_count is the next cell's by then)
+    running = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    return getattr(running, "execution_count", None)
