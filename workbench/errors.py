@@ -70,7 +70,18 @@ class CellInterrupted(WorkbenchError, KeyboardInterrupt):
         self.result = result
 
     def _render_traceback_(self) -> list[str]:
-        return [f"\x1b[1;33mInterrupted\x1b[0m: {self}"]
+        """One line, the word said once ("Interrupted at step 711 on all ranks; ...", not "Interrupted:
+        interrupted at step 711").
+
+        >>> CellInterrupted("interrupted at step 7 on all ranks")._render_traceback_()
+        ['\\x1b[1;33mInterrupted\\x1b[0m at step 7 on all ranks']
+        >>> CellInterrupted("rank 0 stopped at cell line 2")._render_traceback_()
+        ['\\x1b[1;33mInterrupted\\x1b[0m: rank 0 stopped at cell line 2']
+        """
+        text = str(self)
+        if text.startswith("interrupted "):
+            return [f"\x1b[1;33mInterrupted\x1b[0m {text.removeprefix('interrupted ')}"]
+        return [f"\x1b[1;33mInterrupted\x1b[0m: {text}"]
 
 
 class RankError(WorkbenchError):
