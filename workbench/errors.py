@@ -6,6 +6,8 @@ classes here are for failures of the pool or of a cell on the ranks.
 
 from __future__ import annotations
 
+import re
+
 
 class WorkbenchError(RuntimeError):
     """Base class for failures of the pool or the process group."""
@@ -111,7 +113,7 @@ class RankError(WorkbenchError):
     def _render_traceback_(self) -> list[str]:
         # IPython shows this instead of the kernel-side frames: one line saying how every rank
         # ended, the failing rank's own traceback, then one line per other failure or cut-short rank.
-        from workbench.session.results import relabel_cells, summary_line
+        from workbench.session.results import summary_line
 
         lines = [f"\x1b[1;31m{self}\x1b[0m", summary_line(self.result.ranks)]
         info, err = self.failures[0]
@@ -137,3 +139,20 @@ def _notebook_cell() -> int | None:
     # the running cell's result holds its number (shell.execution_count is the next cell's by then)
     running = getattr(getattr(shell, "displayhook", None), "exec_result", None)
     return getattr(running, "execution_count", None)
+
+
+# "Cell In[2]" in a rank's traceback, colours and all: the engine's own count of the cells it ran
+_CELL_LABEL = re.compile(r"(Cell(?:\x1b\[[0-9;]*m)*\s(?:\x1b\[[0-9;]*m)*In\[)\d+(\])")
+
+
+def relabel_cells(lines: list[str], number: int | None) -> list[str]:
+    """A rank's traceback with its cell frames labelled as the notebook's cell ``number`` (``In [4]``), not
+    with the engine's count of the cells it ran; as it was when ``number`` is None.
+
+    >>> coloured = "\\x1b[36mCell\\x1b[39m\\x1b[36m \\x1b[39m\\x1b[32mIn[1]\\x1b[39m"
+    >>> relabel_cells(["Cell In[2], line 3", coloured], 4)
+    ['Cell In[4], line 3', '\\x1b[36mCell\\x1b[39m\\x1b[36m \\x1b[39m\\x1b[32mIn[4]\\x1b[39m']
+    """
+    if number is None:
+        return list(lines)
+    return [_CELL_LABEL.sub(lambda m: f"{m.group(1)}{number}{m.group(2)}", line) for line in lines]

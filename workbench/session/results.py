@@ -171,22 +171,6 @@ def in_backward(error) -> bool:
     return bool(_BACKWARD.search(plain_traceback(error)))
 
 
-# "Cell In[2]" in a rank's traceback, colours and all: the engine's own count of the cells it ran
-_CELL_LABEL = re.compile(r"(Cell(?:\x1b\[[0-9;]*m)*\s(?:\x1b\[[0-9;]*m)*In\[)\d+(\])")
-
-
-def relabel_cells(lines: list[str], number: int | None) -> list[str]:
-    """A rank's traceback with its cell frames labelled as the notebook's cell ``number`` (``In [4]``), not
-    with the engine's count of the cells it ran; as it was when ``number`` is None.
-
-    >>> relabel_cells(["Cell In[2], line 3", "\x1b[36mCell\x1b[39m\x1b[36m \x1b[39m\x1b[32mIn[1]\x1b[39m"], 4)
-    ['Cell In[4], line 3', '\x1b[36mCell\x1b[39m\x1b[36m \x1b[39m\x1b[32mIn[4]\x1b[39m']
-    """
-    if number is None:
-        return list(lines)
-    return [_CELL_LABEL.sub(lambda m: f"{m.group(1)}{number}{m.group(2)}", line) for line in lines]
-
-
 def plain_traceback(error) -> str:
     """A rank's traceback without its colours ("" if it has none).
 
