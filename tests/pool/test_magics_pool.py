@@ -219,7 +219,8 @@ def test_a_rank_error_shows_its_traceback_once_labelled_with_the_notebook_cell(i
     cell = "%%distributed\nx = 1\nif rank == 1:\n    raise ValueError('bad shard')"
     with capture_output() as cap:
         result = ipshell.run_cell(cell, store_history=True)
-    assert isinstance(result.error_in_exec, RankError), (cap.stdout, cap.stderr, [o.data for o in cap.outputs])
+    shown = (cap.stdout, cap.stderr, [o.data for o in cap.outputs])
+    assert isinstance(result.error_in_exec, RankError), shown
     text = re.sub(r"\x1b\[[0-9;]*m", "", cap.stdout + cap.stderr)  # the error block as the cell showed it
     assert "raised ValueError: bad shard" in text, text
     assert set(re.findall(r"Cell In\[(\d+)\]", text)) == {str(number)}, (number, text)  # not the engine count
