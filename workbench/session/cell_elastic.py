@@ -7,8 +7,9 @@ are left, sends them a signed regroup plan (who they are now, and a standby stor
 the cell goes on. A rank counts as hung when no rank has made progress for the Trainer's
 ``hang_timeout`` and it is behind the others (fewer steps begun or collectives launched) or silent: it
 is killed, then treated as lost. The kernel's rank map, the health watcher and the pool's state file
-follow the new membership at once; the fault is recorded ("rank 1 died at step 412; continuing on 3
-ranks") and counted as recovered when every rank left has completed a step in the new group.
+follow the new membership at once; the fault is recorded ("rank 1 died after step 412; continuing on 3
+ranks": the step the ranks fill in) and counted as recovered when every rank left has completed a step in
+the new group.
 
 ``%dist restart`` and ``%dist scale N`` during an elastic run (``%%distributed --async``) hand their
 change to the cell's thread (:meth:`ElasticWatch.request`), which makes it at the next step boundary;
