@@ -184,7 +184,7 @@ def test_a_rank_killed_mid_run_is_routed_around_and_no_sample_is_lost(four):
     assert outcomes == ["lost", "ok", "ok", "ok"], [(r.rank.rank, r.outcome, r.stderr[-500:])
                                                     for r in result.ranks]
     fault = four.faults[-1]
-    assert fault.kind == "died" and f"rank {victim} died at step" in fault.first_failure
+    assert fault.kind == "died" and f"rank {victim} died after step" in fault.first_failure
     assert fault.first_failure.endswith("continuing on 3 ranks")
     assert fault.recover_s is not None, "the kernel never saw a step completed after the regroup"
     kill_to_step = fault.time - t_kill + fault.recover_s
@@ -195,6 +195,12 @@ def test_a_rank_killed_mid_run_is_routed_around_and_no_sample_is_lost(four):
     assert four.pull("trainer.step") == [steps] * 3
     events = four.pull("trainer.elastic.events")
     assert all(e[-1]["lost"] == [victim] and e[-1]["world_size"] == 3 for e in events)
+    # one step number everywhere: the ranks' count (not the kernel's beacon estimate), in the fault record
+    # and in the ranks' own event, the last step they completed together
+    went_on_from = {e[-1]["step"] for e in events}
+    assert len(went_on_from) == 1 and went_on_from.pop() >= at_step
+    assert fault.first_failure == events[0][-1]["text"] == (
+        f"rank {victim} died after step {events[0][-1]['step']}; continuing on 3 ranks"), fault.first_failure
     check_every_sample_once(four.pull("log.steps"), steps)
     for got in final_params(four):
         torch.testing.assert_close(got, reference(steps))
@@ -212,7 +218,7 @@ def test_a_rank_that_hangs_is_killed_and_routed_around(four):
     assert sorted(r.outcome for r in result.ranks) == ["lost", "ok", "ok", "ok"]
     fault = four.faults[-1]
     assert fault.kind == "hang"
-    assert f"rank {victim} hung for 3 s (killed) at step {at_step + 1}" in fault.first_failure
+    assert f"rank {victim} hung for 3 s (killed) after step {at_step}" in fault.first_failure
     assert four.world_size == 3 and four.pull("trainer.step") == [steps] * 3
     check_every_sample_once(four.pull("log.steps"), steps)
     for got in final_params(four):
@@ -345,7 +351,7 @@ def test_a_rank_lost_while_the_group_re_forms_is_routed_around_in_the_same_regro
             os.kill(stopped, signal.SIGCONT)
     assert sorted(r.outcome for r in result.ranks) == ["lost", "lost", "ok", "ok"]
     died, stuck = four.faults[-2:]
-    assert died.kind == "died" and "rank 3 died at step" in died.first_failure
+    assert died.kind == "died" and "rank 3 died after step" in died.first_failure
     assert stuck.kind == "hang"
     assert "rank 2 did not answer the regroup for 5 s (killed)" in stuck.first_failure
     assert stuck.first_failure.endswith("continuing on 2 ranks")

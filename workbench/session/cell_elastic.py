@@ -7,8 +7,9 @@ are left, sends them a signed regroup plan (who they are now, and a standby stor
 the cell goes on. A rank counts as hung when no rank has made progress for the Trainer's
 ``hang_timeout`` and it is behind the others (fewer steps begun or collectives launched) or silent: it
 is killed, then treated as lost. The kernel's rank map, the health watcher and the pool's state file
-follow the new membership at once; the fault is recorded ("rank 1 died at step 412; continuing on 3
-ranks") and counted as recovered when every rank left has completed a step in the new group.
+follow the new membership at once; the fault is recorded ("rank 1 died after step 412; continuing on 3
+ranks": the step the ranks fill in) and counted as recovered when every rank left has completed a step in
+the new group.
 
 ``%dist restart`` and ``%dist scale N`` during an elastic run (``%%distributed --async``) hand their
 change to the cell's thread (:meth:`ElasticWatch.request`), which makes it at the next step boundary;
@@ -140,11 +141,13 @@ class ElasticWatch:
             return False
         step = self._step(stay)
         group, health = self.cell.group, self.cell.health
-        text = loss_text(infos, group.ranks, how, step=step + 1, left=len(stay),
+        # the ranks fill in {step}, the last step they completed together (the kernel's beacons lag);
+        # the fault record gets it once they have regrouped (_check_recovered)
+        text = loss_text(infos, group.ranks, how, step="{step}", left=len(stay),
                          fsdp=bool(settings.get("fsdp")))
         if detect_s is None and health.beacons is not None:  # how long it was silent before we knew
             detect_s = round(max(min(health.beacons.silent_for(r.rank), 3600.0) for r in infos), 3)
-        event = health.record(kind, infos[0], text, detect_s, 0.0)
+        event = health.record(kind, infos[0], text.replace(" after step {step}", ""), detect_s, 0.0)
         plan = group.regroup(stay, lost=infos, abort=True, text=text,
                              beats=health.beacons.latest if health.beacons else None)
         for r in infos:
@@ -152,10 +155,12 @@ class ElasticWatch:
         self._renumber()
         self.on_regroup()
         self.faults.append(event)
-        earlier = self.recovering["events"] if self.recovering and self.recovering.get("fault") else []
+        before = self.recovering if self.recovering is not None and self.recovering["fault"] else None
+        earlier = [*before["events"], (before["fault"], before["text"])] if before else []  # one regroup
         self.recovering = {"since": time.monotonic(), "generation": plan["generation"], "step": step,
-                           "fault": True, "events": [*earlier, event], "left": len(stay)}
-        self.report(text.replace("; continuing on", "; regrouping on"))  # "continuing" once it has
+                           "fault": event, "text": text, "events": earlier, "left": len(stay)}
+        # "continuing" once it has (_check_recovered)
+        self.report(text.replace(" after step {step}", "").replace("; continuing on", "; regrouping on"))
         if settings.get("replace") and self.bring_back is not None:
             self.bring_back()
         return True
@@ -211,15 +216,23 @@ class ElasticWatch:
         """The regroup is done once every member beacons from the new group past the lost step."""
         g, step = self.recovering["generation"], self.recovering["step"]
         beats = {r.rank: self.beat(r) for r in self.members()}
+        fault = self.recovering["fault"]
         if beats and all(b is not None and b.get("generation") == g
-                         and (b.get("trainer") or {}).get("step", 0) > step for b in beats.values()):
+                         and (b.get("trainer") or {}).get("step", 0) > step
+                         and (not fault or (b.get("trainer") or {}).get("regrouped_generation") == g)
+                         for b in beats.values()):
             seconds = time.monotonic() - self.recovering["since"]
             self.cell.group.heard({rank: b.get("endpoints") or [] for rank, b in beats.items()})
-            if self.recovering["fault"]:
-                for event in self.recovering["events"][:-1]:  # losses during the regroup: one recovery
+            if fault:
+                at = next(iter(beats.values()))["trainer"]["regrouped"]
+                fault.first_failure = self.recovering["text"].replace("{step}", str(at))
+                left = self.recovering["left"]
+                for event, text in self.recovering["events"]:  # losses before it, in the same regroup
+                    head = text.replace("{step}", str(at)).split("; continuing on")[0]
+                    event.first_failure = f"{head}; continuing on {left} ranks"
                     event.recover_s = round(seconds, 3)
                 self.cell.health.recovered(seconds)
-                self.report(f"continuing on {self.recovering['left']} ranks from step {step + 1}, "
+                self.report(f"continuing on {self.recovering['left']} ranks after step {at}, "
                             f"regrouped in {seconds:.1f} s")
             self.recovering = None
             return

@@ -6,9 +6,9 @@ Pure functions over the rank map (kernel side; no torch), used by the in-cell el
 >>> hosts = ["n1", "n1", "n2", "n2"]
 >>> ranks = [RankInfo(i, i % 2, i // 2, h, 100 + i, "cpu", i) for i, h in enumerate(hosts)]
 >>> loss_text(ranks[2:], ranks, "sent no heartbeat for 3 s", step=21, left=2)
-'host n2 lost: ranks 2-3, link silent for 3 s at step 21; continuing on 2 ranks'
+'host n2 lost: ranks 2-3, link silent for 3 s after step 21; continuing on 2 ranks'
 >>> loss_text(ranks[3:], ranks, "died", step=21, left=3)
-'rank 3 died at step 21; continuing on 3 ranks'
+'rank 3 died after step 21; continuing on 3 ranks'
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ def lost_hosts(lost: list[RankInfo], ranks: list[RankInfo]) -> list[str]:
     return [h for h in hosts if all(r.engine_id in gone for r in ranks if r.host == h)]
 
 
-def loss_text(lost: list[RankInfo], ranks: list[RankInfo], how: str, *, step: int, left: int,
+def loss_text(lost: list[RankInfo], ranks: list[RankInfo], how: str, *, step: int | str, left: int,
               fsdp: bool = False) -> str:
     """One line for ranks ``lost`` out of ``ranks`` (``how``: what the watcher saw), the run going on
-    with ``left`` ranks from ``step``. Where every rank of a host is lost, the host is named."""
+    with ``left`` ranks after ``step`` (the last step completed; ``"{step}"``: the ranks fill it in).
+    Where every rank of a host is lost, the host is named."""
     hosts = lost_hosts(lost, ranks)
     numbers = format_ranks(r.rank for r in lost)
     plural = "s" if len(lost) != 1 else ""
@@ -43,7 +44,7 @@ def loss_text(lost: list[RankInfo], ranks: list[RankInfo], how: str, *, step: in
         head = f"host{'s' if len(hosts) != 1 else ''} {', '.join(hosts)} lost: rank{plural} {numbers}, {how}"
     else:
         head = f"rank{plural} {numbers} {how}"
-    return (f"{head} at step {step}; continuing on {left} rank{'s' if left != 1 else ''}"
+    return (f"{head} after step {step}; continuing on {left} rank{'s' if left != 1 else ''}"
             + (" (its shards from the last checkpoint)" if fsdp else ""))
 
 
