@@ -229,6 +229,7 @@ class CellRun:
             text = death_text(lost, self.group.ranks, dead) if not self.group.local else \
                 f"rank {lost[0].rank} {how}"
             self._start_fault(now, "died", lost[0], text, AFTER_FAILURE)
+            self.health.announce(r.rank for r in lost)  # one fault: never "died while idle" after it
             return
         for r, c in self.children:
             err = c.output.metadata["error"]

@@ -182,6 +182,10 @@ class Health:
         self._pending = event
         return event
 
+    def announce(self, ranks) -> None:
+        """These deaths were reported already (a cell's one fault for a whole host): not again as idle."""
+        self._announced |= set(ranks)
+
     def recovered(self, seconds: float) -> None:
         """The pending fault was recovered from in ``seconds`` (the group re-formed)."""
         if self._pending is not None:
