@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -39,6 +40,22 @@ HEARTBEAT_MS = 100
 # own watcher (a pidfd locally, the beacons elsewhere) within a second; this is the controller's
 # last resort, at 10 s.
 HEARTBEAT_MISSES = 100
+# The controller forgets an engine that registered but whose heart it has not seen answer a ping within
+# its registration timeout (ipyparallel: 30 s); on a loaded machine an engine can take that long between its
+# registration and its first answer (it builds its kernel first). The controller waits as long as we do.
+# How many engines one ``timeout`` is for: a start of more waits proportionally longer.
+ENGINES_PER_TIMEOUT = 32
+
+
+def registration_wait(timeout: float, n: int) -> float:
+    """How long a start of ``n`` engines waits for them to register: ``timeout``, longer beyond
+    :data:`ENGINES_PER_TIMEOUT` engines (a 2-core machine starts 64 forked engines in about 20 s idle, more
+    under load).
+
+    >>> registration_wait(60, 8), registration_wait(60, 64)
+    (60, 120.0)
+    """
+    return timeout if n <= ENGINES_PER_TIMEOUT else timeout * n / ENGINES_PER_TIMEOUT
 
 # Engines started as new interpreters (remote launchers) import torch in the background while they
 # register: that import is most of their time to a ready pool, and it overlaps with the registration.
@@ -125,7 +142,9 @@ class EnginePool:
                 # warnings only: at INFO the controller logs a line for every query, e.g. each look of the
                 # sidebar at which ranks are busy
                 controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN",
-                                 f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"],
+                                 f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
+                                 "--IPController.registration_timeout="
+                                 f"{max(30, math.ceil(registration_wait(self.timeout, self.n)))}"],
                 delay=0,  # engines wait for the controller's connection info anyway
                 # forked engines start at once and read the controller's connection file when it is written
                 send_engines_connection_env=not self.forks,
@@ -191,7 +210,8 @@ class EnginePool:
         return running + len(self._dead_engines())
 
     def _wait_for_engines(self, progress: Progress) -> None:
-        deadline = time.monotonic() + self.timeout
+        wait = registration_wait(self.timeout, self.n)
+        deadline = time.monotonic() + wait
         seen = -1
         while True:
             up = len(self.client.ids)
@@ -215,9 +235,20 @@ class EnginePool:
             if time.monotonic() > deadline:
                 jobs = "".join(f"; Slurm job {job}: {how}" for job, how in self._job_states().items())
                 raise start_errors.start_error(
-                    f"only {up} of {self.n} engines registered within {self.timeout:g} s{jobs}",
+                    f"only {up} of {self.n} engines registered within {wait:g} s{jobs}{self._why_slow()}",
                     "Try a longer --timeout, or fewer engines.", log=self.log_file)
             time.sleep(0.02 if self.launcher == "local" else 0.1)
+
+    def _why_slow(self) -> str:
+        """What the machine was doing meanwhile: engine processes running, and the load on its cores."""
+        if self.launcher != "local":
+            return ""
+        running = sum(1 for el in self._local_launchers() if el.pid > 0 and psutil.pid_exists(el.pid))
+        load = os.getloadavg()[0]
+        cores = os.cpu_count() or 1
+        busy = " (too busy for every engine to answer the controller's heartbeat in time)" \
+            if load > cores else ""
+        return f" ({running} engine processes running; load average {load:.1f} on {cores} cores{busy})"
 
     def start_more(self, n: int, known_ids: set[int], *, alive: int) -> list[int]:
         """Start ``n`` more engines (to replace dead ones, or to grow) beside the ``alive`` ones still

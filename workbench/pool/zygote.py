@@ -203,7 +203,10 @@ def _child(role: str, request: dict, keep_fds: set[int]) -> None:
         if role == "engine":
             import importlib.util
 
+            from workbench.engine import agent
             from workbench.pool.engine_main import engine_argv
+
+            agent.skip_warming()  # what the zygote warmed is warm here; the rest is not done N times
 
             main = _engine(request.get("connection_file"))
             have_mpi4py = importlib.util.find_spec("mpi4py") is not None
