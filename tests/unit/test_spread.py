@@ -65,3 +65,19 @@ def test_merger_collapses_numeric_lines_only_when_asked():
     assert out[17:] == ["[ranks 0-15] same\n"]
     plain = _merged(ranks, texts, spread_numbers=False)
     assert len(plain) == 16 + 16 + 1 and plain[0] == "[rank 0] step 40 loss 2.30\n"
+
+
+def test_per_rank_view_at_64_ranks_puts_the_failing_rank_first_and_counts_the_rest():
+    from types import SimpleNamespace as R
+
+    from workbench.magics.rank_tabs import rank_tabs
+
+    ranks = [R(rank=R(rank=i), outcome="error" if i == 17 else "ok", stdout=f"{i}\n", stderr="",
+               error=R(traceback="ValueError: bad") if i == 17 else None) for i in range(64)]
+    bundle = rank_tabs(R(ranks=ranks), world_size=64)
+    assert bundle["text/plain"] == "per rank (world size 64): 64 ranks · 63 ok · 1 error (rank 17)"
+    page = bundle["text/html"]
+    first_label = page.index("<label")
+    assert page[first_label:].startswith('<label class="wb-fail"') and "rank 17 ✗" in page
+    assert page.index("rank 17 ✗") < page.index(">rank 0<")  # the failing tab before rank 0's
+    assert 'checked><label class="wb-fail"' in page  # and selected
