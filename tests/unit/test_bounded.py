@@ -10,7 +10,7 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def test_interleaved_partial_lines_of_two_ranks_stay_whole_in_the_log(tmp_path):
-    out = CellOutput([0, 1], log_dir=tmp_path, pool_id="p", head=2, tail=2)
+    out = CellOutput(log_dir=tmp_path, pool_id="p", head=2, tail=2)
     for i in range(20):  # each line in two pieces, the ranks taking turns mid-line
         for rank in (0, 1):
             out.feed(rank, "stdout", f"line {i} of")
@@ -26,7 +26,7 @@ def test_interleaved_partial_lines_of_two_ranks_stay_whole_in_the_log(tmp_path):
 
 
 def test_head_shown_live_then_count_and_tail_at_the_end(tmp_path):
-    out = CellOutput([0], log_dir=tmp_path, head=3, tail=2)
+    out = CellOutput(log_dir=tmp_path, head=3, tail=2)
     out.feed(0, "stdout", "".join(f"{i}\n" for i in range(10)))
     assert out.drain() == [(0, "stdout", "0\n1\n2\n")]
     out.feed(0, "stdout", "10\n")
@@ -38,7 +38,7 @@ def test_head_shown_live_then_count_and_tail_at_the_end(tmp_path):
 
 
 def test_output_within_head_and_tail_opens_no_log(tmp_path):
-    out = CellOutput([0], log_dir=tmp_path, head=3, tail=2)
+    out = CellOutput(log_dir=tmp_path, head=3, tail=2)
     out.feed(0, "stdout", "a\nb\nc\nd\ne\n")
     assert out.drain() == [(0, "stdout", "a\nb\nc\n")] and out.close() == [(0, "stdout", "d\ne\n")]
     assert out.text(0, "stdout") == "a\nb\nc\nd\ne\n"
@@ -46,7 +46,7 @@ def test_output_within_head_and_tail_opens_no_log(tmp_path):
 
 
 def test_a_few_enormous_lines_are_bounded_by_characters_too(tmp_path):
-    out = CellOutput([0], log_dir=tmp_path, head=100, tail=1, head_chars=1000)
+    out = CellOutput(log_dir=tmp_path, head=100, tail=1, head_chars=1000)
     for _ in range(5):
         out.feed(0, "stdout", "x" * 100_000 + "\n")
     out.close()

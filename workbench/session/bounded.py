@@ -8,7 +8,7 @@ its last :data:`TAIL_LINES` lines are kept (shown when the cell ends), and once 
 whole output of the cell, every rank's, goes to a log file (``output-<pool>-<time>.log`` beside the
 pool's log) that the cell's last lines name.
 
->>> import tempfile; out = CellOutput([0], log_dir=Path(tempfile.mkdtemp()), head=2, tail=1)
+>>> import tempfile; out = CellOutput(log_dir=Path(tempfile.mkdtemp()), head=2, tail=1)
 >>> out.feed(0, "stdout", "a\\nb\\nc\\nd\\n")
 >>> out.drain()
 [(0, 'stdout', 'a\\nb\\n')]
@@ -31,7 +31,6 @@ TAIL_LINES = 50  # per rank and stream: the last ones, shown at the end
 HEAD_CHARS = 256 * 1024  # a head of few but very long lines ends here too
 LINE_CHARS = 10_000  # a kept tail line is cut here (the log has all of it)
 KEEP_LOGS = 20  # output logs kept (the newest)
-STREAMS = ("stdout", "stderr")
 
 
 class _Stream:
@@ -61,16 +60,18 @@ class _Stream:
 
 
 class CellOutput:
-    """Every target rank's stdout and stderr of one cell, bounded; thread-safe (ipyparallel's IO thread
+    """Every rank's stdout and stderr of one cell, bounded; thread-safe (ipyparallel's IO thread
     feeds it, the kernel's main thread drains it).
 
-    ``log_dir``: where the log of an output that outgrew the bound goes (None: the system's temp folder).
+    ``log_dir``: where the log of an output that outgrew the bound goes (None: beside the pools' logs, in
+    the workbench's state folder; looked up only when a log is needed).
     """
 
-    def __init__(self, ranks: list[int], *, log_dir: Path | None, pool_id: str | None = None,
+    def __init__(self, *, log_dir: Path | None, pool_id: str | None = None,
                  head: int = HEAD_LINES, tail: int = TAIL_LINES, head_chars: int = HEAD_CHARS):
         self.head_max, self.head_chars_max = head, head_chars
-        self.streams = {(r, k): _Stream(tail) for r in ranks for k in STREAMS}
+        self.tail_max = tail
+        self.streams: dict[tuple[int, str], _Stream] = {}  # made as ranks print (a quiet cell makes none)
         self.log_dir, self.pool_id = log_dir, pool_id
         self.log_path: Path | None = None
         self._log = None
@@ -82,7 +83,9 @@ class CellOutput:
         if not text:
             return
         with self._lock:
-            st = self.streams.setdefault((rank, kind), _Stream(TAIL_LINES))
+            st = self.streams.get((rank, kind))
+            if st is None:
+                st = self.streams[(rank, kind)] = _Stream(self.tail_max)
             if self._log is not None:
                 self._write(rank, kind, text)
             if not st.over:
@@ -169,11 +172,9 @@ class CellOutput:
 
     # -- the log ----------------------------------------------------------------------------------
     def _open_log(self) -> None:
-        import tempfile
-
         from workbench.pool import state as pool_state
 
-        folder = Path(self.log_dir) if self.log_dir is not None else Path(tempfile.gettempdir())
+        folder = Path(self.log_dir) if self.log_dir is not None else pool_state.state_dir()
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.log_path = folder / f"output-{self.pool_id or os.getpid()}-{stamp}-{os.urandom(3).hex()}.log"
         _prune(folder)

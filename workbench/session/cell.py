@@ -100,8 +100,7 @@ class CellRun:
         self.children = [(by_engine[eid], child)
                          for eid, child in zip(ar._targets, ar._children, strict=True)]
         wake = self._wake
-        self.relay.attach(self.children, CellOutput([r.rank for r in self.targets], log_dir=_log_dir(),
-                                                    pool_id=self.health.pool_id))
+        self.relay.attach(self.children, CellOutput(log_dir=None, pool_id=self.health.pool_id))
         for _, child in self.children:
             child.iopub_callbacks.append(lambda msg: wake.set())
         ar.add_done_callback(lambda f: wake.set())
@@ -418,13 +417,6 @@ class OutputRelay:
             for content in outputs[done:]:
                 self.on_output(info.rank, "display", content)
             self.sent[(info.rank, "display")] = len(outputs)
-
-
-def _log_dir():
-    """Where a cell's whole output goes once it outgrew the bound: beside the pools' logs."""
-    from workbench.pool import state as pool_state
-
-    return pool_state.state_dir()
 
 
 class RunHandle:
