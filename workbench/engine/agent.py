@@ -266,9 +266,10 @@ def _warm_tracebacks(delay: float = 0.2) -> None:
     parse_traceback_sources()
 
 
-def parse_traceback_sources() -> None:
+def parse_traceback_sources(only_loaded: bool = False) -> None:
     """Parse the files of :data:`_TRACEBACK_MODULES` into stack_data's cache (the zygote does it once for
-    every engine it forks; an engine started on its own does it in the background)."""
+    every engine it forks; an engine started on its own does it in the background). ``only_loaded``: skip
+    the modules not imported yet (the trainer: seconds to import) rather than import them."""
     import importlib
     import sys
 
@@ -278,7 +279,7 @@ def parse_traceback_sources() -> None:
         return
     for name in _TRACEBACK_MODULES:
         module = sys.modules.get(name)
-        if module is None and name.startswith("workbench."):
+        if module is None and name.startswith("workbench.") and not only_loaded:
             module = importlib.import_module(name)
         path = getattr(module, "__file__", None)
         if path:
