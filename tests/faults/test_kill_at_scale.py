@@ -48,7 +48,7 @@ def test_a_killed_rank_of_32_is_the_one_named_and_the_others_are_released():
         assert fault.kind == "died" and fault.rank == VICTIM
         # the 31 others came back from the collective and kept their Python state
         states = {r["rank"]: r["state"] for r in s.status()}
-        assert states[VICTIM] == "dead" and {v for r, v in states.items() if r != VICTIM} == {"idle"}
+        assert states[VICTIM] == "failed" and {v for r, v in states.items() if r != VICTIM} == {"idle"}
         assert [s.pull("kept", rank=r) for r in (0, 16, 18, 31)] == [0, 48, 54, 93]
         assert s.restart() == [VICTIM]  # one engine forked again; the group re-forms with all 32
         print(f"\n32 ranks, rank {VICTIM} killed: {fault.summary()} (load {os.getloadavg()[0]:.1f})")
