@@ -58,6 +58,8 @@ INTERRUPTS = ("KeyboardInterrupt", "TrainingInterrupted")
 ECHO_WAIT_S = 0.5
 # SIGTERM and SIGKILL wait up to this much longer for a rank whose beacon shows it reporting its error.
 FINISHING_GRACE_S = 10.0
+# After a fault, how long the ranks that finished may take to deliver the rest of their output.
+OUTPUT_AFTER_FAULT_S = 1.0
 # The wait loop wakes on output, on a death and at least this often (the dashboard's tick, the ladder).
 TICK_S = 0.05
 
@@ -112,9 +114,12 @@ class CellRun:
             self.health.remove_listener(wake.set)
             self.elastic.close()
         self._await_deaths(wake)
-        live = [c for r, c in self.children if r.engine_id not in self.elastic.dropped]
-        if all(c.done() for c in live):  # a dead rank's output never completes
-            futures.wait([c.output for c in live], timeout=0 if self.fault_at else 5)
+        dead = self.health.dead
+        live = [c for r, c in self.children if r.engine_id not in self.elastic.dropped and r.rank not in dead]
+        if all(c.done() for c in live):  # a dead rank's output never completes: not waited for
+            # after a fault too, briefly: a rank that finished has its last output on the way (on a loaded
+            # machine its lines came after the result was made, and its tab said "no output")
+            futures.wait([c.output for c in live], timeout=OUTPUT_AFTER_FAULT_S if self.fault_at else 5)
         self.relay.forward(self.children, final=True)
         result = CellResult([self._rank_result(r, c) for r, c in self.children], time.perf_counter() - t0)
         deaths = any(isinstance(r.error, RankDied) for r in result.ranks)
