@@ -266,7 +266,8 @@ class Transcript:
         for r in infos:
             client[r.engine_id].apply_sync(calls.join_alone, device=r.device, backend=group.config.backend,
                                            timeout_s=group.config.timeout, channel=group.pool.channel,
-                                           standby_address=group.config.address)
+                                           standby_address=group.config.address,
+                                           stores_folder=group.stores_folder())
         view = group.view(infos)
         view.apply_sync(calls.set_replay, True)
         built, cells = 0, 0
