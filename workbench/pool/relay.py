@@ -21,6 +21,7 @@ instead of being published to nobody.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import zmq
@@ -45,14 +46,20 @@ def tcp_url(address: str, port: int | None = None) -> str:
 
 
 class Relay:
-    """Binds ``up`` (PULL) and ``out`` (XPUB) on ``address`` and forwards what ``key`` signed, on a thread."""
+    """Binds ``up`` (PULL) and ``out`` (XPUB) on ``address`` and forwards what ``key`` signed, on a thread.
 
-    def __init__(self, address: str, key: str):
+    ``folder``: a private (0700) folder to bind unix sockets in instead (a local pool): a message is
+    signed but not encrypted, and on TCP any user of the machine could subscribe to ``out`` and read
+    every beacon, metric and command; a socket in the folder only the pool's user can open.
+    """
+
+    def __init__(self, address: str, key: str, folder: str | None = None):
         self._signer = wire.Signer(key)
         self._ctx = zmq.Context()
-        self._up = self._socket(zmq.PULL, address)
+        self._folder = folder
+        self._up = self._socket(zmq.PULL, address, "up")
         self._up.setsockopt(zmq.RCVHWM, HWM)
-        self._out = self._socket(zmq.XPUB, address)
+        self._out = self._socket(zmq.XPUB, address, "out")
         self._out.setsockopt(zmq.SNDHWM, HWM)
         self.up = self._up.getsockopt_string(zmq.LAST_ENDPOINT)
         self.out = self._out.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -62,9 +69,12 @@ class Relay:
         self._thread = threading.Thread(target=self._loop, name="workbench-relay", daemon=True)
         self._thread.start()
 
-    def _socket(self, kind: int, address: str):
+    def _socket(self, kind: int, address: str, name: str):
         sock = self._ctx.socket(kind)
         wire.configure(sock)
+        if self._folder:
+            sock.bind(f"ipc://{os.path.join(self._folder, 'relay-' + name)}")
+            return sock
         if ":" in address:
             sock.setsockopt(zmq.IPV6, 1)
         sock.bind_to_random_port(tcp_url(address))
