@@ -21,6 +21,7 @@ instead of being published to nobody.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
@@ -43,6 +44,9 @@ def tcp_url(address: str, port: int | None = None) -> str:
     """
     host = f"[{address}]" if ":" in address else address
     return f"tcp://{host}" if port is None else f"tcp://{host}:{port}"
+
+
+IPC_PATH_MAX = 107  # sun_path of a Linux unix socket, less its final NUL
 
 
 class Relay:
@@ -72,9 +76,13 @@ class Relay:
     def _socket(self, kind: int, address: str, name: str):
         sock = self._ctx.socket(kind)
         wire.configure(sock)
-        if self._folder:
-            sock.bind(f"ipc://{os.path.join(self._folder, 'relay-' + name)}")
+        path = os.path.join(self._folder or "", f"relay-{name}")
+        if self._folder and len(path.encode()) < IPC_PATH_MAX:
+            sock.bind(f"ipc://{path}")
             return sock
+        if self._folder:  # a unix socket's path has room for 107 bytes: the runtime folder is too deep
+            logging.getLogger("workbench.pool").warning(
+                "side channel on %s, not a unix socket: %s is too long a path", address, path)
         if ":" in address:
             sock.setsockopt(zmq.IPV6, 1)
         sock.bind_to_random_port(tcp_url(address))
