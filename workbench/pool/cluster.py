@@ -123,9 +123,12 @@ class EnginePool:
                 cluster_file=str(pool_state.state_dir() / f"cluster-{self.pool_id}.json"),
                 controller_ip=self.address,
                 # warnings only: at INFO the controller logs a line for every query, e.g. each look of the
-                # sidebar at which ranks are busy
+                # sidebar at which ranks are busy. CurveZMQ: without it any user who reaches the controller
+                # can subscribe to its iopub and read every rank's output (signed, not encrypted); with it
+                # a socket needs the controller's key, which only the 0600 connection files hold
                 controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN",
-                                 f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"],
+                                 f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
+                                 "--IPController.enable_curve=True"],
                 delay=0,  # engines wait for the controller's connection info anyway
                 # forked engines start at once and read the controller's connection file when it is written
                 send_engines_connection_env=not self.forks,
