@@ -123,12 +123,10 @@ class EnginePool:
                 cluster_file=str(pool_state.state_dir() / f"cluster-{self.pool_id}.json"),
                 controller_ip=self.address,
                 # warnings only: at INFO the controller logs a line for every query, e.g. each look of the
-                # sidebar at which ranks are busy. CurveZMQ: without it any user who reaches the controller
-                # can subscribe to its iopub and read every rank's output (signed, not encrypted); with it
-                # a socket needs the controller's key, which only the 0600 connection files hold
+                # sidebar at which ranks are busy
                 controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN",
                                  f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
-                                 "--IPController.enable_curve=True"],
+                                 *self._curve()],
                 delay=0,  # engines wait for the controller's connection info anyway
                 # forked engines start at once and read the controller's connection file when it is written
                 send_engines_connection_env=not self.forks,
@@ -172,6 +170,13 @@ class EnginePool:
                     self.stop()
             raise error from None
         return self.client
+
+    def _curve(self) -> list[str]:
+        """CurveZMQ for a local pool's controller: without it any user of the machine can subscribe to its
+        iopub and read every rank's output (signed, not encrypted); with it a socket needs the
+        controller's key, which only the 0600 connection files hold. Not yet for engines started over
+        ssh, Slurm or MPI: their start failed with it (the ssh pool test), so they stay as before."""
+        return ["--IPController.enable_curve=True"] if self.launcher == "local" else []
 
     def explain(self, exc: BaseException) -> BaseException:
         """The one error to raise for ``exc``, which ended this pool's start (see start_errors)."""
