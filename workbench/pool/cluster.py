@@ -172,11 +172,10 @@ class EnginePool:
         return self.client
 
     def _curve(self) -> list[str]:
-        """CurveZMQ for a local pool's controller: without it any user of the machine can subscribe to its
-        iopub and read every rank's output (signed, not encrypted); with it a socket needs the
-        controller's key, which only the 0600 connection files hold. Not yet for engines started over
-        ssh, Slurm or MPI: their start failed with it (the ssh pool test), so they stay as before."""
-        return ["--IPController.enable_curve=True"] if self.launcher == "local" else []
+        """CurveZMQ for the controller: without it any user who reaches it can subscribe to its iopub and
+        read every rank's output (signed, not encrypted); with it a socket needs the controller's key,
+        which only the 0600 connection files (and the engines' connection info) hold."""
+        return ["--IPController.enable_curve=True"]
 
     def explain(self, exc: BaseException) -> BaseException:
         """The one error to raise for ``exc``, which ended this pool's start (see start_errors)."""

@@ -136,7 +136,8 @@ class ProcessGroup:
                 timeout_s=self.config.timeout, collective_timeout_s=self.config.collective_timeout,
                 local_pids=[o.pid for o in self.ranks if o.host == r.host],
                 ifname="lo" if self.local else routes[r.rank]["ifname"], channel=self.pool.channel,
-                generation=generation, standby_address=own[r.rank], store=store, stores_folder=folder)
+                generation=generation, standby_address=own[r.rank],
+                **({"store": store, "stores_folder": folder} if folder else {}))  # local: files to meet in
             for r in self.ranks
         ]
         try:
