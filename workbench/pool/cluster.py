@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -26,7 +27,7 @@ from ipyparallel.cluster.launcher import BatchSystemLauncher, LocalProcessLaunch
 from workbench import wire
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
-from workbench.pool import capacity, launchers, reap, sharing, spare, spawn, start_errors
+from workbench.pool import capacity, exposure, launchers, reap, sharing, spare, spawn, start_errors
 from workbench.pool import state as pool_state
 from workbench.pool.relay import Relay
 from workbench.pool.zygote import Zygote
@@ -39,6 +40,24 @@ HEARTBEAT_MS = 100
 # own watcher (a pidfd locally, the beacons elsewhere) within a second; this is the controller's
 # last resort, at 10 s.
 HEARTBEAT_MISSES = 100
+# The controller forgets an engine that registered but whose heart it has not seen answer a ping within
+# its registration timeout (ipyparallel: 30 s); on a loaded machine an engine can take that long between its
+# registration and its first answer (it builds its kernel first). The controller waits as long as we do.
+# A start whose count of engines has not moved for this long asks the controller which it registered.
+RESYNC_S = 2.0
+# How many engines one ``timeout`` is for: a start of more waits proportionally longer.
+ENGINES_PER_TIMEOUT = 32
+
+
+def registration_wait(timeout: float, n: int) -> float:
+    """How long a start of ``n`` engines waits for them to register: ``timeout``, longer beyond
+    :data:`ENGINES_PER_TIMEOUT` engines (a 2-core machine starts 64 forked engines in about 20 s idle, more
+    under load).
+
+    >>> registration_wait(60, 8), registration_wait(60, 64)
+    (60, 120.0)
+    """
+    return timeout if n <= ENGINES_PER_TIMEOUT else timeout * n / ENGINES_PER_TIMEOUT
 
 # Engines started as new interpreters (remote launchers) import torch in the background while they
 # register: that import is most of their time to a ready pool, and it overlaps with the registration.
@@ -47,6 +66,9 @@ PRELOAD = ("import threading; "
 # No ipyparallel nanny per engine: the kernel signals local engines by pid, and the others through their
 # agent (workbench.engine.agent); engine deaths are seen by the health watcher.
 ENGINE_ARGS = [f"--IPEngine.startup_command={PRELOAD}", "--IPEngine.enable_nanny=False"]
+# A forked engine does not watch the controller's heartbeat itself (that wakes its main thread ten times a
+# second, idle or not): its zygote and the pool's lease end it with the pool, whatever ends first.
+FORKED_ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=0"]
 
 Progress = Callable[[str], None]
 # what launches a whole engine set at once
@@ -125,7 +147,10 @@ class EnginePool:
                 # warnings only: at INFO the controller logs a line for every query, e.g. each look of the
                 # sidebar at which ranks are busy
                 controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN",
-                                 f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"],
+                                 f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
+                                 "--IPController.registration_timeout="
+                                 f"{max(30, math.ceil(registration_wait(self.timeout, self.n)))}",
+                                 *self._curve()],
                 delay=0,  # engines wait for the controller's connection info anyway
                 # forked engines start at once and read the controller's connection file when it is written
                 send_engines_connection_env=not self.forks,
@@ -136,7 +161,9 @@ class EnginePool:
                 shutdown_atexit=False,  # stop() and the lease end the pool; ipyparallel's hook would block
             )
             key = wire.new_key()  # the side channel first: the state file records how to reach it
-            self.relay = Relay(self.address, key)
+            # a local pool's side channel is unix sockets in its private folder: no other user can listen in
+            folder = str(pool_state.store_dir(self.pool_id)) if self.launcher == "local" else None
+            self.relay = Relay(self.address, key, folder)
             self.channel = {"up": self.relay.up, "out": self.relay.out, "key": key}
             self._record()  # the lease runs before any process of the pool exists
             if self.forks:
@@ -148,6 +175,8 @@ class EnginePool:
             self.cluster.start_controller_sync(output_file=str(self.log_file),
                                                environment=reap.tag(self.pool_id))
             self._record()
+            exposure.check(self._controller_pids(), [self.relay.up, self.relay.out], self.address,
+                           self.config.interface)
             via = f" through {self.launcher}" if self.launcher != "local" else ""
             progress(f"starting {self.n} engines{via}")
             self._start_engine_set(self.n)
@@ -166,6 +195,12 @@ class EnginePool:
             raise error from None
         return self.client
 
+    def _curve(self) -> list[str]:
+        """CurveZMQ for the controller: without it any user who reaches it can subscribe to its iopub and
+        read every rank's output (signed, not encrypted); with it a socket needs the controller's key,
+        which only the 0600 connection files (and the engines' connection info) hold."""
+        return ["--IPController.enable_curve=True"]
+
     def explain(self, exc: BaseException) -> BaseException:
         """The one error to raise for ``exc``, which ended this pool's start (see start_errors)."""
         return start_errors.explain(exc, launcher=self.launcher, address=self.address, log=self.log_file,
@@ -173,7 +208,8 @@ class EnginePool:
 
     def _start_engine_set(self, n: int, hosts: dict[str, int] | None = None) -> None:
         kwargs = launchers.engine_set_kwargs(self.config, n, work_dir=self.work_dir, env=self.env,
-                                             engine_args=ENGINE_ARGS, log=str(self.log_file or ""))
+                                             engine_args=ENGINE_ARGS + FORKED_ENGINE_ARGS * self.forks,
+                                             log=str(self.log_file or ""))
         if hosts and self.launcher == "ssh":  # replacements: on the hosts chosen for them
             kwargs["engines"] = dict(hosts)
         try:
@@ -193,12 +229,15 @@ class EnginePool:
         return running + len(self._dead_engines())
 
     def _wait_for_engines(self, progress: Progress) -> None:
-        deadline = time.monotonic() + self.timeout
-        seen = -1
+        wait = registration_wait(self.timeout, self.n)
+        deadline = time.monotonic() + wait
+        seen, changed = -1, time.monotonic()
         while True:
             up = len(self.client.ids)
+            if up < self.n and time.monotonic() - changed > RESYNC_S:
+                up, changed = self._sync_engines(), time.monotonic()
             if up != seen:
-                seen = up
+                seen, changed = up, time.monotonic()
                 progress(f"engines up: {up}/{self.n}")
             if up >= self.n:
                 return
@@ -217,9 +256,33 @@ class EnginePool:
             if time.monotonic() > deadline:
                 jobs = "".join(f"; Slurm job {job}: {how}" for job, how in self._job_states().items())
                 raise start_errors.start_error(
-                    f"only {up} of {self.n} engines registered within {self.timeout:g} s{jobs}",
+                    f"only {up} of {self.n} engines registered within {wait:g} s{jobs}{self._why_slow()}",
                     "Try a longer --timeout, or fewer engines.", log=self.log_file)
             time.sleep(0.02 if self.launcher == "local" else 0.1)
+
+    def _sync_engines(self) -> int:
+        """How many engines the controller has registered, as it says; the client's list is brought up to
+        date. (The client learns of each engine from a notification it subscribes to; on a loaded machine
+        a start was seen stuck at 4 of 8 engines for two minutes while the controller's heart monitor had
+        reported all 8 hearts.)"""
+        try:
+            future = self.client._send(self.client._query_stream, "connection_request")
+            engines = future.result(timeout=5)["content"].get("engines") or {}
+        except Exception:  # the controller is busy or gone: the loop's other checks say what happened
+            return len(self.client.ids)
+        self.client._update_engines(engines)
+        return len(self.client.ids)
+
+    def _why_slow(self) -> str:
+        """What the machine was doing meanwhile: engine processes running, and the load on its cores."""
+        if self.launcher != "local":
+            return ""
+        running = sum(1 for el in self._local_launchers() if el.pid > 0 and psutil.pid_exists(el.pid))
+        load = os.getloadavg()[0]
+        cores = os.cpu_count() or 1
+        busy = " (too busy for every engine to answer the controller's heartbeat in time)" \
+            if load > cores else ""
+        return f" ({running} engine processes running; load average {load:.1f} on {cores} cores{busy})"
 
     def start_more(self, n: int, known_ids: set[int], *, alive: int, hosts: dict[str, int] | None = None
                    ) -> list[int]:
@@ -372,6 +435,15 @@ class EnginePool:
             pids.append(self._lease.pid)
         return pids
 
+    def _controller_pids(self) -> list[int]:
+        """The controller's process and its children (this machine)."""
+        pid = self.cluster.controller.pid if self.cluster and self.cluster.controller is not None else 0
+        try:
+            proc = psutil.Process(pid) if pid > 0 else None
+            return [pid, *(c.pid for c in proc.children(recursive=True))] if proc else []
+        except psutil.Error:
+            return []
+
     def jobs(self) -> list[str]:
         """The Slurm job ids of the pool's engine sets."""
         if self.attached:
@@ -403,7 +475,9 @@ class EnginePool:
             "remote": [{"id": f"{el.location}:{el.pid}",
                         "cancel": [*el.ssh_cmd, *el.ssh_args, el.location, "kill", str(el.pid)]}
                        for el in self._launchers() if isinstance(el, SSHLauncher) and el.pid > 0],
-            "dirs": [self.work_dir] if self.work_dir else [],
+            # the scratch folder; a local pool's store folder (where its ranks meet) goes with it
+            "dirs": ([self.work_dir] if self.work_dir else [])
+            + ([str(pool_state.store_dir(self.pool_id, create=False))] if self.launcher == "local" else []),
             "cluster_file": self.cluster.cluster_file if self.cluster else None,
             "processes": records,
             "channel": self.channel,

@@ -35,7 +35,7 @@ from workbench.session.losses import loss_text
 
 # A regroup whose members say they still wait for some of them this long is re-planned without those.
 REPLAN_S = 5.0
-REPLAN_QUIET_S = 1.0  # ... and that have been silent this long (a member only slow to come still beacons)
+REPLAN_QUIET_S = 2.0  # ... and that have been silent this long (a member only slow to come still beacons)
 # What a new engine runs to join an elastic run in progress (the plan and remote.join_running pushed first).
 JOIN = "result = _wb_join_running(_workbench_plan)"
 

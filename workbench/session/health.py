@@ -27,8 +27,9 @@ from workbench.session.losses import lost_hosts
 
 # Silence after which a rank on another node counts as dead.
 REMOTE_SILENCE_S = 3.0
-# A rank silent this long on the host of a rank found silent is lost with it (beacons come every 0.25 s).
-HOST_SILENCE_S = 1.0
+# A rank silent this long on the host of a rank found silent is lost with it (a busy rank beacons every
+# 0.25 s, an idle one every 1 s).
+HOST_SILENCE_S = 2.0
 # How often the watcher looks at beacons (and, without pidfds, at local processes).
 LOOK_S = 0.05
 

@@ -160,7 +160,8 @@ class Transcript:
                 client[r.engine_id].apply_sync(remote.route_to, group.config.address)["address"]
             client[r.engine_id].apply_sync(remote.join_alone, device=r.device, backend=group.config.backend,
                                            timeout_s=group.config.timeout, channel=group.pool.channel,
-                                           standby_address=own)
+                                           standby_address=own,
+                                           stores_folder=group.stores_folder())
         view = group.view(infos)
         view.apply_sync(remote.set_replay, True)
         built, cells = 0, 0
