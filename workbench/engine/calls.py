@@ -75,3 +75,17 @@ def trainer_count() -> int:
     from workbench.train import elastic
 
     return elastic.trainer_count()
+
+
+def run_script(path: str, argv: list[str], cwd: str | None = None) -> None:
+    """On every rank, as a cell: :func:`workbench.engine.torchrun.run_script` (``%dist run``)."""
+    from workbench.engine import torchrun
+
+    torchrun.run_script(path, argv, cwd)
+
+
+def chdir(path: str) -> None:
+    """On a local pool's ranks: work in the notebook's folder (``%cd`` in the notebook moves them too)."""
+    import os
+
+    os.chdir(path)

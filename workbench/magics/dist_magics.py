@@ -46,7 +46,8 @@ class DistributedMagics(Magics):
         ``%dist status``,
         ``%dist stop``, ``%dist restart``, ``%dist scale N``, ``%dist check [--size-mb M]``,
         ``%dist push NAME...``, ``%dist pull NAME [--rank R]``, ``%dist auto on|off``,
-        ``%dist attach [NAME]``, ``%dist stop [--all]``.
+        ``%dist attach [NAME]``, ``%dist stop [--all]``,
+        ``%dist run script.py [--ranks R] [--timeout S] [--quiet] [-- args]`` (a torchrun script, unchanged).
 
         Example: ``%dist start --launcher slurm --nodes 2 --gpus-per-node 4 --partition gpu --interface ib0``.
         """
@@ -211,6 +212,35 @@ class DistributedMagics(Magics):
         if self._running_local or not first or first.startswith(("%%", "%dist")):
             return lines
         return ["%%distributed\n", *lines]
+
+    def _dist_run(self, args):
+        """``%dist run script.py [--ranks R] [--timeout S] [--quiet] -- args``: a torchrun script as it is."""
+        s = self._session("%dist run")
+        ranks = self._targets(s, args.ranks)
+        merger = None if args.quiet else LineMerger(ranks, print_stream)
+
+        def on_output(rank, kind, payload):
+            if kind == "display":
+                print(f"[rank {rank}]")
+                publish_display_data(payload.get("data", {}), payload.get("metadata", {}))
+            elif merger is not None:
+                merger.feed(rank, kind, payload)
+
+        try:
+            result = s.run_script(args.script, args.script_args, ranks=ranks, timeout=args.timeout,
+                                  on_output=on_output, on_tick=merger.poll if merger else None)
+        except (FileNotFoundError, ValueError) as exc:  # nothing was sent
+            raise UsageError(str(exc)) from None
+        except (RankError, CellInterrupted, CellTimeout) as exc:
+            if merger:
+                merger.close()  # the ranks' last lines before the tabs
+            if exc.result is not None:
+                _show_ranks(exc.result, s.world_size)
+            raise
+        finally:
+            if merger:
+                merger.close()
+        _show_ranks(result, s.world_size)
 
     def _targets(self, s: Session, ranks):
         try:

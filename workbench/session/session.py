@@ -27,6 +27,7 @@ from collections.abc import Callable
 from ipyparallel.error import CompositeError, RemoteError
 
 from workbench.config import PoolConfig
+from workbench.engine import calls
 from workbench.errors import NoPoolError, PoolStartError, RankDiedError
 from workbench.pool import netif, sharing
 from workbench.pool import state as pool_state
@@ -36,7 +37,7 @@ from workbench.pool.idle import IdleRelease
 from workbench.pool.launchers import default_engines
 from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks
 from workbench.pool.watch import BeaconReceiver
-from workbench.session import elastic
+from workbench.session import elastic, script
 from workbench.session.cell import CellRun, OutputCallback, RunHandle
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
@@ -104,6 +105,7 @@ class Session:
         self._active: CellRun | None = None  # the cell running now (restart and scale ask it, when elastic)
         self._bringing_back = threading.Lock()  # one replacement at a time (ElasticConfig(replace=True))
         self._idle: IdleRelease | None = None  # config.idle_release: stops a pool nobody uses
+        self._cwds: dict[int, str] = {}  # engine id -> the folder its rank works in (local pools follow ours)
 
     # -- what it is ---------------------------------------------------------------------
     @property
@@ -525,6 +527,7 @@ class Session:
             # another notebook may have restarted or re-formed ranks while this one waited
             cell.targets = self.targets([r.rank for r in cell.targets])
             self._ensure_group()
+            self._follow_cwd(cell.targets)
             self._active = cell
             try:
                 result = cell.run(code)
@@ -535,6 +538,32 @@ class Session:
         if len(cell.targets) == self.world_size or cell.elastic.dropped:  # every rank ran it
             self._transcript.cell(code)
         return result
+
+    def run_script(self, path: str, args=(), *, ranks=None, timeout: float | None = None,
+                   on_output: OutputCallback | None = None,
+                   on_tick: Callable[[], None] | None = None) -> CellResult:
+        """Run a torchrun script on the target ranks, as ``torchrun --nproc-per-node N path *args`` would.
+
+        On each rank ``__name__`` is ``"__main__"``, ``sys.argv`` is ``[path, *args]`` and torchrun's
+        environment is set; the script's ``init_process_group`` finds the pool's group. Its globals stay
+        on the ranks. A syntax error is raised here before anything is sent; errors as for :meth:`run`.
+
+        >>> s.run_script("train.py", ["--epochs", "2"])      # doctest: +SKIP
+        """
+        script.check_script(path, local=self.local)
+        cwd = os.getcwd() if self.local else None
+        return self.run(script.script_cell(path, list(args), cwd), ranks=ranks, timeout=timeout,
+                        on_output=on_output, on_tick=on_tick)
+
+    def _follow_cwd(self, targets: list[RankInfo]) -> None:
+        """A local pool's ranks work in the notebook's folder (also after ``%cd``): moved when it changed."""
+        if not self.local:
+            return
+        here = os.getcwd()
+        stale = [r for r in targets if self._cwds.get(r.engine_id) != here]
+        if stale:
+            self._group.view(stale).apply_sync(calls.chdir, here)
+            self._cwds.update((r.engine_id, here) for r in stale)
 
     def submit(self, code: str, *, ranks=None, timeout: float | None = None,
                on_output: OutputCallback | None = None) -> RunHandle:

@@ -1,0 +1,38 @@
+"""A torchrun script run on the ranks (``%dist run script.py -- args``), seen from the kernel.
+
+The kernel reads the script only to find a syntax error before anything is sent; the ranks run it
+(:func:`workbench.engine.torchrun.run_script`, through the door :mod:`workbench.engine.calls`) as a cell,
+so its output streams and its failures are reported as a cell's are.
+
+>>> print(script_cell("train.py", ["10"], "/w"))
+__import__("workbench.engine.calls", fromlist=["run_script"]).run_script('train.py', ['10'], '/w')
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def script_cell(path: str, args: list[str], cwd: str | None) -> str:
+    """The one-line cell that runs ``path`` with ``args`` on a rank (in ``cwd``, when given)."""
+    return (f'__import__("workbench.engine.calls", fromlist=["run_script"]).run_script('
+            f"{path!r}, {list(args)!r}, {cwd!r})")
+
+
+def check_script(path: str, local: bool) -> None:
+    """Before anything is sent: a script this kernel can read must compile (a ``SyntaxError`` here, not
+    on every rank), and a local pool's script must exist (the ranks work in the notebook's folder).
+
+    >>> check_script("/no/such/train.py", local=True)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    FileNotFoundError: /no/such/train.py: no such file (the notebook's folder is ...)
+    """
+    if not path.endswith(".py"):
+        raise ValueError(f"{path}: `%dist run` runs a Python script (a .py file), as torchrun does.")
+    if not os.path.isfile(path):
+        if local:
+            raise FileNotFoundError(f"{path}: no such file (the notebook's folder is {os.getcwd()}; a "
+                                    "local pool's ranks work there too).")
+        return  # the ranks of another host may have it: they say so if not
+    with open(path, "rb") as f:
+        compile(f.read(), os.path.abspath(path), "exec")
