@@ -42,3 +42,9 @@ def figures(text: str) -> list[str]:
     """The lines that carry numbers, without the notebook's rank labels, sorted (ranks interleave)."""
     lines = (LABEL.sub("", line).strip() for line in text.splitlines())
     return sorted(line for line in lines if NUMBER.search(line))
+
+
+def on_both_ranks(shown: str, text: str) -> bool:
+    """Whether both ranks printed the line ``text`` (merged as ``[ranks 0-1]`` or one line each)."""
+    lines = set(shown.splitlines())
+    return f"[ranks 0-1] {text}" in lines or {f"[rank 0] {text}", f"[rank 1] {text}"} <= lines

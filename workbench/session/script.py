@@ -25,7 +25,7 @@ def check_script(path: str, local: bool) -> None:
 
     >>> check_script("/no/such/train.py", local=True)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    FileNotFoundError: /no/such/train.py: no such file (the notebook's folder is ...)
+    FileNotFoundError: /no/such/train.py: no such file (the notebook's folder is ...).
     """
     if not path.endswith(".py"):
         raise ValueError(f"{path}: `%dist run` runs a Python script (a .py file), as torchrun does.")
