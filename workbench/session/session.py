@@ -333,9 +333,16 @@ class Session:
             self._close(end_pool=not self.attached, note=False)  # whoever stopped it said so already
             self._shared.catch_up()  # raises PoolGone with who stopped it and when
 
-    def _ensure_group(self) -> None:
-        """Before a cell: refuse with dead ranks, re-form a process group that a fault aborted."""
+    def _ensure_group(self, targets: list[RankInfo] | None = None) -> None:
+        """Before a cell: refuse with dead ranks among ``targets`` (default: all), re-form a process group
+        that a fault aborted. A cell on living ranks only runs, with a warning (to save their state before
+        ``%dist restart``): the group is not re-formed without the dead ranks."""
         dead = self.dead_ranks()
+        if dead and targets is not None and not {r.rank for r in targets} & dead.keys():
+            self.notify(f"workbench: rank {format_ranks(sorted(dead))} is dead: this cell runs on rank "
+                        f"{format_ranks([r.rank for r in targets])} only, and a collective with the dead "
+                        "rank fails; `%dist restart` brings it back and re-forms the process group.")
+            return
         if dead:
             rank = min(dead)
             raise RankDiedError(f"{self.ranks[rank].label()} is dead ({dead[rank]}): `%dist restart` "
@@ -526,7 +533,7 @@ class Session:
         with self._busy, self._turn("a cell"):
             # another notebook may have restarted or re-formed ranks while this one waited
             cell.targets = self.targets([r.rank for r in cell.targets])
-            self._ensure_group()
+            self._ensure_group(cell.targets)
             self._follow_cwd(cell.targets)
             self._active = cell
             try:
