@@ -30,6 +30,8 @@ def test_cells_on_the_living_ranks_after_a_death(ipshell):
         result, shown = run(ipshell, "%%distributed --ranks 0\nprint('saved', state)")
         assert result.success, shown
         assert "[rank 0] saved 0" in shown and "rank 1 is dead: this cell runs on rank 0 only" in shown, shown
+        result, shown = run(ipshell, "%dist status")
+        assert result.success and "process group: broken, rank 1 dead" in shown, shown
         result, shown = run(ipshell, "%%distributed\nprint('everyone')")
         assert not result.success and "rank 1 (" in shown and "is dead" in shown, shown
         result, shown = run(ipshell, "%dist restart")

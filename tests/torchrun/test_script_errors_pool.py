@@ -96,6 +96,8 @@ def test_destroy_process_group_keeps_the_pools_group(ipshell, pool, engines):
     all_reduce_works(ipshell)
     result, shown = run(ipshell, "%dist check")  # failed with a traceback through a probe on main
     assert result.success, shown
+    result, shown = run(ipshell, "%dist status")
+    assert "process group: formed (backend gloo, world size 2)" in shown, shown
 
 
 def test_exit_ends_the_script_not_the_engine(ipshell, pool, engines, tmp_path):
@@ -166,4 +168,13 @@ def test_a_syntax_error_is_found_before_anything_is_sent(ipshell, pool, tmp_path
     with pytest.raises(SyntaxError):
         pool.run_script(str(script))
     result, shown = run(ipshell, f"%dist run {script}")
-    assert not result.success and "SyntaxError" in shown and "sent" not in shown, shown
+    assert not result.success and f"syntax error in {script}, line 2" in shown, shown
+    assert "'sent'" not in shown and "[rank" not in shown, shown
+
+
+def test_a_syntax_error_in_a_cell_is_found_in_the_kernel(ipshell, pool):
+    faults = len(pool.faults)
+    result, shown = run(ipshell, "%%distributed\nprint('sent')\ndef f(:\n    pass")
+    assert isinstance(result.error_in_exec, UsageError), shown
+    assert "syntax error in the cell, line 2: invalid syntax: def f(:; nothing was sent" in shown, shown
+    assert "'sent'" not in shown and "[rank" not in shown and len(pool.faults) == faults, shown

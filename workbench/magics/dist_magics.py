@@ -123,6 +123,7 @@ class DistributedMagics(Magics):
         print(f"pool {s.name} ({s.pool_id}): {s.world_size} ranks, backend {s.backend}, launcher "
               f"{s.config.launcher}; {_notebooks(s)}")
         print(format_table(rows, STATUS_COLUMNS))
+        print(s.group_state())
 
     def _dist_stop(self, args):
         s = session_mod.current_or_none()
@@ -231,6 +232,8 @@ class DistributedMagics(Magics):
                                   on_output=on_output, on_tick=merger.poll if merger else None)
         except (FileNotFoundError, ValueError) as exc:  # nothing was sent
             raise UsageError(str(exc)) from None
+        except SyntaxError as exc:
+            raise UsageError(_syntax_error(exc, args.script)) from None
         except (RankError, CellInterrupted, CellTimeout) as exc:
             if merger:
                 merger.close()  # the ranks' last lines before the tabs
@@ -281,6 +284,8 @@ class DistributedMagics(Magics):
             return submit_cell(s, cell, ranks=ranks, timeout=args.timeout, monitor=monitor)
         try:
             result = s.run(cell, ranks=ranks, timeout=args.timeout, on_output=on_output, on_tick=on_tick)
+        except SyntaxError as exc:  # found here: nothing was sent
+            raise UsageError(_syntax_error(exc, "the cell")) from None
         except (RankError, CellInterrupted, CellTimeout) as exc:
             monitor.finish(exc)
             if merger:
@@ -304,6 +309,13 @@ class DistributedMagics(Magics):
             self.shell.run_cell(cell, store_history=False)
         finally:
             self._running_local = False
+
+
+def _syntax_error(exc: SyntaxError, where: str) -> str:
+    """One line for a syntax error found in the kernel: where, what, the line itself."""
+    text = (exc.text or "").strip()
+    return (f"syntax error in {where}, line {exc.lineno}: {exc.msg}" + (f": {text}" if text else "")
+            + "; nothing was sent to the ranks.")
 
 
 def _notebooks(s: Session) -> str:

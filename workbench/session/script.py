@@ -10,6 +10,7 @@ __import__("workbench.engine.calls", fromlist=["run_script"]).run_script('train.
 
 from __future__ import annotations
 
+import ast
 import os
 
 
@@ -36,3 +37,18 @@ def check_script(path: str, local: bool) -> None:
         return  # the ranks of another host may have it: they say so if not
     with open(path, "rb") as f:
         compile(f.read(), os.path.abspath(path), "exec")
+
+
+def check_cell(code: str) -> None:
+    """Before a cell is sent: a ``SyntaxError`` here, in the kernel, not one on every rank (and no fault).
+    IPython's own syntax (``%run``, ``!ls``) is read as the ranks' shell reads it.
+
+    >>> check_cell("%run train.py 2 1\\nx = 1")
+    >>> check_cell("def f(:\\n    pass")  # doctest: +IGNORE_EXCEPTION_DETAIL
+    Traceback (most recent call last):
+    SyntaxError: invalid syntax
+    """
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    python = TransformerManager().transform_cell(code)
+    compile(python, "<cell>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)

@@ -499,8 +499,10 @@ class Session:
         dead engine), :class:`CellTimeout` naming the stalled rank when ``timeout``
         passes, and :class:`CellInterrupted` (a ``KeyboardInterrupt``) on Ctrl-C, saying where
         each rank stopped. In each case the other ranks are stopped within seconds, gently first.
-        While another notebook's cell runs on the pool this one waits, saying so.
+        While another notebook's cell runs on the pool this one waits, saying so. A syntax error is
+        raised here, before anything is sent.
         """
+        script.check_cell(code)
         return self._run(self._cell(ranks, timeout, on_output, on_tick), code)
 
     def _cell(self, ranks, timeout, on_output, on_tick=None) -> CellRun:
@@ -582,6 +584,21 @@ class Session:
         return RunHandle(self._cell(ranks, timeout, on_output), code, self._run)
 
     # -- status ----------------------------------------------------------------------
+    def group_state(self) -> str:
+        """The process group in one line: formed, aborted after a fault (the next cell re-forms it), or
+        broken by dead ranks (``%dist restart``). A script's ``destroy_process_group()`` keeps it formed.
+
+        >>> s.group_state()      # doctest: +SKIP
+        'process group: formed (backend gloo, world size 2)'
+        """
+        dead = self.dead_ranks()
+        if dead:
+            return (f"process group: broken, rank {format_ranks(sorted(dead))} dead; cells on the other "
+                    "ranks run, `%dist restart` brings it back and re-forms the group")
+        if self._group is None or not self._group.ok:
+            return "process group: aborted after a fault; the next cell re-forms it"
+        return f"process group: formed (backend {self.backend}, world size {self.world_size})"
+
     def status(self) -> list[dict]:
         """One row per rank: rank, host, pid, device, state (idle, busy or dead)."""
         if not self.running:
