@@ -178,3 +178,22 @@ def test_a_syntax_error_in_a_cell_is_found_in_the_kernel(ipshell, pool):
     assert isinstance(result.error_in_exec, UsageError), shown
     assert "syntax error in the cell, line 2: invalid syntax: def f(:; nothing was sent" in shown, shown
     assert "'sent'" not in shown and "[rank" not in shown and len(pool.faults) == faults, shown
+
+
+def test_the_same_error_on_every_rank_is_named_once_and_promises_no_reform(ipshell, pool):
+    result, shown = run(ipshell, "%%distributed\nraise ValueError('the same everywhere')")
+    assert not result.success
+    assert "ranks 0-1 raised ValueError: the same everywhere" in shown, shown
+    assert "re-forms the process group" not in shown, shown  # nothing touched the group
+    all_reduce_works(ipshell)
+
+
+def test_a_group_destroyed_by_torch_itself_says_so_and_the_next_cell_reforms_it(ipshell, pool, engines):
+    cell = ("%%distributed\nimport torch\nfrom torch.distributed import distributed_c10d as c10d\n"
+            "real = getattr(c10d.destroy_process_group, '__wrapped__', c10d.destroy_process_group)\n"
+            "if rank == 0:\n    real()  # a library holding torch's own function\n"
+            "dist.all_reduce(torch.ones(1))")
+    result, shown = run(ipshell, cell)
+    assert not result.success and "Default process group has not been initialized" in shown, shown
+    assert "the process group was destroyed on rank 0: the next cell re-forms it." in shown, shown
+    all_reduce_works(ipshell)
