@@ -10,21 +10,10 @@ from IPython.core.error import UsageError
 
 from tests.conftest import alive
 from tests.torchrun.common import on_both_ranks, run
-from workbench import session
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def pool(ipshell):
-    result, shown = run(ipshell, "%dist start -n 2 --timeout 60")
-    assert result.success, shown
-    s = session.current()
-    pids = s.pids()
-    yield s
-    result, shown = run(ipshell, "%dist stop")
-    assert result.success, shown
-    assert alive(pids) == [], "processes of the pool survived %dist stop"
 
 
 @pytest.fixture

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import alive
 from tests.torchrun.common import SCRIPTS, figures, on_both_ranks, run, torchrun
-from workbench import session
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -20,16 +18,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def pool(ipshell):
-    result, shown = run(ipshell, "%dist start -n 2 --timeout 60")
-    assert result.success, shown
-    s = session.current()
-    pids = s.pids()
-    yield s
-    result, shown = run(ipshell, "%dist stop")
-    assert result.success, shown
-    assert alive(pids) == [], "processes of the pool survived %dist stop"
 
 
 def group_alive(ip) -> None:

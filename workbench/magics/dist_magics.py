@@ -219,13 +219,7 @@ class DistributedMagics(Magics):
         s = self._session("%dist run")
         ranks = self._targets(s, args.ranks)
         merger = None if args.quiet else LineMerger(ranks, print_stream)
-
-        def on_output(rank, kind, payload):
-            if kind == "display":
-                print(f"[rank {rank}]")
-                publish_display_data(payload.get("data", {}), payload.get("metadata", {}))
-            elif merger is not None:
-                merger.feed(rank, kind, payload)
+        on_output = _rank_output(merger)
 
         try:
             result = s.run_script(args.script, args.script_args, ranks=ranks, timeout=args.timeout,
@@ -263,13 +257,7 @@ class DistributedMagics(Magics):
         s = self._session("%%distributed")
         ranks = self._targets(s, args.ranks)
         merger = None if args.quiet else LineMerger(ranks, print_stream)
-
-        def on_output(rank, kind, payload):
-            if kind == "display":
-                print(f"[rank {rank}]")
-                publish_display_data(payload.get("data", {}), payload.get("metadata", {}))
-            elif merger is not None:
-                merger.feed(rank, kind, payload)
+        on_output = _rank_output(merger)
 
         from workbench.widgets.cell import monitor_cell, submit_cell  # live dashboard (issue 4)
 
@@ -309,6 +297,17 @@ class DistributedMagics(Magics):
             self.shell.run_cell(cell, store_history=False)
         finally:
             self._running_local = False
+
+
+def _rank_output(merger: LineMerger | None):
+    """What to do with a rank's output as it comes: displays shown under their rank, text merged."""
+    def on_output(rank, kind, payload):
+        if kind == "display":
+            print(f"[rank {rank}]")
+            publish_display_data(payload.get("data", {}), payload.get("metadata", {}))
+        elif merger is not None:
+            merger.feed(rank, kind, payload)
+    return on_output
 
 
 def _syntax_error(exc: SyntaxError, where: str) -> str:
