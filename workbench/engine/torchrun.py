@@ -32,6 +32,7 @@ ORIGINAL = {"init_process_group": c10d.init_process_group,
 # the pool's group on this rank: backend, rank, world_size, device; "said": the notes already printed
 _pool: dict = {"said": set()}
 ROLE_NAME = "default"  # torchrun's --role default
+_shell: dict = {}  # "patched": the engine's IPython shell once exit/quit and SystemExit(0) are taken care of
 
 
 def torchrun_environment(*, rank: int, local_rank: int, world_size: int, local_world_size: int,
@@ -206,9 +207,9 @@ def _install_shell() -> None:
     if sys.argv and "ipengine" in os.path.basename(sys.argv[0] or ""):
         sys.argv = [""]  # as IPython's kernel: a pasted `__main__` block must not parse ipengine's options
     ip = get_ipython()
-    if ip is None or getattr(ip, "_workbench_torchrun", False):
+    if ip is None or _shell.get("patched") is ip:
         return
-    ip._workbench_torchrun = True
+    _shell["patched"] = ip
     names = {"exit": Exit("exit"), "quit": Exit("quit")}
     ip.user_ns.update(names)  # ipengine's own exit() would end the engine
     ip.builtin_trap.auto_builtins.update(names)  # also in a %run script's fresh namespace
