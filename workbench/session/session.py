@@ -513,7 +513,11 @@ class Session:
         here = os.getcwd()
         stale = [r for r in targets if self._cwds.get(r.engine_id) != here]
         if stale:
-            self._group.view(stale).apply_sync(remote.chdir, here)
+            try:  # bounded: a rank still busy must not hold the cell here, past its own timeout and ladder
+                self._group.view(stale).apply_async(remote.chdir, here).get(timeout=self.config.timeout)
+            except Exception as exc:
+                log.warning("the ranks' folder was not moved to %s: %s", here, exc)
+                return
             self._cwds.update((r.engine_id, here) for r in stale)
 
     def submit(self, code: str, *, ranks=None, timeout: float | None = None,
