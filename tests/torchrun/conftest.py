@@ -8,6 +8,9 @@ from tests.conftest import alive
 from tests.torchrun.common import run
 from workbench import session
 
+# the scripts are torchrun's, not tests: importing them (doctest collection) would run them
+collect_ignore = ["scripts"]
+
 
 @pytest.fixture(scope="module")
 def pool(ipshell):
