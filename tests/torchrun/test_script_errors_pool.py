@@ -186,3 +186,11 @@ def test_a_group_destroyed_by_torch_itself_says_so_and_the_next_cell_reforms_it(
     assert not result.success and "Default process group has not been initialized" in shown, shown
     assert "the process group was destroyed on rank 0: the next cell re-forms it." in shown, shown
     all_reduce_works(ipshell)
+
+
+def test_an_exception_in_a_percent_run_script_still_fails_the_cell(ipshell, pool, engines, tmp_path):
+    script = write(tmp_path, "raises.py",
+                   "import os\nif os.environ['RANK'] == '0':\n    raise ValueError('boom')\n")
+    result, shown = run(ipshell, f"%%distributed\n%run {script}")
+    assert not result.success and "rank 0 (" in shown and "ValueError: boom" in shown, shown
+    all_reduce_works(ipshell)

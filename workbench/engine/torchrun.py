@@ -226,7 +226,24 @@ def _install_shell() -> None:
             return None
         return showtraceback(*args, **kwargs)
 
+    safe_execfile = ip.safe_execfile
+
+    def safe_execfile_exit_fails(fname, *where, exit_ignore=False, raise_exceptions=False, **kwargs):
+        # %run: IPython shows a non-zero exit as text and the cell's reply says ok; here it fails the cell
+        try:
+            return safe_execfile(fname, *where, exit_ignore=exit_ignore, raise_exceptions=True, **kwargs)
+        except SystemExit as exc:
+            if exc.code and not exit_ignore:
+                raise
+            return None
+        except Exception:
+            if raise_exceptions:
+                raise
+            ip.showtraceback(tb_offset=2)  # as IPython's own safe_execfile does
+            return None
+
     ip.run_code, ip.showtraceback = run_code_exit_ok, showtraceback_exit_ok
+    ip.safe_execfile = safe_execfile_exit_fails
     import warnings
 
     warnings.filterwarnings("ignore", message="To exit: use 'exit', 'quit'")  # IPython's, after a SystemExit
