@@ -44,6 +44,7 @@ def main(tp):
         mean = loss.detach().clone()
         dist.all_reduce(mean, group=mesh["dp"].get_group())
         print(f"rank {dist.get_rank()} step {step} dp-mean loss {mean.item() / mesh['dp'].size():.6f}")
+    dist.barrier()  # under torchrun a rank that tore its subgroups down first once aborted its peer's exit
     dist.destroy_process_group()
 
 
