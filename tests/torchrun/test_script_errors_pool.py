@@ -50,7 +50,8 @@ def test_torchruns_environment_on_every_rank(ipshell, pool):
         assert env["WORLD_SIZE"] == env["ROLE_WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2"
         assert (env["GROUP_RANK"], env["GROUP_WORLD_SIZE"], env["ROLE_NAME"]) == ("0", "1", "default")
         assert env["TORCHELASTIC_RUN_ID"] == pool.pool_id and env["TORCHELASTIC_RESTART_COUNT"] == "0"
-        assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
+        assert env["MASTER_ADDR"] == "127.0.0.1"  # a local pool meets in a file: no port, no agent store
+        assert env["TORCHELASTIC_USE_AGENT_STORE"] == str(int(env["MASTER_PORT"]) > 0)
 
 
 def test_init_process_group_finds_the_pools_group(ipshell, pool, engines):

@@ -54,9 +54,9 @@ def torchrun_environment(*, rank: int, local_rank: int, world_size: int, local_w
            "ROLE_NAME": ROLE_NAME, "MASTER_ADDR": address, "MASTER_PORT": port,
            "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": restart_count,
            "TORCHELASTIC_MAX_RESTARTS": 0,
-           # the store at MASTER_ADDR:MASTER_PORT exists already (rank 0 hosts it): a script's own
-           # TCPStore connects to it as a client, as under torchrun's c10d rendezvous
-           "TORCHELASTIC_USE_AGENT_STORE": True}
+           # across hosts rank 0 hosts a TCPStore at MASTER_ADDR:MASTER_PORT (a script's own store joins it
+           # as a client, as under torchrun); a local pool meets in a file (port 0): nothing listens
+           "TORCHELASTIC_USE_AGENT_STORE": port > 0}
     return {k: str(v) for k, v in env.items()}
 
 
