@@ -100,6 +100,12 @@ class RankError(WorkbenchError):
         info, err = self.failures[0]
         others = ", ".join(str(i.rank) for i, _ in self.failures[1:])
         more = f" (also failed: rank {others})" if others else ""
+        if others and len({(e.ename, str(e.evalue)) for _, e in self.failures}) == 1:  # every one the same
+            ranks = sorted(i.rank for i, _ in self.failures)
+            span = f"{ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) else \
+                ", ".join(map(str, ranks))
+            super().__init__(f"ranks {span} raised {err.ename}: {err.evalue}")
+            return
         super().__init__(
             f"rank {info.rank} ({info.host}, {info.device}) raised "
             f"{err.ename}: {err.evalue}{more}"
@@ -124,7 +130,13 @@ class RankError(WorkbenchError):
             lines.append(f"stopped (cut short when rank {self.rank} failed): rank "
                          + ", ".join(map(str, stopped)))
         if self.result.fault is not None and self.result.fault.abort_s:
-            lines.append(self.result.fault.summary() + "; the next cell re-forms the process group.")
+            broken = getattr(self.result, "group_broken", True)
+            dead = self.result.ranks_with("died", "killed")
+            promise = "; the process group was not touched." if not broken else \
+                f"; `%dist restart` brings rank {', '.join(map(str, dead))} back" if dead else \
+                "; the next cell re-forms the process group."
+            lines.append(self.result.fault.summary() + promise)
+        lines += getattr(self.result, "hints", [])
         return lines
 
 

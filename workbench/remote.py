@@ -130,3 +130,21 @@ def preflight_probe(device, size_mb: float = 4.0, iters: int = 10) -> dict:
     from workbench.preflight import probe
 
     return probe(device, size_mb=size_mb, iters=iters)
+
+
+# --- torchrun scripts (workbench.engine.torchrun) ---
+
+
+def run_script(path: str, argv: list[str], cwd: str | None = None) -> None:
+    """On every rank, pushed and called by a cell (``%dist run``):
+    :func:`workbench.engine.torchrun.run_script` (output, failures, the escalation ladder: as a cell's)."""
+    from workbench.engine import torchrun
+
+    torchrun.run_script(path, argv, cwd)
+
+
+def chdir(path: str) -> None:
+    """On a local pool's ranks: work in the notebook's folder (``%cd`` in the notebook moves them too)."""
+    import os
+
+    os.chdir(path)

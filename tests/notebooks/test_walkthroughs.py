@@ -60,8 +60,12 @@ def _check_09(s):
     assert s["lost_at"] == 100 and s["final_step"] == 400 and s["new_rank_from"] == 301, s
 
 
+def _check_10(s):
+    assert (s["same_numbers"], s["epochs"], s["improved"]) == (True, 5, True), s
+
+
 CHECKS = {"02": _check_02, "03": _check_03, "04": _check_04, "05": _check_05, "06": _check_06,
-          "07": _check_07, "08": _check_08, "09": _check_09}
+          "07": _check_07, "08": _check_08, "09": _check_09, "10": _check_10}
 
 
 class ProcessWatch:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from workbench.engine import agent, guard, stores
+from workbench.engine import agent, guard, stores, torchrun
 
 log = logging.getLogger("workbench.engine")
 # An elastic regroup's members wait this long for each other before it is re-planned (never the store's
@@ -86,7 +86,7 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
          backend: str, device: str, timeout_s: float, ifname: str | None, local_pids=(),
          collective_timeout_s: float | None = None, channel: dict | None = None, generation: int = 0,
          standby_address: str | None = None, store: dict | None = None,
-         stores_folder: str | None = None) -> dict:
+         stores_folder: str | None = None, node_rank: int = 0, nodes: int = 1, run_id: str = "") -> dict:
     """Join the process group and put ``rank``, ``world_size``, ``device``... into the user namespace.
 
     ``backend``: the same string on every rank (the kernel's ``group_backend``). ``timeout_s`` bounds the
@@ -97,6 +97,8 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
     engine's standby store lives (a local pool), else it listens on ``standby_address``. Returns rank,
     backend, threads, interface, where this rank's gloo listens (``endpoints``) and the spec of its
     standby store (``standby``, for elastic regroups).
+    ``node_rank``, ``nodes``, ``run_id``: this host's place among the pool's hosts and the pool's id, for
+    torchrun's environment (:mod:`.torchrun`).
     """
     env = {"RANK": rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": world_size,
            "MASTER_ADDR": address, "MASTER_PORT": port,
@@ -106,6 +108,9 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
     if ifname:  # set, not setdefault: a re-form on another network must not keep the old interface
         env.update(GLOO_SOCKET_IFNAME=ifname, NCCL_SOCKET_IFNAME=ifname)
     os.environ.update({k: str(v) for k, v in env.items()})
+    torchrun.set_environment(rank=rank, local_rank=local_rank, world_size=world_size,
+                             local_world_size=max(1, len(set(local_pids))), group_rank=node_rank,
+                             group_world_size=nodes, address=address, port=port, run_id=run_id)
     own = set(os.sched_getaffinity(0))
     threads = threads_for(own, [_affinity(p) for p in local_pids if p != os.getpid()])
     torch.set_num_threads(threads)
@@ -139,6 +144,7 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
     if channel:  # beacons up, commands down: the pool's side channel
         agent.start(channel, rank, generation)
     user_namespace().update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, dist=dist)
+    torchrun.install(backend=backend, rank=rank, world_size=world_size, device=dev)
     for stream in (sys.stdout, sys.stderr):  # ipykernel sends printed text every 0.2 s: lines late by that
         if hasattr(stream, "flush_interval"):
             stream.flush_interval = OUTPUT_FLUSH_S
@@ -151,9 +157,9 @@ def _init_group(backend: str, store, rank: int, world_size: int, dev: torch.devi
                 rendezvous_s: float | None = None) -> None:
     """``init_process_group`` with the interactive timeout (``rendezvous_s``: a shorter one, for a regroup)
     for the rendezvous and the longer backstop for collectives; then collectives are tracked afresh."""
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=rendezvous_s or _state["timeout_s"]),
-                            device_id=dev if dev.type == "cuda" else None)
+    timeout = datetime.timedelta(seconds=rendezvous_s or _state["timeout_s"])
+    torchrun.ORIGINAL["init_process_group"](backend, store=store, rank=rank, world_size=world_size,
+                                            timeout=timeout, device_id=dev if dev.type == "cuda" else None)
     try:  # the rendezvous waited for ``timeout_s``; collectives get the longer backstop
         dist.group.WORLD.set_timeout(datetime.timedelta(seconds=_state["collective_timeout_s"]))
     except RuntimeError as exc:  # a backend that cannot change it keeps the interactive timeout
@@ -246,6 +252,7 @@ def regroup(plan: dict, superseded: Callable[[], bool] = agent.plan_pending,
     elif _state.get("channel"):  # an engine that joins: from now on it speaks for its rank
         agent.start(_state["channel"], rank, plan["generation"])
     user_namespace().update(rank=rank, world_size=world_size)
+    torchrun.retarget(rank=rank, world_size=world_size)
     return {"rank": rank, "endpoints": guard.gloo_endpoints()}
 
 
@@ -294,7 +301,7 @@ def close() -> None:
     """Leave the process group and close the store (normal path only)."""
     agent.stop()
     if dist.is_initialized():
-        dist.destroy_process_group()
+        torchrun.ORIGINAL["destroy_process_group"]()
     _state.pop("store", None)
 
 

@@ -10,7 +10,8 @@ from IPython.core.error import UsageError
 
 from workbench.config import pool_options
 
-SUBCOMMANDS = ("start", "status", "stop", "restart", "scale", "check", "push", "pull", "auto", "attach")
+SUBCOMMANDS = ("start", "status", "stop", "restart", "scale", "check", "push", "pull", "auto", "attach",
+               "run")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -120,6 +121,12 @@ def _dist_parser() -> _Parser:
     auto.add_argument("mode", choices=("on", "off"))
     attach = sub.add_parser("attach", prog="%dist attach", add_help=False, allow_abbrev=False)
     attach.add_argument("pool", nargs="?", default=None, help="the pool's name or id")
+    run = sub.add_parser("run", prog="%dist run", add_help=False, allow_abbrev=False,
+                         usage="%dist run script.py [--ranks R] [--timeout S] [--quiet] [-- args...]")
+    run.add_argument("script", help="the script, as you would give it to torchrun")
+    run.add_argument("--ranks", default=None, help="ranks to run on, e.g. 0,2-3 (default: all)")
+    run.add_argument("--timeout", type=_seconds, default=None)
+    run.add_argument("--quiet", action="store_true", help="show errors only, not the ranks' output")
     return p
 
 
@@ -154,12 +161,21 @@ def parse_dist(line: str) -> argparse.Namespace:
     3
     >>> parse_dist("start -n 64 --oversubscribe").oversubscribe
     True
+    >>> a = parse_dist("run train.py --ranks 0,1 -- 10 --lr 0.1")
+    >>> a.script, a.ranks, a.script_args
+    ('train.py', '0,1', ['10', '--lr', '0.1'])
     >>> parse_dist("launch")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     IPython.core.error.UsageError: %dist: argument ...: invalid choice: 'launch' ...
     """
-    args = DIST_PARSER.parse_args(_split(line))
+    words = _split(line)
+    script_args = []
+    if words[:1] == ["run"] and "--" in words:  # the script's own arguments, as after torchrun's script
+        cut = words.index("--")
+        words, script_args = words[:cut], words[cut + 1:]
+    args = DIST_PARSER.parse_args(words)
+    args.script_args = script_args
     if args.command is None:
         raise UsageError(f"%dist needs a command: one of {', '.join(SUBCOMMANDS)}.")
     return args

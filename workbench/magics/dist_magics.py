@@ -47,7 +47,8 @@ class DistributedMagics(Magics):
         ``%dist status``,
         ``%dist stop``, ``%dist restart``, ``%dist scale N``, ``%dist check [--size-mb M]``,
         ``%dist push NAME...``, ``%dist pull NAME [--rank R]``, ``%dist auto on|off``,
-        ``%dist attach [NAME]``, ``%dist stop [--all]``.
+        ``%dist attach [NAME]``, ``%dist stop [--all]``,
+        ``%dist run script.py [--ranks R] [--timeout S] [--quiet] [-- args]`` (a torchrun script, unchanged).
 
         Example: ``%dist start --launcher slurm --nodes 2 --gpus-per-node 4 --partition gpu --interface ib0``.
         """
@@ -116,6 +117,7 @@ class DistributedMagics(Magics):
         print(f"pool {s.name} ({s.pool_id}): {s.world_size} ranks, backend {s.backend}, launcher "
               f"{s.config.launcher}; {_notebooks(s)}")
         print(format_table(rows, STATUS_COLUMNS))
+        print(s.group_state())
 
     def _dist_stop(self, args):
         s = session_mod.current_or_none()
@@ -209,6 +211,32 @@ class DistributedMagics(Magics):
             return lines
         return ["%%distributed\n", *lines]
 
+    def _dist_run(self, args):
+        """``%dist run script.py [--ranks R] [--timeout S] [--quiet] -- args``: a torchrun script as it is."""
+        s = self._session("%dist run")
+        ranks = self._targets(s, args.ranks)
+        merger = None if args.quiet else LineMerger(ranks, print_stream, hold=hold_for(len(ranks)),
+                                                    spread_numbers=spread.wanted(None, len(ranks)))
+        on_output = _rank_output(merger)
+
+        try:
+            result = s.run_script(args.script, args.script_args, ranks=ranks, timeout=args.timeout,
+                                  on_output=on_output, on_tick=merger.poll if merger else None)
+        except (FileNotFoundError, ValueError) as exc:  # nothing was sent
+            raise UsageError(str(exc)) from None
+        except SyntaxError as exc:
+            raise UsageError(_syntax_error(exc, args.script)) from None
+        except (RankError, CellInterrupted, CellTimeout) as exc:
+            if merger:
+                merger.close()  # the ranks' last lines before the tabs
+            if exc.result is not None:
+                _show_ranks(exc.result, s.world_size)
+            raise
+        finally:
+            if merger:
+                merger.close()
+        _show_ranks(result, s.world_size)
+
     def _targets(self, s: Session, ranks):
         try:
             return [r.rank for r in s.targets(ranks)]
@@ -229,13 +257,7 @@ class DistributedMagics(Magics):
         ranks = self._targets(s, args.ranks)
         merger = None if args.quiet else LineMerger(ranks, print_stream, hold=hold_for(len(ranks)),
                                                     spread_numbers=spread.wanted(args.spread, len(ranks)))
-
-        def on_output(rank, kind, payload):
-            if kind == "display":
-                print(f"[rank {rank}]")
-                publish_display_data(payload.get("data", {}), payload.get("metadata", {}))
-            elif merger is not None:
-                merger.feed(rank, kind, payload)
+        on_output = _rank_output(merger)
 
         from workbench.widgets.cell_monitor import monitor_cell, submit_cell  # live dashboard (issue 4)
 
@@ -250,6 +272,8 @@ class DistributedMagics(Magics):
             return submit_cell(s, cell, ranks=ranks, timeout=args.timeout, monitor=monitor)
         try:
             result = s.run(cell, ranks=ranks, timeout=args.timeout, on_output=on_output, on_tick=on_tick)
+        except SyntaxError as exc:  # found here: nothing was sent
+            raise UsageError(_syntax_error(exc, "the cell")) from None
         except (RankError, CellInterrupted, CellTimeout) as exc:
             monitor.finish(exc)
             if merger:
@@ -273,6 +297,24 @@ class DistributedMagics(Magics):
             self.shell.run_cell(cell, store_history=False)
         finally:
             self._running_local = False
+
+
+def _rank_output(merger: LineMerger | None):
+    """What to do with a rank's output as it comes: displays shown under their rank, text merged."""
+    def on_output(rank, kind, payload):
+        if kind == "display":
+            print(f"[rank {rank}]")
+            publish_display_data(payload.get("data", {}), payload.get("metadata", {}))
+        elif merger is not None:
+            merger.feed(rank, kind, payload)
+    return on_output
+
+
+def _syntax_error(exc: SyntaxError, where: str) -> str:
+    """One line for a syntax error found in the kernel: where, what, the line itself."""
+    text = (exc.text or "").strip()
+    return (f"syntax error in {where}, line {exc.lineno}: {exc.msg}" + (f": {text}" if text else "")
+            + "; nothing was sent to the ranks.")
 
 
 def _notebooks(s: Session) -> str:

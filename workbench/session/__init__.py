@@ -16,6 +16,9 @@
   leaves at a step boundary).
 - :mod:`.shared`: the pool as other notebooks share it (the cell lock, what they changed).
 - :mod:`.results`: what a cell produced per rank.
+- :mod:`.script`: a torchrun script run on the ranks (``%dist run``): the cell that runs it, the syntax
+  checks of scripts and cells before anything is sent.
+- :mod:`.hints`: the one added line under the torch errors a pool user meets (init twice, not initialized).
 
 Doors go one way: session -> recovery, view, cell_run -> cell_elastic -> group, health ->
 :mod:`workbench.pool`; the rooms reach the engines only through :mod:`workbench.remote`; no room imports

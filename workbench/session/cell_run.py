@@ -23,6 +23,7 @@ from typing import Any
 from workbench import faults
 from workbench.errors import CellInterrupted, CellTimeout, RankError
 from workbench.pool.rankmap import RankInfo
+from workbench.session import hints
 from workbench.session.bounded import CellOutput
 from workbench.session.cell_elastic import ElasticWatch
 from workbench.session.group import ProcessGroup
@@ -146,8 +147,23 @@ class CellRun:
                 first = failures[0]
                 self.fault = result.fault = self.health.record(
                     "exception", first.rank, f"{first.error.ename}: {first.error.evalue}", None, 0.0)
+            self._advise(result, failures)
             raise RankError([(f.rank, f.error) for f in failures], result)
         return result
+
+    def _advise(self, result: CellResult, failures: list[RankResult]) -> None:
+        """The lines that say what to do under the torch errors a pool user meets (:mod:`.hints`); a group
+        that a rank lost is re-formed by the next cell, and the fault line promises that only then."""
+        gone = [f.rank.rank for f in failures if hints.broke_the_group(str(f.error.evalue))]
+        if gone:
+            self.group.mark_broken()
+        result.group_broken = not self.group.ok
+        subset = len(self.targets) < len(self.group.ranks)
+        for f in failures:
+            line = hints.hint(f.error.ename, str(f.error.evalue), self.group.backend, len(self.group.ranks),
+                              ranks=gone, subset=subset)
+            if line is not None and line not in result.hints:
+                result.hints.append(line)
 
     def _await_deaths(self, wake: threading.Event, seconds: float = 3.0) -> None:
         """Ranks sent SIGTERM or SIGKILL may answer the cell before they exit: wait to see them go

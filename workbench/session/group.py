@@ -138,7 +138,8 @@ class ProcessGroup:
                 timeout_s=self.config.timeout, collective_timeout_s=self.config.collective_timeout,
                 local_pids=[o.pid for o in self.ranks if o.host == r.host],
                 ifname="lo" if self.local else routes[r.rank]["ifname"], channel=self.pool.channel,
-                generation=generation, standby_address=own[r.rank],
+                generation=generation, standby_address=own[r.rank], node_rank=r.node_rank,
+                nodes=len({o.host for o in self.ranks}), run_id=self.pool.pool_id or "",
                 **({"store": store, "stores_folder": folder} if folder else {}))  # local: files to meet in
             for r in self.ranks
         ]

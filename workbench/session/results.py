@@ -55,6 +55,8 @@ class CellResult:
     ranks: list[RankResult]
     elapsed: float
     fault: faults.FaultEvent | None = None
+    hints: list[str] = field(default_factory=list)  # what to do, one line each (:mod:`.hints`)
+    group_broken: bool = True  # whether the group needs re-forming after this cell (a fault line says so)
 
     def failures(self) -> list[RankResult]:
         """The ranks that failed, root cause first: dead ranks, then real errors, then echoes."""

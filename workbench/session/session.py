@@ -35,9 +35,9 @@ from workbench.pool.devices import check_gpu_fit, visible_gpu_count
 from workbench.pool.idle import IdleRelease
 from workbench.pool.launchers import default_engines
 from workbench.pool.queues import rank_states
-from workbench.pool.rankmap import RankInfo, build_rank_map, parse_ranks
+from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks
 from workbench.pool.watch import BeaconReceiver
-from workbench.session import recovery
+from workbench.session import recovery, script
 from workbench.session.cell_run import CellRun, OutputCallback, RunHandle
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
@@ -108,6 +108,7 @@ class Session:
         self._active: CellRun | None = None  # the cell running now (restart and scale ask it, when elastic)
         self._recovery: Recovery | None = None  # restart, scale, bring-back (once connected)
         self._idle: IdleRelease | None = None  # config.idle_release: stops a pool nobody uses
+        self._cwds: dict[int, str] = {}  # engine id -> the folder its rank works in (local pools follow ours)
 
     # -- what it is ---------------------------------------------------------------------
     @property
@@ -337,9 +338,16 @@ class Session:
             self._close(end_pool=not self.attached, note=False)  # whoever stopped it said so already
             self._shared.catch_up()  # raises PoolGone with who stopped it and when
 
-    def _ensure_group(self) -> None:
-        """Before a cell: refuse with dead ranks, re-form a process group that a fault aborted."""
+    def _ensure_group(self, targets: list[RankInfo] | None = None) -> None:
+        """Before a cell: refuse with dead ranks among ``targets`` (default: all), re-form a process group
+        that a fault aborted. A cell on living ranks only runs, with a warning (to save their state before
+        ``%dist restart``): the group is not re-formed without the dead ranks."""
         dead = self.dead_ranks()
+        if dead and targets is not None and not {r.rank for r in targets} & dead.keys():
+            self.notify(f"workbench: rank {format_ranks(sorted(dead))} is dead: this cell runs on rank "
+                        f"{format_ranks([r.rank for r in targets])} only, and a collective with the dead "
+                        "rank fails; `%dist restart` brings it back and re-forms the process group.")
+            return
         if dead:
             rank = min(dead)
             raise RankDiedError(f"{self.ranks[rank].label()} is dead ({dead[rank]}): `%dist restart` "
@@ -455,8 +463,10 @@ class Session:
         dead engine), :class:`CellTimeout` naming the stalled rank when ``timeout``
         passes, and :class:`CellInterrupted` (a ``KeyboardInterrupt``) on Ctrl-C, saying where
         each rank stopped. In each case the other ranks are stopped within seconds, gently first.
-        While another notebook's cell runs on the pool this one waits, saying so.
+        While another notebook's cell runs on the pool this one waits, saying so. A syntax error is
+        raised here, before anything is sent.
         """
+        script.check_cell(code)
         return self._run(self._cell(ranks, timeout, on_output, on_tick), code)
 
     def _cell(self, ranks, timeout, on_output, on_tick=None) -> CellRun:
@@ -469,7 +479,8 @@ class Session:
         with self._busy, self._turn("a cell"):
             # another notebook may have restarted or re-formed ranks while this one waited
             cell.targets = self.targets([r.rank for r in cell.targets])
-            self._ensure_group()
+            self._ensure_group(cell.targets)
+            self._follow_cwd(cell.targets)
             self._active = cell
             try:
                 result = cell.run(code)
@@ -481,6 +492,38 @@ class Session:
             self._transcript.cell(code)
         return result
 
+    def run_script(self, path: str, args=(), *, ranks=None, timeout: float | None = None,
+                   on_output: OutputCallback | None = None,
+                   on_tick: Callable[[], None] | None = None) -> CellResult:
+        """Run a torchrun script on the target ranks, as ``torchrun --nproc-per-node N path *args`` would.
+
+        On each rank ``__name__`` is ``"__main__"``, ``sys.argv`` is ``[path, *args]`` and torchrun's
+        environment is set; the script's ``init_process_group`` finds the pool's group. Its globals stay
+        on the ranks. A syntax error is raised here before anything is sent; errors as for :meth:`run`.
+
+        >>> s.run_script("train.py", ["--epochs", "2"])      # doctest: +SKIP
+        """
+        script.check_script(path, local=self.local)
+        cwd = os.getcwd() if self.local else None
+        targets = [r.rank for r in self.targets(ranks)]
+        self.push({script.RUNNER: remote.run_script}, ranks=targets)  # then called by the cell, as one
+        return self.run(script.script_cell(path, list(args), cwd), ranks=targets, timeout=timeout,
+                        on_output=on_output, on_tick=on_tick)
+
+    def _follow_cwd(self, targets: list[RankInfo]) -> None:
+        """A local pool's ranks work in the notebook's folder (also after ``%cd``): moved when it changed."""
+        if not self.local:
+            return
+        here = os.getcwd()
+        stale = [r for r in targets if self._cwds.get(r.engine_id) != here]
+        if stale:
+            try:  # bounded: a rank still busy must not hold the cell here, past its own timeout and ladder
+                self._group.view(stale).apply_async(remote.chdir, here).get(timeout=self.config.timeout)
+            except Exception as exc:
+                log.warning("the ranks' folder was not moved to %s: %s", here, exc)
+                return
+            self._cwds.update((r.engine_id, here) for r in stale)
+
     def submit(self, code: str, *, ranks=None, timeout: float | None = None,
                on_output: OutputCallback | None = None) -> RunHandle:
         """Start ``code`` on the target ranks like :meth:`run`, but return at once.
@@ -491,6 +534,21 @@ class Session:
         return RunHandle(self._cell(ranks, timeout, on_output), code, self._run)
 
     # -- status ----------------------------------------------------------------------
+    def group_state(self) -> str:
+        """The process group in one line: formed, aborted after a fault (the next cell re-forms it), or
+        broken by dead ranks (``%dist restart``). A script's ``destroy_process_group()`` keeps it formed.
+
+        >>> s.group_state()      # doctest: +SKIP
+        'process group: formed (backend gloo, world size 2)'
+        """
+        dead = self.dead_ranks()
+        if dead:
+            return (f"process group: broken, rank {format_ranks(sorted(dead))} dead; cells on the other "
+                    "ranks run, `%dist restart` brings it back and re-forms the group")
+        if self._group is None or not self._group.ok:
+            return "process group: aborted after a fault; the next cell re-forms it"
+        return f"process group: formed (backend {self.backend}, world size {self.world_size})"
+
     def status(self) -> list[dict]:
         """One row per rank: rank, host, pid, device, state (idle, busy or failed: see
         :func:`workbench.pool.queues.rank_states`, which the panel's cards read too); then one per engine

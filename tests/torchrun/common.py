@@ -1,0 +1,50 @@
+"""Running a script under real torchrun and in the pool, and reading the numbers it printed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from IPython.utils.capture import capture_output
+
+SCRIPTS = Path(__file__).parent / "scripts"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+LABEL = re.compile(r"^\[ranks? [0-9,\- ]+\] ?")  # how the notebook labels a rank's line
+NUMBER = re.compile(r"-?\d+\.\d{6}")  # the scripts print their figures with 6 decimals
+
+
+def run(ip, cell: str):
+    """Run a cell in the real IPython shell; return (result, everything it showed as text)."""
+    with capture_output() as cap:
+        result = ip.run_cell(cell)
+    shown = cap.stdout + cap.stderr + "".join(o.data.get("text/plain", "") + "\n" for o in cap.outputs)
+    return result, shown
+
+
+def torchrun(script: str, args: list[str], cwd: Path, timeout: float = 240) -> str:
+    """``torchrun --nproc-per-node 2 script args`` in ``cwd``: what its ranks printed (stdout).
+
+    Each rank's stdout goes to its own file (``--redirects 1``): on one pipe two ranks' lines interleave.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKBENCH_POOL", "OMP_NUM_THREADS"))}
+    logs = cwd / "torchrun-logs"
+    command = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "--log-dir", str(logs),
+               "--redirects", "1", str(SCRIPTS / script), *args]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return "".join(p.read_text() for p in sorted(logs.glob("**/stdout.log")))
+
+
+def figures(text: str) -> list[str]:
+    """The lines that carry numbers, without the notebook's rank labels, sorted (ranks interleave)."""
+    lines = (LABEL.sub("", line).strip() for line in text.splitlines())
+    return sorted(line for line in lines if NUMBER.search(line))
+
+
+def on_both_ranks(shown: str, text: str) -> bool:
+    """Whether both ranks printed the line ``text`` (merged as ``[ranks 0-1]`` or one line each)."""
+    lines = set(shown.splitlines())
+    return f"[ranks 0-1] {text}" in lines or {f"[rank 0] {text}", f"[rank 1] {text}"} <= lines
