@@ -75,3 +75,17 @@ def trainer_count() -> int:
     from workbench.train import elastic
 
     return elastic.trainer_count()
+
+
+def failed_frames() -> dict | None:
+    """On a rank: the last failed cell's frames and locals (:func:`workbench.engine.postmortem.frames`)."""
+    from workbench.engine import postmortem
+
+    return postmortem.frames()
+
+
+def evaluate_in_failed(expr: str, frame: int | None = None) -> dict:
+    """On a rank: ``expr`` in a frame of the last failed cell (:func:`.postmortem.evaluate`)."""
+    from workbench.engine import postmortem
+
+    return postmortem.evaluate(expr, frame)

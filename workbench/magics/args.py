@@ -9,7 +9,8 @@ from IPython.core.error import UsageError
 
 from workbench.config import BACKENDS, LAUNCHERS
 
-SUBCOMMANDS = ("start", "status", "stop", "restart", "scale", "check", "push", "pull", "auto", "attach")
+SUBCOMMANDS = ("start", "status", "stop", "restart", "scale", "check", "push", "pull", "auto", "attach",
+               "stacks", "debug")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,6 +93,14 @@ def _dist_parser() -> _Parser:
     auto.add_argument("mode", choices=("on", "off"))
     attach = sub.add_parser("attach", prog="%dist attach", add_help=False, allow_abbrev=False)
     attach.add_argument("pool", nargs="?", default=None, help="the pool's name or id")
+    stacks = sub.add_parser("stacks", prog="%dist stacks", add_help=False, allow_abbrev=False)
+    stacks.add_argument("--ranks", default=None, help="ranks to look at, e.g. 0,2-3 (default: all)")
+    stacks.add_argument("--native", action="store_true",
+                        help="native frames too (gloo, NCCL, C++), through py-spy where it can attach")
+    debug = sub.add_parser("debug", prog="%dist debug", add_help=False, allow_abbrev=False)
+    debug.add_argument("rank", type=int, help="the rank whose failed cell to look at")
+    debug.add_argument("--frame", type=int, default=None, help="frame to evaluate in (default: innermost)")
+    debug.add_argument("-e", dest="expr", default=None, help="an expression to evaluate in that frame")
     return p
 
 
@@ -122,6 +131,9 @@ def parse_dist(line: str) -> argparse.Namespace:
     3
     >>> parse_dist("start -n 64 --oversubscribe").oversubscribe
     True
+    >>> a = parse_dist("debug 3 --frame 1 -e 'x.shape'")
+    >>> a.rank, a.frame, a.expr
+    (3, 1, 'x.shape')
     >>> parse_dist("launch")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
