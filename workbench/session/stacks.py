@@ -3,8 +3,8 @@
 The kernel (or an attached notebook, or the server) sends one signed ``stacks`` command to every
 rank's agent (:mod:`workbench.engine.agent`); each agent takes its process's stacks from its own
 thread, so the answer comes while a cell runs and while the main thread is blocked in a collective,
-and sends them up the pool's relay under the ``stacks`` topic. Ranks that did not answer within a
-quarter second are asked again (a subscription is a moment late to reach the relay); ranks silent
+and sends them up the pool's relay under the ``stacks`` topic. Ranks that did not answer within
+0.4 s are asked again (a command can be lost), then after twice as long, and so on; ranks silent
 at the deadline are named.
 
 Ranks whose threads stand at the same frames form one group; the engine's own threads
@@ -34,9 +34,10 @@ from workbench import wire
 from workbench.engine.stacks import MACHINERY, PYSPY_TIMEOUT_S
 from workbench.pool.rankmap import format_ranks
 
-RESEND_S = 0.25
+RESEND_S = 0.4
 TIMEOUT_S = 3.0  # Python stacks; with native frames py-spy's own bound comes on top
 ENGINE_FRAMES = 3  # frames shown of an idle main thread's event loop
+IDLE_AT = ("selectors.py:", "asyncio/", "tornado/")  # where an engine's main thread waits for work
 SYSTEM_LIBS = ("libc.", "libpthread", "libstdc++", "libpython", "ld-linux")
 
 
@@ -53,12 +54,21 @@ def _thread_key(thread: dict) -> tuple:
     return re.sub(r"^Thread-\d+ ", "", thread["name"]), _key(thread["frames"])
 
 
+IDLE = {"name": "idle", "where": "the engine's event loop", "text": "no cell running"}
+
+
 def _trim_main(thread: dict) -> list[dict]:
     """The main thread's frames from the innermost to the cell's own (below it: IPython and the
-    engine's event loop, the same on every rank); a main thread with no cell: its innermost few."""
+    engine's event loop, the same on every rank); an engine waiting for a cell is :data:`IDLE`
+    (where in its loop it waits differs from rank to rank and says nothing); else its innermost few."""
     frames = thread["frames"]
     cells = [i for i, f in enumerate(frames) if f["where"].startswith("cell line")]
-    return frames[:cells[-1] + 1] if cells else frames[:ENGINE_FRAMES]
+    if cells:
+        return frames[:cells[-1] + 1]
+    python = [f for f in frames if not f.get("native")]
+    if python and python[0]["where"].startswith(IDLE_AT):
+        return [IDLE]
+    return frames[:ENGINE_FRAMES]
 
 
 def _native_hint(frames: list[dict]) -> str | None:
@@ -82,6 +92,8 @@ def headline(frames: list[dict]) -> str:
     ...           {"name": "all_reduce", "where": "c10d.py:9"}, {"name": "<module>", "where": "cell line 5"}])
     'all_reduce at c10d.py:9 <- cell line 5 (native: c10d::Work::wait)'
     """
+    if frames == [IDLE]:
+        return "idle (no cell running)"
     python = [f for f in frames if not f.get("native")]
     if not python:
         return "no Python frames"
@@ -220,6 +232,8 @@ class StackGatherer:
             resend = PYSPY_TIMEOUT_S + 0.5 if native else RESEND_S
             while len(answers) < len(ranks) and time.monotonic() < deadline:
                 if asked is None or time.monotonic() - asked >= resend:
+                    if asked is not None:
+                        resend *= 2  # a loaded machine answers late: asking again only adds to its load
                     send([r for r in ranks if r not in answers], request=request, native=native)
                     asked = time.monotonic()
                 wait_ms = int((min(deadline, asked + resend) - time.monotonic()) * 1000)
