@@ -258,3 +258,42 @@ class StackGatherer:
     def close(self) -> None:
         self._sock.close(0)
         self._ctx.term()
+
+
+class PoolStacks:
+    """Stacks of a pool this process does not drive, from its state file's channel (the server's
+    sidebar): the same command and answers as :meth:`Session.stacks`.
+
+    >>> asker = PoolStacks(state["channel"])                                   # doctest: +SKIP
+    >>> asker.gather([0, 1], generation=state["generation"]).format()           # doctest: +SKIP
+    """
+
+    def __init__(self, channel: dict):
+        import zmq
+
+        self._gatherer = StackGatherer(channel)
+        self._signer = wire.Signer(channel["key"])
+        self._ctx = zmq.Context()
+        self._push = wire.pusher(self._ctx, channel["up"])
+        self._lock = threading.Lock()
+
+    def gather(self, ranks: list[int], generation: int, native: bool = False) -> Stacks:
+        import zmq
+
+        def send(targets: list[int], **details) -> None:
+            body = {"do": "stacks", "ranks": targets, "generation": generation, "id": uuid.uuid4().hex,
+                    **details}
+            try:
+                self._push.send_multipart(self._signer.pack(wire.COMMAND, json.dumps(body).encode()),
+                                          zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # the relay is gone: the ranks are named as not answering
+
+        with self._lock:
+            return self._gatherer.gather(ranks, send, native=native)
+
+    def close(self) -> None:
+        with self._lock:  # after a gather in flight
+            self._gatherer.close()
+            self._push.close(0)
+            self._ctx.term()
