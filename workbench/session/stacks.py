@@ -54,7 +54,7 @@ def _thread_key(thread: dict) -> tuple:
     return re.sub(r"^Thread-\d+ ", "", thread["name"]), _key(thread["frames"])
 
 
-IDLE = {"name": "idle", "where": "the engine's event loop", "text": "no cell running"}
+IDLE = {"name": "idle", "where": "the engine's event loop", "text": ""}
 
 
 def _trim_main(thread: dict) -> list[dict]:
@@ -183,19 +183,24 @@ class Stacks:
         note = self.native_note()
         if note:
             lines.append(f"native frames: not shown ({note}); Python stacks below")
-        common = sorted({name.strip("()") for name, _ in common_threads(self.answers)
-                         if not _machinery(name)})
+        shared = common_threads(self.answers)
+        first = self.answers[min(self.answers)]["threads"] if self.answers else []
+        common = sorted({t["name"] for t in first if not t.get("main") and not _machinery(t["name"])
+                         and _thread_key(t) in shared})
         for g in self.groups:
             label = f"rank {g.ranks[0]}" if len(g.ranks) == 1 else f"ranks {format_ranks(g.ranks)}"
             lines.append(f"{label}: {g.headline}")
             for t in g.threads:
+                if t["frames"] == [IDLE]:
+                    lines.append(f"  thread {t['name']}: waiting for a cell")
+                    continue
                 lines.append(f"  thread {t['name']}" + (" (with native frames)" if t["native"] else ""))
                 for f in t["frames"]:
                     text = f": {f['text']}" if f.get("text") else ""
                     lines.append(f"    {f['where']} in {f['name']}{text}" if not f.get("native")
                                  else f"    {f['name']} ({f['where']})")
         if common:
-            lines.append(f"the same on every rank (not shown): {', '.join(common)}")
+            lines.append(f"threads the same on every rank (not shown): {', '.join(common)}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
