@@ -43,7 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     from workbench import Session
 
-    s = Session(n=args.ranks, timeout=120, oversubscribe=args.ranks > 8).start()
+    s = Session(n=args.ranks, timeout=300, oversubscribe=args.ranks > 8).start()
     go = os.path.join(tempfile.mkdtemp(prefix="wb-bench-stacks-"), "go")
     try:
         idle = _times(s, args.reps)

@@ -191,3 +191,31 @@ def test_dist_stacks_magic_and_its_bad_input(ipshell, pool):
             ipshell.run_line_magic("dist", "stacks --nativ")
     finally:
         session.use(None)
+
+
+MANY_THREADS = """\
+import threading
+release = threading.Event()
+def deep(n):
+    return deep(n - 1) if n else release.wait(60)
+workers = [threading.Thread(target=deep, args=(30,), name=f"deep-{i}") for i in range(30)]
+for w in workers:
+    w.start()
+"""
+
+
+def test_a_large_answer_comes_in_parts_and_whole(pool):
+    """30 threads 30 frames deep on every rank: each answer is several side-channel messages."""
+    pool.run(MANY_THREADS)
+    try:
+        found = pool.stacks()
+        assert found.missing == [] and len(found.answers) == 3
+        for answer in found.answers.values():
+            deep = [t for t in answer["threads"] if t["name"].startswith("deep-")]
+            assert len(deep) == 30 and all(len(t["frames"]) >= 31 for t in deep)
+        assert len(str(found.answers[0])) > 2 * 24_000  # over two parts
+        # the same threads on every rank: one group, the threads listed once by name
+        assert [g.ranks for g in found.groups] == [[0, 1, 2]]
+        assert "deep-29" in found.format().splitlines()[-1]
+    finally:
+        pool.run("release.set()\nfor w in workers:\n    w.join(10)")
