@@ -48,7 +48,7 @@ def _ratio(rates: dict) -> dict:
 
 def without_browser(pool, rounds: int, steps: int) -> dict:
     """On vs off on ``pool`` (a ``bench.training.Pool``), the dashboard in this process."""
-    from workbench.metrics import remote
+    from workbench import remote
     from workbench.widgets.live_dashboard import Dashboard
 
     s = pool.s
@@ -63,14 +63,14 @@ def without_browser(pool, rounds: int, steps: int) -> dict:
             for side in _order(i):
                 dash = None
                 if side == "on":
-                    s.apply(remote.connect, s.pool.channel)
+                    s.apply(remote.connect_metrics, s.pool.channel)
                     pool.cell("loop.set_metrics(trainer_d, True)")
                     dash = Dashboard(s.metrics, run="latest")
                     dash.refresh()
                     dash.delays.clear()  # only this round's points count
                 else:
                     pool.cell("loop.set_metrics(trainer_d, False)")
-                    s.apply(remote.disconnect)
+                    s.apply(remote.disconnect_metrics)
                 cpu0, t0 = time.process_time(), time.perf_counter()
                 pool.cell(f"r = loop.measure(trainer_d, steps={steps})")
                 kernel_cpu[side].append((time.process_time() - cpu0) / (time.perf_counter() - t0))
@@ -81,7 +81,7 @@ def without_browser(pool, rounds: int, steps: int) -> dict:
                     delays += list(dash.delays)
                     dash.close()
     finally:
-        s.apply(remote.connect, s.pool.channel)  # as the pool had it
+        s.apply(remote.connect_metrics, s.pool.channel)  # as the pool had it
         pool.cell("del trainer_d", check=False)
     res = _ratio(rates)
     res["kernel_cpu_per_s"] = {k: summary(v, 1, 3) for k, v in kernel_cpu.items()}
@@ -97,13 +97,13 @@ def without_browser(pool, rounds: int, steps: int) -> dict:
 # In the notebook's kernel: one side of one round, its %%distributed cell run from this cell.
 SETUP = """
 import json
-from workbench.metrics import remote
+from workbench import remote
 from workbench.session import current
 s = current()
 rates = {"off": [], "on": []}
 
 def side(on, steps):
-    s.apply(remote.connect, s.pool.channel) if on else s.apply(remote.disconnect)
+    s.apply(remote.connect_metrics, s.pool.channel) if on else s.apply(remote.disconnect_metrics)
     code = f"loop.set_metrics(trainer_d, {on})\\nr = loop.measure(trainer_d, steps={steps}, warmup=0)"
     get_ipython().run_cell_magic("distributed", "", code)
     rates["on" if on else "off"].append(s.pull("r", rank=0)["samples_per_s"])

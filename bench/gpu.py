@@ -86,7 +86,7 @@ def abort_blocked(hold_s: float = 8.0) -> dict:
 
 def nvml(s, rounds: int, steps: int) -> dict:
     """The sampler by the join's UUID, one read's cost, and samples/s with sampling off / 1 s / 0.05 s."""
-    from workbench.metrics import remote
+    from workbench import remote
 
     url = s.pool.channel  # the side channel the publishers send up
     s.run("trainer_n = loop.build('mlp', device=device)")
@@ -96,9 +96,9 @@ def nvml(s, rounds: int, steps: int) -> dict:
         for i in range(rounds):
             names = list(settings) if i % 2 == 0 else list(reversed(settings))
             for name in names:
-                s.apply(remote.disconnect)
+                s.apply(remote.disconnect_metrics)
                 if settings[name] is not None:
-                    s.apply(remote.connect, url, sample_interval=settings[name])
+                    s.apply(remote.connect_metrics, url, sample_interval=settings[name])
                 s.run(f"loop.set_metrics(trainer_n, {settings[name] is not None})")
                 s.run(f"r = loop.measure(trainer_n, steps={steps})")
                 rates[name].append(s.pull("r", rank=0)["samples_per_s"])
@@ -110,8 +110,8 @@ def nvml(s, rounds: int, steps: int) -> dict:
         )
         read_us, info = s.pull("read_us", rank=0), s.pull("sampler_info", rank=0)
     finally:
-        s.apply(remote.disconnect)
-        s.apply(remote.connect, url)
+        s.apply(remote.disconnect_metrics)
+        s.apply(remote.connect_metrics, url)
     res = {k: summary(v, 1, 1) for k, v in rates.items()}
     off = res["off"]["median"]
     res["ratio_to_off"] = {k: round(v["median"] / off, 3) for k, v in res.items() if "median" in v}

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import MISSING, dataclass, field, fields
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 LAUNCHERS = ("local", "slurm", "mpi", "ssh")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -12,6 +13,13 @@ BACKENDS = ("auto", "gloo", "nccl")
 # "days-hours:minutes", "days-hours:minutes:seconds".
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")  # a pool's name: it is typed in `%dist attach NAME`
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")
+
+
+def _about(help: str, *, flag: str | None = None, words: str | None = None, choices: tuple = (),
+           group: str | None = None) -> dict:
+    """A field's metadata: ``help``, its ``flag`` (default ``--field-name``), how a sentence names it
+    (``words``), its ``choices``, and a ``group`` of options that exclude each other."""
+    return {"help": help, "flag": flag, "words": words, "choices": tuple(choices), "group": group}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,24 +62,37 @@ class PoolConfig:
     ValueError: n must be at least 1 (got 0): the pool needs one engine per rank.
     """
 
-    n: int | None = None
-    launcher: str = "local"
-    backend: str = "auto"
-    timeout: float = 60.0
-    address: str = "127.0.0.1"
-    interface: str | None = None
-    nodes: int | None = None
-    gpus_per_node: int | None = None
-    partition: str | None = None
-    time: str | None = None
-    account: str | None = None
-    hosts: tuple[str, ...] = ()
-    idle_release: float | None = None
-    oversubscribe: bool = False
-    name: str | None = None
-    collective_timeout: float | None = None
-    share_gpus: bool = False
-    launcher_options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    # each field's metadata: the help text of its option (the magic's ``%dist start``, the panel's request)
+    n: int | None = field(default=None, metadata=_about("number of ranks (default: GPUs, else 2)",
+                                                        flag="-n", words="engines"))
+    launcher: str = field(default="local", metadata=_about("how engines start", choices=LAUNCHERS))
+    backend: str = field(default="auto", metadata=_about("collective backend", choices=BACKENDS))
+    timeout: float = field(default=60.0, metadata=_about("seconds for engines to register and the group "
+                                                         "to form"))
+    address: str = field(default="127.0.0.1", metadata=_about(
+        "IP address to listen on instead of an interface name", group="network"))
+    interface: str | None = field(default=None, metadata=_about(
+        "network interface the engines reach this kernel on (default: loopback)", group="network"))
+    nodes: int | None = field(default=None, metadata=_about("Slurm: nodes to run engines on"))
+    gpus_per_node: int | None = field(default=None, metadata=_about(
+        "one engine per GPU on every node or host, each pinned to its GPU", words="GPUs per node"))
+    partition: str | None = field(default=None, metadata=_about("Slurm partition"))
+    time: str | None = field(default=None, metadata=_about("Slurm time limit, e.g. 30 or 2:00:00"))
+    account: str | None = field(default=None, metadata=_about("Slurm account"))
+    hosts: tuple[str, ...] = field(default=(), metadata=_about(
+        "ssh/mpi: hosts to start engines on, e.g. node1,node2"))
+    idle_release: float | None = field(default=None, metadata=_about(
+        "stop the pool (release its nodes) after this many idle seconds"))
+    oversubscribe: bool = field(default=False, metadata=_about(
+        "start more local ranks than this machine holds (4 per core, ~330 MiB each)"))
+    name: str | None = field(default=None, metadata=_about(
+        "what to call the pool (default: made up from its id, e.g. pool-glad-heron)"))
+    collective_timeout: float | None = field(default=None, metadata=_about(
+        "seconds one collective may wait before the backend gives up (default: 15 minutes)"))
+    share_gpus: bool = field(default=False, metadata=_about(
+        "let more ranks than GPUs share them (over gloo) instead of refusing"))
+    launcher_options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False, metadata=_about(
+        "JSON object passed as it is to ipyparallel's engine launcher, e.g. '{\"ssh_args\": [\"-q\"]}'"))
 
     def __post_init__(self):
         if self.name is not None and not _NAME.match(self.name):
@@ -117,6 +138,30 @@ class PoolConfig:
             raise ValueError(f"-n {self.n} does not match {self._places()} x {self.gpus_per_node} GPUs "
                              f"= {self.engines} engines: give one of them.")
 
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, as JSON takes it (the pool's state file carries it; :meth:`from_dict` reads it back).
+
+        >>> PoolConfig(launcher="ssh", hosts="a,b").to_dict()["hosts"]
+        ['a', 'b']
+        >>> PoolConfig.from_dict(PoolConfig(n=3, name="team-a").to_dict()) == PoolConfig(n=3, name="team-a")
+        True
+        """
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["hosts"] = list(self.hosts)
+        out["launcher_options"] = dict(self.launcher_options)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], **changes: Any) -> PoolConfig:
+        """The config :meth:`to_dict` wrote, with ``changes`` on top; keys it does not know are left out
+        (a state file written by another version of the workbench).
+
+        >>> PoolConfig.from_dict({"n": 2, "launcher": "mpi", "colour": "red"}, n=4).n
+        4
+        """
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in {**data, **changes}.items() if k in known})
+
     def _places(self) -> str:
         return f"{len(self.hosts)} hosts" if self.hosts else f"{self.nodes or 1} nodes"
 
@@ -127,3 +172,47 @@ class PoolConfig:
             return None
         places = len(self.hosts) if self.hosts else (self.nodes or 1)
         return places * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class PoolOption:
+    """One :class:`PoolConfig` field as an option: what the magic's parser and the panel's request are
+    made from (so each reaches every field)."""
+
+    name: str
+    kind: str  # count (whole, >= 1), seconds (> 0), switch, text, hosts, mapping
+    flag: str
+    help: str
+    words: str
+    default: Any
+    choices: tuple = ()
+    group: str | None = None
+
+
+_KINDS = {int: "count", float: "seconds", bool: "switch", str: "text", tuple: "hosts", dict: "mapping"}
+
+
+def pool_options() -> list[PoolOption]:
+    """Every field of :class:`PoolConfig`, in order, as an option.
+
+    >>> [(o.flag, o.kind) for o in pool_options()][:4]
+    [('-n', 'count'), ('--launcher', 'text'), ('--backend', 'text'), ('--timeout', 'seconds')]
+    >>> [o.name for o in pool_options()] == [f.name for f in fields(PoolConfig)]
+    True
+    """
+    hints = get_type_hints(PoolConfig)
+    out = []
+    for f in fields(PoolConfig):
+        base = next(t for t in (int, float, bool, str, tuple, dict) if _is(hints[f.name], t))
+        about = f.metadata
+        default = f.default_factory() if f.default is MISSING else f.default
+        out.append(PoolOption(f.name, _KINDS[base], about["flag"] or "--" + f.name.replace("_", "-"),
+                              about["help"], about["words"] or f.name.replace("_", " "), default,
+                              about["choices"], about["group"]))
+    return out
+
+
+def _is(hint, kind: type) -> bool:
+    """Whether a type hint is ``kind`` (or ``kind | None``, or ``kind[...]``); bool is not an int here."""
+    options = get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+    return any((get_origin(o) or o) is kind for o in options if o is not type(None))

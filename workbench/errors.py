@@ -100,9 +100,8 @@ class RankError(WorkbenchError):
     def _render_traceback_(self) -> list[str]:
         # IPython shows this instead of the kernel-side frames: one line saying how every rank
         # ended, the failing rank's own traceback, then one line per other failure or cut-short rank.
-        from workbench.session.results import summary_line
-
-        lines = [f"\x1b[1;31m{self}\x1b[0m", summary_line(self.result.ranks)]
+        # The result (a session.results.CellResult) says its own summary: this leaf imports nothing above it.
+        lines = [f"\x1b[1;31m{self}\x1b[0m", self.result.summary_line()]
         info, err = self.failures[0]
         lines += err.render_traceback()
         for info, err in self.failures[1:]:

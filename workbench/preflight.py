@@ -21,6 +21,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from workbench import remote
+
 # Versions compared across ranks: a difference in any of them is reported as skew.
 VERSION_KEYS = ("python", "torch", "cuda", "nccl", "workbench", "ipyparallel", "numpy")
 # Clock offsets beyond this (between any two ranks) are flagged: logs and traces stop lining up.
@@ -65,10 +67,9 @@ def bus_bandwidth(nbytes: int, seconds: float, world: int) -> float:
 def versions() -> dict:
     """The versions this process runs, for the skew check (engine side: imports torch)."""
     import platform
+    from importlib.metadata import PackageNotFoundError, version
 
     import torch
-
-    import workbench
 
     out = {"python": platform.python_version(), "torch": torch.__version__,
            "cuda": torch.version.cuda or "-", "nccl": "-"}
@@ -83,11 +84,9 @@ def versions() -> dict:
         except Exception:
             out[name] = "-"
     try:
-        from importlib.metadata import version
-
         out["workbench"] = version("distributed-workbench")
-    except Exception:
-        out["workbench"] = getattr(workbench, "__version__", "-")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        out["workbench"] = "-"
     return out
 
 
@@ -228,8 +227,9 @@ def run_check(session, *, size_mb: float = 4.0, iters: int = 10, timeout: float 
     (True, 'all_reduce over 4 ranks on 2 nodes: latency 180 us, bus bandwidth 1.10 GB/s (16 MiB)')
     """
     timeout = timeout if timeout is not None else max(60.0, session.config.timeout)
-    session.run("from workbench.preflight import probe as _wb_probe\n"
-                f"_wb_check = _wb_probe(device, size_mb={float(size_mb)!r}, iters={int(iters)})\n"
+    # pushed, then called by a cell on every rank at once (a collective the cell's ladder watches)
+    session.push({"_wb_probe": remote.preflight_probe}, ranks=[r.rank for r in session.ranks])
+    session.run(f"_wb_check = _wb_probe(device, size_mb={float(size_mb)!r}, iters={int(iters)})\n"
                 "del _wb_probe", timeout=timeout)
     probes = session.pull("_wb_check")
     session.run("del _wb_check", timeout=timeout)

@@ -156,7 +156,7 @@ def test_ctrl_c_in_the_cell_says_interrupted_at_step_n_and_keeps_the_points(pool
 
     from IPython.utils.capture import capture_output
 
-    from workbench.widgets.cell import CellMonitor
+    from workbench.widgets.cell_monitor import CellMonitor
 
     def interrupt_when_training():
         if until(lambda: monitor.dashboard is not None and (_points(monitor.dashboard) or [0])[0] >= 30, 60):
@@ -204,7 +204,7 @@ def test_failed_run_says_which_rank_failed_why_and_keeps_its_points(pool, ipshel
     from IPython.utils.capture import capture_output
 
     from workbench.errors import RankError
-    from workbench.widgets.cell import CellMonitor
+    from workbench.widgets.cell_monitor import CellMonitor
 
     with capture_output() as cap:
         monitor = CellMonitor(pool.metrics, always=True)

@@ -45,7 +45,7 @@ def test_named_strategies_resolve_to_degrees():
 
 
 def test_1f1b_with_fewer_microbatches_than_stages_is_refused_up_front():
-    from workbench.strategies.config import ParallelConfig
+    from workbench.strategies.parallel_config import ParallelConfig
 
     with pytest.raises(ValueError, match="microbatches=1 < pp=2"):
         ParallelConfig(dp=1, pp=2, microbatches=1, schedule="1f1b").check(world_size=2, n_layers=4)

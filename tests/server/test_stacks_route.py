@@ -12,15 +12,16 @@ import time
 
 import pytest
 
+from tests.faults.test_stacks import Release
 from tests.server.test_sharing import sharing
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 HELD = """%%distributed --async
-import os, time, torch
+import io, torch
 t = torch.ones(1)
-while rank == 1 and not os.path.exists({go!r}):
-    time.sleep(0.02)
+if rank == 1:
+    io.open({go!r}).read()
 dist.all_reduce(t)
 """
 
@@ -38,14 +39,14 @@ async def _stacks_until(api, pool_id: str, predicate, timeout: float = 60.0) -> 
 
 async def test_the_stacks_route_sees_a_running_cell_of_an_attached_notebook(api, jp_fetch, jp_serverapp,
                                                                             tmp_path):
-    go = tmp_path / "go"
+    go = Release(tmp_path / "go")  # rank 1 waits in open() of this FIFO
     async with sharing(api, jp_fetch, jp_serverapp) as (pool, notebook):
         code, body, _ = await api("GET", "pools", pool["id"], "stacks")
         assert code == 200 and body["missing"] == [], body
         assert body["groups"] == [{"ranks": [0, 1], "headline": "idle (no cell running)"}], body["text"]
         nb = await notebook("held.ipynb")
         assert (await nb.run(f"%dist attach {pool['name']}"))[0] == "ok"
-        status, shown = await nb.run(HELD.format(go=str(go)))
+        status, shown = await nb.run(HELD.format(go=str(go.path)))
         assert status == "ok", shown
         try:
             body = await _stacks_until(api, pool["id"], lambda b: len(b["groups"]) == 2)

@@ -94,7 +94,7 @@ def test_the_agent_takes_regroup_plans_for_this_engine_and_a_newer_group_only(ch
 def test_a_join_asked_for_after_the_run_ended_fails_at_once_instead_of_waiting():
     """``%dist restart`` (or a replacement) asking a finished elastic run to take a rank: the Future says
     the run ended at once (before, it waited for a tick that never came: 120 s)."""
-    from workbench.session.elastic import ElasticWatch
+    from workbench.session.cell_elastic import ElasticWatch
 
     class Cell:
         woken = 0

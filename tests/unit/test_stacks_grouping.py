@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.session.stacks import Stacks, group_stacks
+from workbench.session.stack_report import Stacks, group_stacks
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -93,7 +93,7 @@ def group_formed() -> None:
 
 def launched() -> int:
     """How many collectives this rank has started through ``torch.distributed`` (completed or not): a
-    rank that is behind its peers has started fewer (see :mod:`workbench.session.elastic`)."""
+    rank that is behind its peers has started fewer (see :mod:`workbench.session.cell_elastic`)."""
     return _track["done"] + len(_pending) + (_track["inflight"] is not None)
 
 

@@ -32,13 +32,13 @@ import sys
 import threading
 from pathlib import Path
 
+from workbench import wire
+
 MAX_FRAMES = 40  # innermost frames kept per thread: the engine's own event loop lies below the cell
 MAX_TEXT = 120  # characters of a source line
-PYSPY_TIMEOUT_S = 20.0  # native unwinding reads libtorch's symbols: seconds on a loaded machine
+PYSPY_TIMEOUT_S = wire.NATIVE_STACKS_TIMEOUT_S
 MAX_CHILDREN = 4  # child processes dumped with native frames (DataLoader workers)
 PR_SET_PTRACER = 0x59616D61  # "Yama"
-# Threads of our own and of the engine's machinery: shown, but they never make two ranks differ.
-MACHINERY = ("workbench-agent", "workbench-metrics", "workbench-warm", "workbench-stacks", "Control", "IOPub")
 
 
 def cell_line(filename: str) -> bool:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 
 from IPython.core.error import UsageError
 
-from workbench.config import BACKENDS, LAUNCHERS
+from workbench.config import pool_options
 
 SUBCOMMANDS = ("start", "status", "stop", "restart", "scale", "check", "push", "pull", "auto", "attach",
                "stacks", "debug")
@@ -44,35 +45,62 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _mapping(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, e.g. '{{\"ssh_args\": [\"-q\"]}}', "
+                                         f"got {text!r}")
+    return value
+
+
+_TYPES = {"count": _positive_int, "seconds": _seconds, "text": str, "hosts": str, "mapping": _mapping}
+
+
+def add_pool_options(parser: argparse.ArgumentParser) -> None:
+    """One option per :class:`~workbench.config.PoolConfig` field (``%dist start``), made from its fields.
+
+    An option not given takes the config's default (hosts and launcher options: ``None``, left out).
+
+    >>> p = argparse.ArgumentParser(); add_pool_options(p)
+    >>> p.parse_args(["--collective-timeout", "30", "--launcher-options", '{"delay": 0}']).launcher_options
+    {'delay': 0}
+    """
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
+    for option in pool_options():
+        where = parser
+        if option.group is not None:
+            if option.group not in groups:
+                groups[option.group] = parser.add_mutually_exclusive_group()
+            where = groups[option.group]
+        default = None if option.kind in ("hosts", "mapping") else option.default
+        kwargs: dict = {"dest": option.name, "help": option.help, "default": default}
+        if option.kind == "switch":
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["type"] = _TYPES[option.kind]
+            if option.choices:
+                kwargs["choices"] = option.choices
+        where.add_argument(option.flag, **kwargs)
+
+
+def pool_config_options(args: argparse.Namespace) -> dict:
+    """The :class:`~workbench.config.PoolConfig` keywords a ``%dist start`` line gave (nothing else).
+
+    >>> sorted(pool_config_options(parse_dist("start -n 4 --hosts a,b --launcher ssh")).items())[:4]
+    [('address', '127.0.0.1'), ('backend', 'auto'), ('hosts', 'a,b'), ('launcher', 'ssh')]
+    """
+    return {o.name: getattr(args, o.name) for o in pool_options() if getattr(args, o.name) is not None}
+
+
 def _dist_parser() -> _Parser:
     p = _Parser(prog="%dist", add_help=False, allow_abbrev=False,
                 description="Start, inspect and stop the pool of ranks.")
     sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     start = sub.add_parser("start", prog="%dist start", add_help=False, allow_abbrev=False)
-    start.add_argument("-n", type=_positive_int, default=None, help="number of ranks (default: GPUs, else 2)")
-    start.add_argument("--launcher", choices=LAUNCHERS, default="local")
-    start.add_argument("--backend", choices=BACKENDS, default="auto")
-    start.add_argument("--timeout", type=_seconds, default=60.0)
-    start.add_argument("--share-gpus", dest="share_gpus", action="store_true",
-                       help="let more ranks than GPUs share them (over gloo) instead of refusing")
-    # cluster launchers (see workbench.pool.launchers)
-    start.add_argument("--nodes", type=_positive_int, default=None, help="Slurm: nodes to run engines on")
-    start.add_argument("--gpus-per-node", dest="gpus_per_node", type=_positive_int, default=None,
-                       help="one engine per GPU on every node or host, each pinned to its GPU")
-    start.add_argument("--partition", default=None, help="Slurm partition")
-    start.add_argument("--time", default=None, help="Slurm time limit, e.g. 30 or 2:00:00")
-    start.add_argument("--account", default=None, help="Slurm account")
-    start.add_argument("--hosts", default=None, help="ssh/mpi: hosts to start engines on, e.g. node1,node2")
-    net = start.add_mutually_exclusive_group()
-    net.add_argument("--interface", default=None,
-                     help="network interface the engines reach this kernel on (default: loopback)")
-    net.add_argument("--address", default=None, help="IP address to listen on instead of an interface name")
-    start.add_argument("--name", default=None,
-                       help="what to call the pool (default: made up from its id, e.g. pool-glad-heron)")
-    start.add_argument("--idle-release", dest="idle_release", type=_seconds, default=None,
-                       help="stop the pool (release its nodes) after this many idle seconds")
-    start.add_argument("--oversubscribe", action="store_true",
-                       help="start more local ranks than this machine holds (4 per core, ~330 MiB each)")
+    add_pool_options(start)
     sub.add_parser("status", prog="%dist status", add_help=False, allow_abbrev=False)
     stop = sub.add_parser("stop", prog="%dist stop", add_help=False, allow_abbrev=False)
     stop.add_argument("--all", dest="everyone", action="store_true",

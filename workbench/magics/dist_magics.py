@@ -17,7 +17,7 @@ from workbench import session as session_mod
 from workbench.config import PoolConfig
 from workbench.errors import CellInterrupted, CellTimeout, NoPoolError, RankError
 from workbench.magics import rank_tabs
-from workbench.magics.args import parse_cell, parse_dist
+from workbench.magics.args import parse_cell, parse_dist, pool_config_options
 from workbench.magics.output import LineMerger, print_stream
 from workbench.session import Session, format_ranks
 from workbench.tables import format_table
@@ -42,7 +42,8 @@ class DistributedMagics(Magics):
 
         ``%dist start [-n N] [--launcher local|slurm|mpi|ssh] [--backend auto|gloo|nccl] [--timeout S]
         [--nodes K] [--gpus-per-node G] [--partition P] [--time T] [--account A] [--hosts a,b]
-        [--interface IF | --address IP] [--idle-release S] [--oversubscribe] [--share-gpus]``,
+        [--interface IF | --address IP] [--idle-release S] [--oversubscribe] [--share-gpus] [--name NAME]
+        [--collective-timeout S] [--launcher-options JSON]`` (one option per ``PoolConfig`` field),
         ``%dist status``,
         ``%dist stop``, ``%dist restart``, ``%dist scale N``, ``%dist check [--size-mb M]``,
         ``%dist push NAME...``, ``%dist pull NAME [--rank R]``, ``%dist auto on|off``,
@@ -65,15 +66,8 @@ class DistributedMagics(Magics):
         if s is not None:
             raise UsageError(f"pool {s.name} ({s.world_size} ranks) is already running in this notebook: "
                              "`%dist stop` it first.")
-        options = dict(n=args.n, launcher=args.launcher, backend=args.backend, timeout=args.timeout,
-                       nodes=args.nodes, gpus_per_node=args.gpus_per_node, partition=args.partition,
-                       time=args.time, account=args.account, hosts=args.hosts or (),
-                       interface=args.interface, idle_release=args.idle_release,
-                       oversubscribe=args.oversubscribe, share_gpus=args.share_gpus, name=args.name)
-        if args.address:
-            options["address"] = args.address
         try:
-            config = PoolConfig(**options)
+            config = PoolConfig(**pool_config_options(args))
             s = Session(config)  # resolves --interface: a wrong name is a usage error too
         except ValueError as exc:
             raise UsageError(str(exc)) from None
@@ -257,7 +251,7 @@ class DistributedMagics(Magics):
             elif merger is not None:
                 merger.feed(rank, kind, payload)
 
-        from workbench.widgets.cell import monitor_cell, submit_cell  # live dashboard (issue 4)
+        from workbench.widgets.cell_monitor import monitor_cell, submit_cell  # live dashboard (issue 4)
 
         monitor = monitor_cell(s, always=args.monitor or args.async_)  # hidden until a Trainer runs
 

@@ -302,8 +302,9 @@ class EnginePool:
         if state is None:
             names = ", ".join(s.get("name") or s["id"] for s in running) or "none"
             raise ValueError(f"no running pool {ref!r}; running pools: {names}.")
-        self = cls(n=state["n"], launcher=state["launcher"], timeout=timeout,
-                   address=state.get("address", "127.0.0.1"), pool_id=state["id"])
+        config = pool_state.config_of(state)
+        self = cls(n=state["n"], launcher=config.launcher, timeout=timeout, address=config.address,
+                   config=config, pool_id=state["id"])
         self.name = state.get("name") or self.name
         self.state = state
         # quiet: when the owner stops the pool, ipyparallel would log the controller's whole output here
@@ -358,6 +359,7 @@ class EnginePool:
             "launcher": self.launcher,
             "address": self.address,
             "n": self.n,
+            "config": self.config.to_dict(),  # every field: a restart elsewhere starts it as it was
             # what the lease cancels if the owner dies: engines on other nodes are not our processes
             "jobs": [{"id": job, "cancel": [*self._cancel_command(), job]} for job in self.jobs()],
             # engines started over ssh: what stop and the lease run to end them

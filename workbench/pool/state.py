@@ -16,6 +16,8 @@ from pathlib import Path
 
 import psutil
 
+from workbench.config import PoolConfig
+
 # Logs of pools that no longer run that are kept, newest first: a failed start names its log.
 KEEP_LOGS = 20
 
@@ -60,6 +62,25 @@ def write_state(pool_id: str, state: dict) -> Path:
         f.write(json.dumps(state, indent=1))
     os.replace(tmp, path)
     return path
+
+
+def config_of(state: dict) -> PoolConfig:
+    """The :class:`PoolConfig` a pool was started with, from its state file: what attach, a restart, the
+    panel and the server start it again with. Its size is the pool's now (a scaled pool restarts at its
+    new size), unless the cluster options fix the size.
+
+    >>> config_of({"n": 4, "config": PoolConfig(n=2, launcher="mpi", name="team-a").to_dict()})
+    PoolConfig(n=4, launcher='mpi', backend='auto', timeout=60.0, address='127.0.0.1', interface=None, \
+nodes=None, gpus_per_node=None, partition=None, time=None, account=None, hosts=(), idle_release=None, \
+oversubscribe=False, name='team-a', collective_timeout=None, share_gpus=False, launcher_options={})
+    """
+    config = PoolConfig.from_dict(state.get("config") or {
+        # a state file from before it carried the config: what it has
+        "launcher": state["launcher"], "backend": state.get("backend_requested", "auto"),
+        "address": state.get("address", "127.0.0.1"), "name": state.get("name")})
+    if config.engines is None and state.get("n"):
+        config = PoolConfig.from_dict(config.to_dict(), n=state["n"])
+    return config
 
 
 def prune_logs(keep: int = KEEP_LOGS) -> None:

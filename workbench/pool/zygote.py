@@ -44,8 +44,8 @@ PRELOAD = {
     "engine": ("ipyparallel.engine.app", "ipykernel.ipkernel", "ipykernel.debugger",
                "IPython.core.completerlib", "IPython.extensions.storemagic", "tornado.platform.asyncio",
                "tornado.queues", "pydoc",
-               "workbench.pool.engine_main", "workbench.metrics.remote", "workbench.engine.rendezvous",
-               "workbench.engine.agent", "workbench.engine.calls", "workbench.metrics.publisher"),
+               "workbench.pool.engine_main", "workbench.remote", "workbench.engine.rendezvous",
+               "workbench.engine.agent", "workbench.metrics.publisher"),
     "sources": (),
 }
 SOURCES_IDLE_S = 2.0  # idle this long before parsing the sources

@@ -27,6 +27,7 @@ from workbench.config import BACKENDS, LAUNCHERS, PoolConfig
 from workbench.errors import WorkbenchError
 from workbench.pool import launchers, sharing
 from workbench.pool import state as pool_state
+from workbench.pool.queues import rank_states
 from workbench.server.dashboards import IDLE_S, DashboardSources
 from workbench.server.start_request import start_options
 from workbench.server.usage import UsageSampler
@@ -197,7 +198,7 @@ class PoolManager:
                 "native": found.native_note()}
 
     def _stacks_sync(self, state: dict, native: bool):
-        from workbench.session.stacks import PoolStacks
+        from workbench.session.stack_report import PoolStacks
 
         asker = self._stack_askers.get(state["id"])
         if asker is None:
@@ -324,17 +325,7 @@ class PoolManager:
 
                 probe = self._probes[pool_id] = EnginePool.attach(pool_id, timeout=PROBE_TIMEOUT_S)
             client = probe.client
-        alive = set(client.ids)
-        by_engine = {r["engine_id"]: r["rank"] for r in state["ranks"]}
-        queues = client.queue_status(targets=[e for e in by_engine if e in alive])
-        out = {}
-        for eid, rank in by_engine.items():
-            if eid not in alive:
-                out[rank] = "failed"
-            else:
-                q = queues.get(eid, {})
-                out[rank] = "busy" if q.get("queue", 0) or q.get("tasks", 0) else "idle"
-        return out
+        return rank_states(client, {r["rank"]: r["engine_id"] for r in state["ranks"]})
 
     def _forget_probes(self, keep: set[str]) -> None:
         for pool_id in list(self._stack_askers):
@@ -434,8 +425,7 @@ class PoolManager:
         elif state is None:
             raise PoolNotFound(pool_id, [p["id"] for p in await self.list_pools()])
         else:
-            config = PoolConfig(n=state["n"], launcher=state["launcher"],
-                                backend=state.get("backend_requested", "auto"), name=state.get("name"))
+            config = pool_state.config_of(state)
         same_id = pool_id if state is not None else None  # the pool starts again as itself
         if rec is not None and rec.phase in ("starting", "stopping") or pool_id in self._stopping:
             raise PoolBusy(f"pool {pool_id} is {rec.phase if rec else 'stopping'}: wait until it is done.")

@@ -1,7 +1,8 @@
 """What the panel's Start dialog sends, checked before anything starts; and what it can offer.
 
-A start request is a JSON object with the fields of :class:`~workbench.config.PoolConfig` the dialog
-has (``n``, ``launcher``, ``backend``, ``timeout``, and per launcher ``nodes``, ``gpus_per_node``,
+A start request is a JSON object with any of the fields of :class:`~workbench.config.PoolConfig`
+(:func:`~workbench.config.pool_options`: the same list the magic's ``%dist start`` is made from; the
+dialog sends ``n``, ``launcher``, ``backend``, ``timeout``, and per launcher ``nodes``, ``gpus_per_node``,
 ``partition``, ``time``, ``account``, ``hosts``, ``interface``, ``oversubscribe``). Every mistake is a
 ``ValueError`` whose sentence the dialog shows as it is; a request that passes here has named a launcher,
 options, a network and a size the pool can start with.
@@ -11,14 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.config import PoolConfig
+from workbench.config import PoolConfig, PoolOption, pool_options
 from workbench.pool import capacity, launchers, netif
 
-# field -> (type, how a sentence names it)
-WHOLE = {"n": "engines", "nodes": "nodes", "gpus_per_node": "GPUs per node"}
-TEXT = ("launcher", "backend", "partition", "time", "account", "interface")
-FIELDS = ("n", "launcher", "backend", "timeout", "nodes", "gpus_per_node", "partition", "time", "account",
-          "hosts", "interface", "oversubscribe")
+OPTIONS = {o.name: o for o in pool_options()}
+FIELDS = tuple(OPTIONS)
 
 
 def parse_start_request(body: Any) -> PoolConfig:
@@ -39,7 +37,7 @@ def parse_start_request(body: Any) -> PoolConfig:
     >>> parse_start_request({"engines": 2})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: unknown field 'engines': a pool takes n, launcher, backend, timeout, nodes, ...
+    ValueError: unknown field 'engines': a pool takes n, launcher, backend, timeout, ...
     """
     if body is None:
         body = {}
@@ -50,25 +48,8 @@ def parse_start_request(body: Any) -> PoolConfig:
             raise ValueError(f"unknown field {key!r}: a pool takes {', '.join(FIELDS)}.")
     # an empty field of the dialog means "the default"
     given = {k: v for k, v in body.items() if v is not None and v != ""}
-    for key, words in WHOLE.items():
-        value = given.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ValueError(f"{words} must be a whole number (got {value!r}).")
-    timeout = given.get("timeout", 60.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise ValueError(f"timeout must be a number of seconds (got {timeout!r}).")
-    given["timeout"] = float(timeout)
-    for key in TEXT:
-        if key in given and not isinstance(given[key], str):
-            raise ValueError(f"{key} must be a string (got {given[key]!r}).")
-    hosts = given.get("hosts", ())
-    if isinstance(hosts, list) and all(isinstance(h, str) for h in hosts):
-        hosts = ",".join(hosts)
-    if not isinstance(hosts, (str, tuple)):
-        raise ValueError(f"hosts must be host names separated by commas (got {hosts!r}).")
-    given["hosts"] = hosts
-    if not isinstance(given.get("oversubscribe", False), bool):
-        raise ValueError(f"oversubscribe must be true or false (got {given['oversubscribe']!r}).")
+    for key, value in list(given.items()):
+        given[key] = _checked(OPTIONS[key], value)
     config = PoolConfig(**given)
     # the network too: a named interface must exist here, and engines elsewhere cannot use loopback
     resolved = netif.resolve(config)
@@ -76,6 +57,31 @@ def parse_start_request(body: Any) -> PoolConfig:
     if config.launcher == "local" and config.n is not None:  # no more ranks than this machine holds
         capacity.check_this_machine(config.n, config.oversubscribe)
     return config
+
+
+def _checked(option: PoolOption, value: Any) -> Any:
+    """``value`` as the field takes it, or a ``ValueError`` saying what the field takes."""
+    if option.kind == "count":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{option.words} must be a whole number (got {value!r}).")
+    elif option.kind == "seconds":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{option.words} must be a number of seconds (got {value!r}).")
+        value = float(value)
+    elif option.kind == "switch":
+        if not isinstance(value, bool):
+            raise ValueError(f"{option.words} must be true or false (got {value!r}).")
+    elif option.kind == "text":
+        if not isinstance(value, str):
+            raise ValueError(f"{option.name} must be a string (got {value!r}).")
+    elif option.kind == "hosts":
+        if isinstance(value, list) and all(isinstance(h, str) for h in value):
+            value = ",".join(value)
+        if not isinstance(value, str):
+            raise ValueError(f"hosts must be host names separated by commas (got {value!r}).")
+    elif not isinstance(value, dict):  # mapping
+        raise ValueError(f"{option.name} must be a JSON object (got {value!r}).")
+    return value
 
 
 def start_options(config: PoolConfig) -> dict:
@@ -87,12 +93,10 @@ def start_options(config: PoolConfig) -> dict:
     'a,b'
     """
     out = {}
-    for key in FIELDS:
+    for key, option in OPTIONS.items():
         value = getattr(config, key)
-        if key == "hosts":
-            value = ",".join(value)
-        if value not in (None, "", False) or key in ("launcher", "backend"):
-            out[key] = value
+        if key in ("launcher", "backend", "timeout") or value not in (None, "", False, option.default):
+            out[key] = ",".join(value) if key == "hosts" else value
     return out
 
 

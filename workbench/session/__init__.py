@@ -1,20 +1,30 @@
-"""The kernel side of a pool: :class:`Session` (the joint) and its rooms.
+"""The kernel side of a pool: :class:`Session` (the joint) and its rooms, one job each.
 
-- :mod:`.session`: :class:`Session`, wiring the rooms for a started or an attached pool; push, pull,
-  apply; :func:`current`, the only way the magics find it.
-- :mod:`.group`: the process group seen from the kernel (describe, store, join, re-form, abort).
+- :mod:`.session`: :class:`Session`: the registry (:func:`current`, :func:`use`, the only way the magics
+  find it), wiring the rooms for a started or an attached pool, stop and idle release, cells, status.
+- :mod:`.rank_view`: :class:`~.rank_view.RankView`, a set of ranks that pushes, pulls, applies, scatters and
+  gathers (ipyparallel's ``DirectView`` for ranks); ``Session.push/pull/apply`` forward to it.
+- :mod:`.recovery`: restart, scale and bringing a lost rank back, between cells and during an elastic
+  run (the notebook's setup replayed on new engines).
+- :mod:`.group`: the process group seen from the kernel (describe, store, join, re-form, abort); the one
+  writer of its fields and of the pool's engine count.
 - :mod:`.health`: dead ranks (pushed by a watcher), beacons, the fault log.
-- :mod:`.cell`: one cell on its ranks (output relay, escalation ladder, background handles).
+- :mod:`.cell_run`: one cell on its ranks (output relay, escalation ladder, background handles).
+- :mod:`.cell_elastic`: the in-cell regroup of an elastic run (a lost rank routed around, joins and
+  leaves at a step boundary).
+- :mod:`.shared`: the pool as other notebooks share it (the cell lock, what they changed).
 - :mod:`.results`: what a cell produced per rank.
 
-Doors go one way: session -> cell -> group, health -> :mod:`workbench.pool`; no room imports the
-session.
+Doors go one way: session -> recovery, view, cell_run -> cell_elastic -> group, health ->
+:mod:`workbench.pool`; the rooms reach the engines only through :mod:`workbench.remote`; no room imports
+the session.
 """
 
 from workbench.pool.rankmap import format_ranks
-from workbench.session.cell import RunHandle
+from workbench.session.cell_run import RunHandle
+from workbench.session.rank_view import RankView
 from workbench.session.results import CellResult, RankDied, RankResult
 from workbench.session.session import Session, current, current_or_none, running_pools, use
 
-__all__ = ["CellResult", "RankDied", "RankResult", "RunHandle", "Session", "current", "current_or_none",
-           "format_ranks", "running_pools", "use"]
+__all__ = ["CellResult", "RankDied", "RankResult", "RankView", "RunHandle", "Session", "current",
+           "current_or_none", "format_ranks", "running_pools", "use"]

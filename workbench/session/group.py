@@ -2,11 +2,11 @@
 
 Everything here runs in the kernel and reaches the engines through ipyparallel; what runs on the
 engines is :mod:`workbench.engine.rendezvous` (describe, open the store, join) and
-:mod:`workbench.engine.guard` (abort), sent through :mod:`workbench.engine.calls` (the kernel imports no
+:mod:`workbench.engine.guard` (abort), sent through :mod:`workbench.remote` (the kernel imports no
 torch).
 
 >>> group = ProcessGroup(pool, config)              # doctest: +SKIP
->>> group.ranks = build_rank_map(group.describe(pool.client.ids))   # doctest: +SKIP
+>>> group.seat(build_rank_map(group.describe(pool.client.ids)))   # doctest: +SKIP
 >>> group.form(beacon_url=None)                     # doctest: +SKIP
 >>> group.backend                                   # doctest: +SKIP
 'gloo'
@@ -21,11 +21,9 @@ import threading
 import uuid
 from dataclasses import replace
 
-from workbench import wire
+from workbench import remote, wire
 from workbench.config import PoolConfig
-from workbench.engine import calls
 from workbench.errors import PoolStartError, RankDiedError
-from workbench.pool import netif
 from workbench.pool.cluster import EnginePool
 from workbench.pool.rankmap import (
     EngineInfo,
@@ -41,6 +39,10 @@ class ProcessGroup:
     """One torch.distributed group over a pool's engines, seen from the kernel.
 
     ``ok`` is False once a fault aborted (or may have broken) the group: the next cell re-forms it.
+
+    Only this class writes its fields (and the pool's engine count, ``pool.n``): other rooms change
+    them through its methods (:meth:`seat`, :meth:`adopt`, :meth:`forget_lost`, :meth:`follow`,
+    :meth:`heard`, :meth:`mark_broken`), so a reader finds every change of the group here.
     """
 
     def __init__(self, pool: EnginePool, config: PoolConfig):
@@ -59,6 +61,36 @@ class ProcessGroup:
     def local(self) -> bool:
         return self.config.launcher == "local"
 
+    # -- changes from the other rooms -----------------------------------------------------------
+    def seat(self, ranks: list[RankInfo]) -> None:
+        """The rank map from now on (a start, a new engine in, a regroup); the pool counts as many."""
+        self.ranks = list(ranks)
+        self.pool.n = len(self.ranks)
+
+    def adopt(self, infos: list[RankInfo]) -> None:
+        """New engines for the ranks an elastic run went on without join the map after the others."""
+        self.seat([*self.ranks, *infos])
+        self.lost = []
+
+    def forget_lost(self, infos: list[RankInfo]) -> None:
+        """These lost ranks were brought back (as new ranks of a running elastic run)."""
+        self.lost = [r for r in self.lost if r not in infos]
+
+    def follow(self, ranks: list[RankInfo], *, backend: str | None, generation: int, endpoints: dict,
+               ok: bool) -> None:
+        """Take in a group another notebook formed on the same pool (from the pool's state file)."""
+        self.seat(ranks)
+        self.backend, self.generation, self.ok = backend, generation, ok
+        self.endpoints = {int(rank): eps for rank, eps in endpoints.items()}
+
+    def heard(self, endpoints: dict[int, list]) -> None:
+        """Every rank's gloo listeners as their beacons say (after an elastic regroup)."""
+        self.endpoints = dict(endpoints)
+
+    def mark_broken(self) -> None:
+        """A fault may have broken the group: the next cell re-forms it."""
+        self.ok = False
+
     def view(self, targets: list[RankInfo]):
         """An ipyparallel view on the engines of ``targets``."""
         try:
@@ -72,7 +104,7 @@ class ProcessGroup:
     def describe(self, engine_ids) -> list[EngineInfo]:
         """Host, pid and visible GPUs of each engine (they answer once ``import torch`` is done)."""
         view = self.pool.client[list(engine_ids)]
-        infos = view.apply_async(calls.describe).get(timeout=self.config.timeout)
+        infos = view.apply_async(remote.describe).get(timeout=self.config.timeout)
         return [EngineInfo(eid, i["host"], i["pid"], i["gpus"], tuple(i.get("gpu_uuids", ())))
                 for eid, i in zip(view.targets, infos, strict=True)]
 
@@ -85,15 +117,15 @@ class ProcessGroup:
         # binds the store on its own address there (never on all interfaces).
         routes = {}
         if not self.local:
-            found = self.view(self.ranks).apply_sync(netif.route_to, self.config.address)
+            found = self.view(self.ranks).apply_sync(remote.route_to, self.config.address)
             routes = {r.rank: route for r, route in zip(self.ranks, found, strict=True)}
         store_address = routes[root.rank]["address"] if routes else self.config.address
         own = {r.rank: routes[r.rank]["address"] if routes else self.config.address for r in self.ranks}
-        port = client[root.engine_id].apply_sync(calls.open_store, store_address, self.config.timeout)
+        port = client[root.engine_id].apply_sync(remote.open_store, store_address, self.config.timeout)
         generation = self.generation + 1
         futures = [
             client[r.engine_id].apply_async(
-                calls.join, rank=r.rank, local_rank=r.local_rank, world_size=len(self.ranks),
+                remote.join, rank=r.rank, local_rank=r.local_rank, world_size=len(self.ranks),
                 address=store_address, port=port, backend=backend, device=r.device,
                 timeout_s=self.config.timeout, collective_timeout_s=self.config.collective_timeout,
                 local_pids=[o.pid for o in self.ranks if o.host == r.host],
@@ -116,8 +148,10 @@ class ProcessGroup:
         """New engines (through the pool's launcher) for these dead ranks, on the same host and device."""
         new_ids = self.pool.start_more(len(ranks), set(self.pool.client.ids),
                                        alive=len(self.ranks) - len(ranks))
+        ranks_now = list(self.ranks)
         for info in remap_engines([self.ranks[r] for r in ranks], self.describe(new_ids)):
-            self.ranks[info.rank] = info
+            ranks_now[info.rank] = info
+        self.seat(ranks_now)
 
     def resize(self, n: int, progress, share_gpus: bool = False) -> bool:
         """Start or stop engines so there are ``n`` ranks; False: nothing to do.
@@ -129,12 +163,11 @@ class ProcessGroup:
         if n > len(self.ranks):
             progress(f"starting {n - len(self.ranks)} engines")
             new = self.pool.start_more(n - len(self.ranks), set(self.pool.client.ids), alive=len(self.ranks))
-            self.ranks = extend_rank_map(self.ranks, self.describe(new), share_gpus=share_gpus)
+            self.seat(extend_rank_map(self.ranks, self.describe(new), share_gpus=share_gpus))
         else:
             progress(f"stopping rank {format_ranks(range(n, len(self.ranks)))}")
             self.pool.stop_engines([r.engine_id for r in self.ranks[n:]])
-            self.ranks = self.ranks[:n]
-        self.pool.n = n
+            self.seat(self.ranks[:n])
         return True
 
     def peers(self, beats: dict | None = None) -> list:
@@ -151,12 +184,12 @@ class ProcessGroup:
         every rank keeps its Python state. ``beats``: the ranks' latest beacons (their listeners now).
         """
         if infos:
-            self.ok = False
+            self.mark_broken()
             self.command("abort", infos, peers=self.peers(beats))
 
     def reform(self, alive: list[RankInfo]) -> None:
         """Abort what is left of the old group on the ``alive`` ranks (never destroy), then form anew."""
-        self.view(alive).apply_sync(calls.abort, self.peers())
+        self.view(alive).apply_sync(remote.abort, self.peers())
         self.form()
 
     def regroup(self, stay: list[RankInfo], join: list[RankInfo] = (), leave: list[RankInfo] = (), *,
@@ -177,7 +210,7 @@ class ProcessGroup:
         self.command("regroup", [*stay, *leave], plan=plan, abort=abort, peers=self.peers(beats))
         self.lost += list(lost)
         self.endpoints = {i: self.endpoints.get(r.rank, []) for i, r in enumerate(stay)}  # until beacons say
-        self.ranks = [replace(r, rank=i) for i, r in enumerate(members)]
+        self.seat([replace(r, rank=i) for i, r in enumerate(members)])
         self.generation = plan["generation"]
         return plan
 
@@ -214,7 +247,7 @@ class ProcessGroup:
         if not infos:
             return
         if sig != signal.SIGINT and breaks_group:
-            self.ok = False
+            self.mark_broken()
         if self.local:
             for r in infos:
                 try:

@@ -69,6 +69,10 @@ class CellResult:
     def ranks_with(self, *outcomes: str) -> list[int]:
         return [r.rank.rank for r in self.ranks if r.outcome in outcomes]
 
+    def summary_line(self) -> str:
+        """:func:`summary_line` of these ranks (what :class:`~workbench.errors.CellError` shows first)."""
+        return summary_line(self.ranks)
+
 
 class RankDied:
     """The error of a rank whose engine process is gone."""

@@ -2,9 +2,10 @@
 
 A :class:`Session` wires the rooms for a pool it started or one it attached to, the same way for
 both: the pool (:mod:`workbench.pool`: processes), the process group (:mod:`.group`), health
-(:mod:`.health`: dead ranks, beacons, the fault log), the cell (:mod:`.cell`) and the pool as other
-notebooks share it (:mod:`.shared`). It adds what a notebook does with ranks: run a cell, push,
-pull, apply.
+(:mod:`.health`: dead ranks, beacons, the fault log), recovery (:mod:`.recovery`: restart, scale,
+bring-back), the cell (:mod:`.cell_run`) and the pool as other notebooks share it (:mod:`.shared`).
+Its own jobs: the registry (:func:`current`, :func:`use`), start/attach wiring, stop and idle release,
+cells, status; push, pull and apply go through a :class:`~.rank_view.RankView` (:meth:`Session.view`).
 
 >>> from workbench import Session
 >>> with Session(n=2).start() as s:                        # doctest: +SKIP
@@ -16,16 +17,15 @@ pull, apply.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
-import pickle
 import threading
 import time
 import warnings
 from collections.abc import Callable
 
-from ipyparallel.error import CompositeError, RemoteError
-
+from workbench import remote
 from workbench.config import PoolConfig
 from workbench.errors import NoPoolError, PoolStartError, RankDiedError
 from workbench.pool import netif, sharing
@@ -34,15 +34,18 @@ from workbench.pool.cluster import EnginePool, interrupts_held
 from workbench.pool.devices import check_gpu_fit, visible_gpu_count
 from workbench.pool.idle import IdleRelease
 from workbench.pool.launchers import default_engines
-from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks
+from workbench.pool.queues import rank_states
+from workbench.pool.rankmap import RankInfo, build_rank_map, parse_ranks
 from workbench.pool.watch import BeaconReceiver
-from workbench.session import elastic, postmortem
-from workbench.session.cell import CellRun, OutputCallback, RunHandle
+from workbench.session import postmortem_report, recovery
+from workbench.session.cell_run import CellRun, OutputCallback, RunHandle
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
+from workbench.session.rank_view import RankView
+from workbench.session.recovery import Recovery
 from workbench.session.results import CellResult
 from workbench.session.shared import Shared
-from workbench.session.stacks import StackGatherer, Stacks
+from workbench.session.stack_report import StackGatherer, Stacks
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +105,9 @@ class Session:
         self._stacks: StackGatherer | None = None
         self._shared: Shared | None = None
         self._busy = threading.Lock()  # held while a cell, a restart or a scale of this session runs
-        self._transcript = elastic.Transcript()  # what ran on every rank: a new engine's setup
+        self._transcript = recovery.Transcript()  # what ran on every rank: a new engine's setup
         self._active: CellRun | None = None  # the cell running now (restart and scale ask it, when elastic)
-        self._bringing_back = threading.Lock()  # one replacement at a time (ElasticConfig(replace=True))
+        self._recovery: Recovery | None = None  # restart, scale, bring-back (once connected)
         self._idle: IdleRelease | None = None  # config.idle_release: stops a pool nobody uses
 
     # -- what it is ---------------------------------------------------------------------
@@ -187,7 +190,7 @@ class Session:
             progress("forming the process group")
             self._connect(pool, "started")
             engines = self._group.describe(client.ids)
-            self._group.ranks = build_rank_map(engines, share_gpus=self.config.share_gpus)
+            self._group.seat(build_rank_map(engines, share_gpus=self.config.share_gpus))
             self._form()
         except BaseException as exc:  # one short error naming the log, and nothing left running
             error = pool.explain(exc)
@@ -218,9 +221,7 @@ class Session:
         """
         pool = EnginePool.attach(ref)
         state = pool.state
-        self = cls(PoolConfig(n=state["n"], launcher=state["launcher"],
-                              backend=state.get("backend_requested", "auto"),
-                              address=state.get("address", "127.0.0.1")))
+        self = cls(pool_state.config_of(state))
         if len(state.get("ranks", [])) != state["n"]:
             pool.client.close()
             raise PoolStartError(f"pool {pool.name} has not finished starting: try again in a moment.")
@@ -247,6 +248,10 @@ class Session:
                               pool_running=lambda: self._shared is None or not self._shared.gone())
         on_ranks = self.metrics.set_ranks if self.metrics is not None else (lambda ranks: None)
         self._shared = Shared(pool, self._group, self._health, local=self.local, role=role, on_ranks=on_ranks)
+        self._recovery = Recovery(config=self.config, group=self._group, health=self._health,
+                                  beacons=self._beacons, transcript=self._transcript, turn=self._held,
+                                  reform=lambda since: self._reform(since=since),
+                                  elastic_cell=self._elastic_cell)
         atexit.register(self.stop)  # kernel shutdown and restart: the pool ends, or this notebook detaches
 
     def _form(self, reform: bool = False) -> None:
@@ -257,17 +262,14 @@ class Session:
             self._group.form()
         self._follow_membership()
         if self.metrics is not None:  # every rank's publisher (re)connects: metrics never stop a pool
-            from workbench.metrics import remote
-
             try:
-                self._group.view(self.ranks).apply_sync(remote.connect, self._pool.channel)
+                self._group.view(self.ranks).apply_sync(remote.connect_metrics, self._pool.channel)
             except Exception:
                 log.warning("live metrics are off: the ranks' publishers did not start", exc_info=True)
 
     def _follow_membership(self) -> None:
         """Watch the ranks of the group now formed and publish them (also after an elastic regroup)."""
         self._health.watch(self.ranks, local=self.local)
-        self._pool.n = self.world_size
         self._shared.publish(ranks=[r.__dict__ for r in self.ranks], backend=self.backend,
                              backend_requested=self.config.backend, generation=self._group.generation,
                              endpoints=self._group.endpoints, group_ok=True)
@@ -360,56 +362,36 @@ class Session:
 
         The surviving ranks keep their Python state. Returns the ranks that were restarted. Ranks an
         elastic run went on without come back too, set up by replaying the notebook's setup; while that
-        run goes on (``%%distributed --async``) they join it at its next step boundary.
+        run goes on (``%%distributed --async``) they join it at its next step boundary
+        (:meth:`workbench.session.recovery.Recovery.restart`).
         """
-        running = self._elastic_cell()
-        if running is not None:
-            return elastic.restart_running(running, self._transcript, self._beacons, progress)
-        with self._busy, self._turn("a restart"):  # the health watcher waits for the new ranks too
-            t0 = time.perf_counter()
-            dead = sorted(self.dead_ranks())
-            if (dead or self._group.lost) and not self.local:
-                raise ValueError("restarting ranks is supported for local pools; stop and start the pool.")
-            if self._group.lost:  # an elastic run went on without them: new engines, set up, then join
-                dead += [r.rank for r in elastic.replace_lost(self._group, self._transcript, progress)]
-            elif dead:
-                progress(f"starting {len(dead)} engine(s) for rank {', '.join(map(str, dead))}")
-                self._group.replace(dead)
-            progress("re-forming the process group")
-            self._reform(since=t0)
-            return dead
+        return self._recovery_room("a restart").restart(progress)
 
     def scale(self, n: int, progress: Callable[[str], None] = lambda msg: None) -> list[RankInfo]:
         """Grow or shrink the pool to ``n`` ranks and re-form the process group at that world size.
 
         Growing starts engines through the pool's launcher (the new ranks come after the others);
         shrinking stops the highest ranks. The ranks that remain keep their rank, device and Python state
-        (a training run then resumes from its checkpoint at the new world size). Returns the new rank map.
+        (a training run then resumes from its checkpoint at the new world size). Returns the new rank map
+        (:meth:`workbench.session.recovery.Recovery.scale`).
 
         >>> s.scale(4, progress=print)        # doctest: +SKIP
         starting 2 engines
         re-forming the process group at world size 4
         """
-        if n < 1:
-            raise ValueError(f"a pool needs at least one rank (got {n}).")
-        running = self._elastic_cell()
-        if running is not None:  # an elastic run goes on: ranks join or leave at its next step boundary
-            return elastic.scale_running(running, n, self._transcript, self._beacons, progress)
-        with self._busy, self._turn("a scale"):
-            dead = self.dead_ranks()
-            if dead:
-                raise RankDiedError(f"rank {min(dead)} is dead: `%dist restart` it (or stop and start the "
-                                    "pool) before scaling.")
-            t0 = time.perf_counter()
-            if n > self.world_size and self.local:
-                check_gpu_fit(n, visible_gpu_count(), share=self.config.share_gpus)
-            before = {r.engine_id for r in self.ranks}
-            if self._group.resize(n, progress, share_gpus=self.config.share_gpus):
-                new = [r for r in self.ranks if r.engine_id not in before]
-                elastic.set_up(self._group, new, self._transcript, progress)
-                progress(f"re-forming the process group at world size {n}")
-                self._reform(since=t0)
-        return list(self.ranks)
+        recovery.check_size(n)
+        return self._recovery_room("a scale").scale(n, progress)
+
+    def _recovery_room(self, what: str) -> Recovery:
+        if self._recovery is None or not self.running:
+            raise NoPoolError(what)
+        return self._recovery
+
+    @contextlib.contextmanager
+    def _held(self, what: str):
+        """This session's lock and its turn on the pool, for a restart or a scale."""
+        with self._busy, self._turn(what):
+            yield
 
     def _idle_warning(self, seconds_left: float) -> None:
         self.notify(f"workbench: pool {self.name} has been idle; it stops in {seconds_left:.0f} s to release "
@@ -440,49 +422,28 @@ class Session:
             raise ValueError(f"rank {bad[0]} is out of range: this pool has ranks 0-{self.world_size - 1}.")
         return [self.ranks[r] for r in sorted(set(ranks))]
 
-    def push(self, values: dict, ranks=None) -> None:
-        """Send ``{name: value}`` into the namespace of the target ranks.
+    def view(self, ranks=None) -> RankView:
+        """The ranks ``ranks`` (``None``: all, a rank, a list, ``"0,2-3"``) as one object that pushes,
+        pulls, applies, scatters and gathers (:class:`~workbench.session.rank_view.RankView`).
 
-        A value that cannot be sent (a generator, a lock, an open file) is a ``ValueError`` saying so.
+        >>> s.view("0-1").scatter(list(range(8)), "x")     # doctest: +SKIP
+        [4, 4]
         """
-        view = self._group.view(self._alive(self.targets(ranks)))
-        try:
-            view.push(values, block=True)
-        except (TypeError, AttributeError, pickle.PicklingError) as exc:  # pickle's refusals
-            raise ValueError(f"cannot send {', '.join(values)} to the ranks: {exc}. Send data (numbers, "
-                             "lists, arrays, tensors), or build the object on the ranks in a "
-                             "%%distributed cell.") from None
-        if ranks is None:
-            self._transcript.push(values)
+        return RankView(ranks, resolve=self.targets, engines=lambda targets: self._group.view(targets),
+                        dead=self.dead_ranks, on_push=self._transcript.push)
+
+    def push(self, values: dict, ranks=None) -> None:
+        """Send ``{name: value}`` into the namespace of the target ranks (:meth:`RankView.push`)."""
+        self.view(ranks).push(values)
 
     def pull(self, name: str, rank: int | None = None):
-        """A value from one rank, or a list with every rank's value (in rank order).
-
-        A name some rank does not have is a ``NameError`` naming those ranks.
-        """
-        targets = self._alive(self.targets(rank) if rank is not None else self.targets())
-        try:
-            values = self._group.view(targets).pull(name, block=True)
-        except (RemoteError, CompositeError) as exc:
-            errors = exc.elist if isinstance(exc, CompositeError) else [(exc.ename, exc.evalue, None, None)]
-            if any(e[0] == "NameError" for e in errors):
-                where = format_ranks([r.rank for r in targets])
-                raise NameError(f"{name!r} is not defined on rank {where}: set it in a %%distributed cell "
-                                "first.") from None
-            raise
+        """A value from one rank, or a list with every rank's value (:meth:`RankView.pull`)."""
+        values = self.view(rank).pull(name)
         return values[0] if rank is not None else values
 
     def apply(self, fn: Callable, *args, ranks=None, **kwargs) -> list:
         """Call ``fn(*args, **kwargs)`` on the target ranks at once; the results in rank order."""
-        return self._group.view(self._alive(self.targets(ranks))).apply_sync(fn, *args, **kwargs)
-
-    def _alive(self, targets: list[RankInfo]) -> list[RankInfo]:
-        dead = self.dead_ranks()
-        gone = [r for r in targets if r.rank in dead]
-        if gone:
-            raise RankDiedError(f"{gone[0].label()} is dead ({dead[gone[0].rank]}): `%dist restart` brings "
-                                "it back.")
-        return targets
+        return self.view(ranks).apply(fn, *args, **kwargs)
 
     # -- cells ---------------------------------------------------------------------------
     def run(self, code: str, *, ranks=None, timeout: float | None = None,
@@ -500,28 +461,8 @@ class Session:
     def _cell(self, ranks, timeout, on_output, on_tick=None) -> CellRun:
         cell = CellRun(self._group, self._health, self.targets(ranks), timeout, on_output, on_tick,
                        on_regroup=self._follow_membership)
-        cell.elastic.bring_back = lambda: self._bring_back(cell)
+        cell.elastic.bring_back = lambda: self._recovery.bring_back(cell)
         return cell
-
-    def _bring_back(self, cell: CellRun) -> None:
-        """An elastic Trainer with ``replace=True`` lost a rank: start its replacement in the background,
-        set up by replaying the setup; it joins the run at a step boundary, as ``%dist restart`` would."""
-        if not self.local:
-            cell.elastic.report(f"a {self.config.launcher} pool cannot start an engine by itself: the run "
-                                "goes on with the ranks it has")
-            return
-
-        def replace() -> None:
-            with self._bringing_back:
-                try:
-                    elastic.restart_running(cell, self._transcript, self._beacons, lambda message: None)
-                except Exception as exc:
-                    cell.elastic.report(f"the lost rank was not brought back ({exc}); `%dist restart` "
-                                        "tries again")
-
-        thread = threading.Thread(target=replace, name="workbench-bring-back", daemon=True)
-        cell.elastic.replacements.append(thread)
-        thread.start()
 
     def _run(self, cell: CellRun, code: str) -> CellResult:
         with self._busy, self._turn("a cell"):
@@ -580,7 +521,7 @@ class Session:
         """
         if not isinstance(rank, int):
             raise ValueError(f"debug takes one rank (a number), got {rank!r}.")
-        [info] = self._alive(self.targets(rank))
+        [info] = self.view(rank).alive()
         if self._busy.locked():
             raise ValueError("a cell is running on the pool: `%dist debug` looks at a failed cell once it "
                              "ended; `%dist stacks` shows what every rank does now.")
@@ -588,29 +529,16 @@ class Session:
         if expr is None:
             if frame is not None:
                 raise ValueError("--frame picks the frame to evaluate -e EXPR in: give an expression too.")
-            return postmortem.fetch(view, rank)
-        return postmortem.evaluate(view, rank, expr, frame)
+            return postmortem_report.fetch(view, rank)
+        return postmortem_report.evaluate(view, rank, expr, frame)
 
     # -- status ----------------------------------------------------------------------
     def status(self) -> list[dict]:
-        """One row per rank: rank, host, pid, device, state (idle, busy or dead)."""
+        """One row per rank: rank, host, pid, device, state (idle, busy or failed: see
+        :func:`workbench.pool.queues.rank_states`, which the panel's cards read too)."""
         if not self.running:
             return []
         self._check()
-        dead = self.dead_ranks()
-        client = self.client
-        alive = set(client.ids)
-        queues = client.queue_status(targets=[r.engine_id for r in self.ranks if r.engine_id in alive],
-                                     verbose=True)
-        rows = []
-        for r in self.ranks:
-            if r.rank in dead or r.engine_id not in alive:
-                state = "dead"
-            else:
-                q = queues.get(r.engine_id, {})
-                # the controller hears of a finished task a moment after we do: what we already have
-                # a result for is not pending, whatever its books say
-                pending = [m for m in [*q.get("queue", []), *q.get("tasks", [])] if m not in client.results]
-                state = "busy" if pending else "idle"
-            rows.append({"rank": r.rank, "host": r.host, "pid": r.pid, "device": r.device, "state": state})
-        return rows
+        states = rank_states(self.client, {r.rank: r.engine_id for r in self.ranks}, dead=self.dead_ranks())
+        return [{"rank": r.rank, "host": r.host, "pid": r.pid, "device": r.device, "state": states[r.rank]}
+                for r in self.ranks]

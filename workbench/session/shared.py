@@ -62,12 +62,12 @@ class Shared:
         if not ranks:
             return
         changed = ranks != self.group.ranks or state.get("generation", 0) != self.group.generation
-        self.group.ok = state.get("group_ok", True) and (changed or self.group.ok)
+        ok = state.get("group_ok", True) and (changed or self.group.ok)
+        if not ok:
+            self.group.mark_broken()
         if changed:
-            self.group.ranks, self.group.backend = ranks, state.get("backend")
-            self.group.generation = state.get("generation", 0)
-            self.group.endpoints = {int(rank): eps for rank, eps in state.get("endpoints", {}).items()}
-            self.pool.n = len(ranks)
+            self.group.follow(ranks, backend=state.get("backend"), generation=state.get("generation", 0),
+                              endpoints=state.get("endpoints", {}), ok=ok)
             self.health.watch(ranks, local=self.local)
             self.on_ranks(ranks)
 

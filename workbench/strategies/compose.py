@@ -11,11 +11,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workbench.strategies.config import ParallelConfig
 from workbench.strategies.ddp import CommTimer, ddp
 from workbench.strategies.fsdp import fsdp
 from workbench.strategies.layout import Layout, _arch, device_of
 from workbench.strategies.mesh import broadcast_module, build_mesh
+from workbench.strategies.parallel_config import ParallelConfig
 from workbench.strategies.pipeline import Pipelined, split_stage
 from workbench.strategies.tensor_parallel import tensor_parallel
 

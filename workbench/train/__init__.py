@@ -1,5 +1,9 @@
 """Training: tiny models, local data and loaders, the Trainer, events and export.
 
+The Trainer takes its batches from a :class:`~workbench.train.trainer.Feed`: a plain run's
+(``PlainFeed``) or an elastic run's (:class:`~workbench.train.elastic.ElasticRun`), which changes the
+Trainer only through its public methods (``abandon_step``, ``mark_synced``, ``join_run``).
+
 >>> from workbench.train import MLP, Trainer, make_loader, regression_data   # doctest: +SKIP
 
 Names load on first use: the metrics publisher needs only ``events`` on every engine at

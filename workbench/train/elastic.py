@@ -1,7 +1,7 @@
 """Elastic training: a lost rank is routed around at the step it was lost in, and new ranks join.
 
 ``Trainer(..., elastic=True)`` (or ``elastic=ElasticConfig(...)``). When a rank dies or hangs, the
-kernel (:mod:`workbench.session.elastic`) sends the ranks left a *regroup plan*: the new members in
+kernel (:mod:`workbench.session.cell_elastic`) sends the ranks left a *regroup plan*: the new members in
 rank order and a standby store to meet at. Each of them, its step cut off by the lost peer (or
 released by its agent), takes the plan, forms the new group (:func:`workbench.engine.rendezvous.regroup`),
 resets its wrapper onto it and agrees with the others on the state (:func:`sync`): the most advanced
@@ -113,7 +113,8 @@ REPLAY = {"on": False}
 
 
 class ElasticRun:
-    """The elastic part of one Trainer: its data position, the steps in flight and the regroup logic.
+    """The elastic part of one Trainer: its data position, the steps in flight and the regroup logic; the
+    Trainer's :class:`~workbench.train.trainer.Feed` in an elastic run (fetch, take, commit, abandon).
 
     Positions are ``(epoch, offset)`` in the epoch's permutation. ``committed``: where the next step
     begins; ``steps``: the fetched steps not committed yet (the one being taken, the one prefetched);
@@ -121,7 +122,7 @@ class ElasticRun:
     this rank's ``indices``).
     """
 
-    def __init__(self, trainer, config: ElasticConfig):
+    def __init__(self, trainer, config: ElasticConfig, data):
         layout = trainer.layout
         if layout.pp > 1 or layout.size("tp") > 1:
             raise ValueError("elastic=True supports data parallelism (DDP, FSDP) only: a lost tensor or "
@@ -142,12 +143,12 @@ class ElasticRun:
         if self.fsdp and trainer.lr_scheduler is not None:
             raise ValueError("elastic FSDP with an lr_scheduler is not supported yet: the model and its "
                              "optimizer are rebuilt after a lost rank, and the scheduler is not saved.")
-        data = trainer._data
         self.loader = data if isinstance(data, ElasticLoader) else ElasticLoader.from_loader(data)
         self.world = _world()
         self.per_rank_batch = -(-self.loader.global_batch // self.world)
         self.base_world = self.world  # the learning rates were set for this world size (per_rank policy)
         self.committed = (0, 0)
+        self.consumed = 0  # batches taken since the run began or was restored (as a plain run counts them)
         self.steps: deque = deque()
         self.last_step: dict | None = None
         self.left = 0  # iterations left in the run in progress
@@ -159,7 +160,8 @@ class ElasticRun:
 
     def mark_progress(self) -> None:
         """Count steps begun and collectives launched from here (every member is at the same point): a
-        rank that falls behind the others while they wait is hung (see :mod:`workbench.session.elastic`)."""
+        rank that falls behind the others while they wait is hung (see
+        :mod:`workbench.session.cell_elastic`)."""
         agent.trainer_status.update(begun=0, base=guard.launched())
 
     def status(self) -> dict:
@@ -188,6 +190,10 @@ class ElasticRun:
         self.steps.append(dict(record, end=position))
         return batches
 
+    def take(self, trainer, batches: list) -> None:
+        """A step begins with the batches fetched first (they stay in flight until :meth:`commit`)."""
+        self.consumed += len(batches)  # saved as a plain run's is (a plain Trainer resuming skips them)
+
     def commit(self) -> None:
         """The step in progress is done (taken, or skipped alike on every rank): its samples are used, and
         the run has one step less to go (counted here, with the step: ``step + skipped + left`` holds
@@ -196,11 +202,24 @@ class ElasticRun:
         self.committed = self.last_step["end"]
         self.left -= 1
 
-    def abandon(self, trainer) -> None:
-        """Forget the step in progress and the prefetched one: they are taken again after a regroup."""
+    def abandon(self) -> None:
+        """Forget the step in progress and the prefetched one: they are taken again after a regroup (the
+        Trainer drops its batches: :meth:`~workbench.train.trainer.Trainer.abandon_step`)."""
         self.steps.clear()
-        trainer._pending = None
-        trainer.optimizer.zero_grad(set_to_none=True)
+
+    def check_group(self) -> None:
+        """Before the step's all-reduce: the group was aborted under this rank when a peer was lost."""
+        if not dist.is_initialized():
+            raise GroupLost("the process group was aborted: a peer was lost")
+
+    def counters(self) -> dict:
+        """Where the next step begins in the epoch, in samples (saved with a checkpoint)."""
+        return {"epoch": self.committed[0], "offset": self.committed[1], "consumed": self.consumed}
+
+    def restore(self, trainer, counters: dict) -> None:
+        """Stand where a checkpoint's ``counters`` say."""
+        self.steps.clear()
+        self.committed, self.consumed = (trainer.epoch, int(counters.get("offset", 0))), 0
 
     # -- regroup -------------------------------------------------------------------------------------
     def plan_after(self, exc: BaseException) -> dict:
@@ -217,7 +236,7 @@ class ElasticRun:
     def regroup(self, trainer, plan: dict | None, cause: BaseException | None = None) -> None:
         """Form the group ``plan`` says, then :func:`sync`. A failed attempt (a member lost meanwhile)
         takes the next plan; ``cause`` is raised when none comes."""
-        self.abandon(trainer)
+        trainer.abandon_step()
         while True:
             if plan is None:
                 raise cause or GroupLost("the kernel stopped the run instead of regrouping it")
@@ -233,7 +252,7 @@ class ElasticRun:
                     raise
                 print(f"workbench: forming the group of {len(plan['members'])} ranks failed ({exc}); waiting "
                       "for the next plan", file=sys.stderr, flush=True)
-                self.abandon(trainer)
+                trainer.abandon_step()
                 cause, plan = exc, agent.take_plan(self.config.plan_wait)
                 continue
             self._announce(trainer, plan, time.perf_counter() - t0)
@@ -262,7 +281,7 @@ def sync(trainer, plan: dict | None = None) -> None:
     ends at the step it would have ended at (``step + skipped + left`` is the same on every rank in it).
     """
     run: ElasticRun = trainer.elastic
-    run.abandon(trainer)
+    trainer.abandon_step()
     world, rank = _world(), _rank()
     mine = {"step": trainer.step, "end": trainer.step + trainer.skipped + run.left,
             "global_batch": run.loader.global_batch,
@@ -291,8 +310,7 @@ def sync(trainer, plan: dict | None = None) -> None:
         run.loader.global_batch = run.per_rank_batch * world
         _scale_lr(trainer, world / run.base_world)
         run.base_world = world
-    trainer._generation = rendezvous.generation()
-    trainer._cut_mid_step = False
+    trainer.mark_synced()
 
 
 def ddp_onto_world(trainer, fresh: bool) -> None:
@@ -498,7 +516,7 @@ def join_running(plan: dict):
     if trainer is None:
         raise RuntimeError("this engine has no elastic Trainer to join the run with: run the notebook's "
                            "setup on it first.")
-    return trainer._run_elastic(None, joining=plan)
+    return trainer.join_run(plan)
 
 
 SAME_DATA_ADVICE = (

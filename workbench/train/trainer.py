@@ -13,6 +13,12 @@ Ctrl-C while ``run`` goes: the notebook asks every rank's agent to stop; the ran
 the step they are in, agree on it, and raise :class:`TrainingInterrupted` together. Model,
 optimizer, scheduler, RNG and data position are those of a run that was asked for exactly
 that many steps, so the next ``run`` continues as if nothing happened.
+
+Where the batches come from is the Trainer's :class:`Feed`: :class:`PlainFeed` (a DataLoader, epoch
+after epoch) or, with ``elastic=True``, :class:`~workbench.train.elastic.ElasticRun` (positions in the
+epoch that survive a change of world size). The loop fetches a step's batches, takes them, and commits
+the step once every rank agreed on it; an elastic regroup abandons the steps in flight
+(:meth:`Trainer.abandon_step`) and takes them again.
 """
 
 from __future__ import annotations
@@ -93,6 +99,94 @@ class RunResult:
                 f"{rate:.0f} samples/s)")
 
 
+class Feed:
+    """Where a Trainer's batches come from, step by step: the one interface a plain run
+    (:class:`PlainFeed`) and an elastic run (:class:`~workbench.train.elastic.ElasticRun`) implement.
+
+    The Trainer prefetches one step ahead: ``fetch`` gives the next step's micro-batches, ``take`` says
+    the step that begins uses them, ``commit`` that it is done (taken, or skipped alike on every rank),
+    ``abandon`` forgets every step fetched and not committed (an elastic regroup takes them again).
+    """
+
+    def fetch(self, trainer: Trainer) -> list | None:
+        """``grad_accum`` batches on the trainer's device, or ``None`` when this rank's data ran out."""
+        raise NotImplementedError
+
+    def take(self, trainer: Trainer, batches: list) -> None:
+        """A step begins with ``batches`` (the ones fetched first)."""
+
+    def commit(self) -> None:
+        """The step in progress is done."""
+
+    def abandon(self) -> None:
+        """Forget the steps fetched and not committed."""
+
+    def check_group(self) -> None:
+        """Before the step's all-reduce: raise if the process group is gone under this rank."""
+
+    def counters(self) -> dict:
+        """The data position to save with a checkpoint (beside the Trainer's own counters)."""
+        return {}
+
+    def restore(self, trainer: Trainer, counters: dict) -> None:
+        """Stand where a checkpoint's ``counters`` say (the Trainer's step and epoch are set already)."""
+
+
+class PlainFeed(Feed):
+    """A plain run's batches: a DataLoader's (re-iterated every epoch, with ``sampler.set_epoch``), or any
+    iterable of ``(x, y)`` batches (used once).
+
+    >>> feed = PlainFeed([(torch.ones(2), torch.zeros(2))] * 3)
+    >>> feed.cyclic
+    False
+    """
+
+    def __init__(self, data):
+        self.data, self.iter = data, None
+        self.consumed = 0  # batches taken in this epoch (for resuming a DataLoader)
+
+    @property
+    def cyclic(self) -> bool:
+        return hasattr(getattr(self.data, "sampler", None), "set_epoch")
+
+    def fetch(self, trainer: Trainer) -> list | None:
+        batches = []
+        for _ in range(trainer.config.grad_accum):
+            batch = self._next_batch(trainer)
+            if batch is None:
+                return None
+            batches.append(tuple(t.to(trainer.device, non_blocking=True) for t in batch))
+        return batches
+
+    def take(self, trainer: Trainer, batches: list) -> None:
+        self.consumed += len(batches)
+
+    def counters(self) -> dict:
+        return {"consumed": self.consumed}
+
+    def restore(self, trainer: Trainer, counters: dict) -> None:
+        self.iter, self.consumed = None, 0
+        if self.cyclic:
+            for _ in range(int(counters.get("consumed", 0))):
+                self._next_batch(trainer)
+            self.consumed = int(counters.get("consumed", 0))
+
+    def _next_batch(self, trainer: Trainer):
+        if self.iter is None:
+            if self.cyclic:
+                self.data.sampler.set_epoch(trainer.epoch)
+            self.iter = iter(self.data)
+        try:
+            return next(self.iter)
+        except StopIteration:
+            if not self.cyclic:
+                return None
+            trainer.epoch, self.consumed = trainer.epoch + 1, 0
+            self.data.sampler.set_epoch(trainer.epoch)
+            self.iter = iter(self.data)
+            return next(self.iter, None)
+
+
 class Trainer:
     """Synchronized steps over a sharded (or plain) model; ``self.step`` counts across runs.
 
@@ -122,8 +216,7 @@ class Trainer:
         self.skipped = 0
         self.epoch = 0
         self.history: list[StepStats] = []
-        self._data, self._iter, self._pending, self._exhausted = data, None, None, False
-        self._consumed = 0  # batches used in this epoch (for resuming a DataLoader)
+        self._pending, self._exhausted = None, False  # the next step's batches, fetched one step ahead
         self._autocast = _autocast(self.config.precision, self.device)
         self.stopped_at: int | None = None  # the step the last run was interrupted at (Ctrl-C)
         self.run_error: BaseException | None = None  # what ended the current run early, for on_run_end
@@ -133,39 +226,27 @@ class Trainer:
         self._regroup_asked = False  # the kernel sent a regroup plan: every rank takes it after this step
         routing = elastic_mod.ElasticConfig.of(elastic)
         # the elastic run: data position, regroups (``.events``), the last step's samples (``.last_step``)
-        self.elastic = elastic_mod.ElasticRun(self, routing) if routing is not None else None
+        self.elastic = elastic_mod.ElasticRun(self, routing, data) if routing is not None else None
+        self.feed: Feed = self.elastic if self.elastic is not None else PlainFeed(data)
 
-    # -- data -----------------------------------------------------------------------------
-    @property
-    def _cyclic(self) -> bool:
-        return hasattr(getattr(self._data, "sampler", None), "set_epoch")
+    # -- what the elastic run asks of the Trainer -----------------------------------------------
+    def abandon_step(self) -> None:
+        """Forget the step in progress and the prefetched one (and their gradients): after a regroup
+        they are fetched and taken again."""
+        self.feed.abandon()
+        self._pending = None
+        self.optimizer.zero_grad(set_to_none=True)
 
-    def _next_batch(self):
-        if self._iter is None:
-            if self._cyclic:
-                self._data.sampler.set_epoch(self.epoch)
-            self._iter = iter(self._data)
-        try:
-            return next(self._iter)
-        except StopIteration:
-            if not self._cyclic:
-                return None
-            self.epoch, self._consumed = self.epoch + 1, 0
-            self._data.sampler.set_epoch(self.epoch)
-            self._iter = iter(self._data)
-            return next(self._iter, None)
+    def mark_synced(self) -> None:
+        """The wrappers are on the current process group and every rank holds one state: no step is
+        half done, and the next run need not recover."""
+        self._generation = rendezvous.generation()
+        self._cut_mid_step = False
 
-    def _fetch(self):
-        """``grad_accum`` batches on the device, or ``None`` when this rank's data ran out."""
-        if self.elastic is not None:
-            return self.elastic.fetch(self)
-        batches = []
-        for _ in range(self.config.grad_accum):
-            batch = self._next_batch()
-            if batch is None:
-                return None
-            batches.append(tuple(t.to(self.device, non_blocking=True) for t in batch))
-        return batches
+    def join_run(self, plan: dict) -> RunResult:
+        """On a new engine (after the setup replay): join this elastic run in progress with the kernel's
+        regroup ``plan`` and train until the run ends (see :func:`workbench.train.elastic.join_running`)."""
+        return self._run_elastic(None, joining=plan)
 
     # -- the loop -------------------------------------------------------------------------
     def run(self, steps: int) -> RunResult:
@@ -185,7 +266,7 @@ class Trainer:
         result = RunResult()
         with self._running():
             if self._pending is None and not self._exhausted:
-                self._pending = self._fetch()
+                self._pending = self.feed.fetch(self)
             steps = self._agree(steps)
             for _ in range(steps):
                 if self._exhausted:
@@ -281,10 +362,10 @@ class Trainer:
         # between leaves the wrapper (DDP's reducer) half-way through it
         self.model.train()
         batches, self._pending = self._pending, None
-        self._consumed += len(batches)
+        self.feed.take(self, batches)
         loss = self._forward_backward(batches)
         t_data = time.perf_counter()
-        self._pending = self._fetch()
+        self._pending = self.feed.fetch(self)
         data_time = time.perf_counter() - t_data
         t_comm = time.perf_counter()
         holds_loss = self.layout.is_last_stage
@@ -292,8 +373,7 @@ class Trainer:
                               float(holds_loss and not math.isfinite(loss)),
                               float(self._pending is None), float(agent.stop_requested()),
                               float(agent.plan_pending())], dtype=torch.float64, device=self._flag_device)
-        if self.elastic is not None and not dist.is_initialized():
-            raise elastic_mod.GroupLost("the process group was aborted: a peer was lost")
+        self.feed.check_group()
         total = _world_sum(flags).cpu()  # one all-reduce, and its wait: NCCL returns once it is enqueued
         comm = time.perf_counter() - t_comm
         mean_loss = float(total[0] / max(total[1], 1.0))
@@ -305,8 +385,7 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         if total[2] or not norm_ok:
             self.optimizer.zero_grad(set_to_none=True)
-            if self.elastic is not None:
-                self.elastic.commit()  # its samples are used up, as in a plain run
+            self.feed.commit()  # its samples are used up, as in a plain run
             self._cut_mid_step = False  # every rank drops this step the same way
             if total[4]:
                 self.stopped_at = self.step
@@ -321,8 +400,7 @@ class Trainer:
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         self.step += 1
-        if self.elastic is not None:
-            self.elastic.commit()
+        self.feed.commit()
         x, y = batches[0]
         samples = x.shape[0] * len(batches) * self.layout.dp_size
         tokens = y.numel() * len(batches) * self.layout.dp_size if not y.is_floating_point() else samples
@@ -398,10 +476,7 @@ class Trainer:
         rng = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
-        counters = {"step": self.step, "epoch": self.epoch, "consumed": self._consumed,
-                    "skipped": self.skipped}
-        if self.elastic is not None:  # where the next step begins in the epoch, in samples
-            counters.update(epoch=self.elastic.committed[0], offset=self.elastic.committed[1])
+        counters = {"step": self.step, "epoch": self.epoch, "skipped": self.skipped, **self.feed.counters()}
         return {"model": model_sd, "optim": optim_sd, "trainer": counters, "rng": {f"rank{_rank()}": rng}}
 
     def load_state_dict(self, state: dict) -> None:
@@ -412,20 +487,14 @@ class Trainer:
                        optim_state_dict=state["optim"])
         t = state.get("trainer", {})
         self.step, self.epoch = int(t.get("step", 0)), int(t.get("epoch", 0))
-        self.skipped, consumed = int(t.get("skipped", 0)), int(t.get("consumed", 0))
+        self.skipped = int(t.get("skipped", 0))
         rng = state.get("rng", {}).get(f"rank{_rank()}")
         if rng:
             torch.set_rng_state(rng["torch"])
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"])
-        self._iter, self._pending, self._exhausted, self._consumed = None, None, False, 0
-        if self.elastic is not None:
-            self.elastic.steps.clear()
-            self.elastic.committed = (self.epoch, int(t.get("offset", 0)))
-        elif self._cyclic:
-            for _ in range(consumed):
-                self._next_batch()
-            self._consumed = consumed
+        self._pending, self._exhausted = None, False
+        self.feed.restore(self, t)
 
     # -- elastic --------------------------------------------------------------------------------
     def _run_elastic(self, steps: int | None, joining: dict | None = None) -> RunResult:
@@ -447,7 +516,7 @@ class Trainer:
                 agent.trainer_status["begun"] = agent.trainer_status.get("begun", 0) + 1  # (hang watch)
                 try:
                     if self._pending is None:
-                        self._pending = self._fetch()
+                        self._pending = self.feed.fetch(self)
                     stats = self._train_step()
                 except Exception as exc:
                     run.regroup(self, run.plan_after(exc), exc)

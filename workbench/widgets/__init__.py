@@ -1,4 +1,5 @@
-"""Kernel-side widgets: the live training dashboard.
+"""Kernel-side widgets: the live training dashboard (``live_dashboard``, one logic for two views:
+``view`` in the notebook, ``polled`` for the panel) and the per-cell monitor (``cell_monitor``).
 
 >>> import workbench as wb
 >>> wb.dashboard()          # doctest: +SKIP

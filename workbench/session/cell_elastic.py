@@ -1,6 +1,6 @@
-"""The kernel side of elastic training: a lost rank is routed around while the cell keeps running.
+"""The in-cell regroup of an elastic run: a lost rank is routed around while the cell keeps running.
 
-A :class:`CellRun <workbench.session.cell.CellRun>` asks :class:`ElasticWatch` first when a rank dies
+A :class:`CellRun <workbench.session.cell_run.CellRun>` asks :class:`ElasticWatch` first when a rank dies
 or stalls. While every running rank's beacon shows an elastic Trainer
 (``Trainer(..., elastic=True)``), the watch does not climb the failure ladder: it picks the ranks that
 are left, sends them a signed regroup plan (who they are now, and a standby store to meet at), and
@@ -12,7 +12,8 @@ ranks") and counted as recovered when every rank left has completed a step in th
 
 ``%dist restart`` and ``%dist scale N`` during an elastic run (``%%distributed --async``) hand their
 change to the cell's thread (:meth:`ElasticWatch.request`), which makes it at the next step boundary;
-new engines first replay the notebook's setup (:class:`Transcript`).
+new engines first replay the notebook's setup (:class:`~workbench.session.recovery.Transcript`, in the
+recovery room, which starts them).
 
 What runs on the engines: :mod:`workbench.engine.rendezvous` (``regroup``) and
 :mod:`workbench.train.elastic` (the Trainer's side).
@@ -26,14 +27,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import replace
 
-from workbench.engine import calls
-from workbench.errors import WorkbenchError
-from workbench.pool.rankmap import RankInfo, extend_rank_map, format_ranks, remap_engines
+from workbench import remote
+from workbench.pool.rankmap import RankInfo, format_ranks
 
-# What a new engine runs to join an elastic run in progress (the plan is pushed first).
-JOIN = "import workbench.train.elastic as _wb_elastic\nresult = _wb_elastic.join_running(_workbench_plan)"
+# What a new engine runs to join an elastic run in progress (the plan and remote.join_running pushed first).
+JOIN = "result = _wb_join_running(_workbench_plan)"
 
 
 class ElasticWatch:
@@ -166,12 +165,12 @@ class ElasticWatch:
         joined = group.ranks[len(stay):]
         for info in joined:
             view = group.pool.client[info.engine_id]
-            view.push({"_workbench_plan": plan}, block=True)
+            view.push({"_workbench_plan": plan, "_wb_join_running": remote.join_running}, block=True)
             ar = view.execute(JOIN, silent=False, block=False)
             ar.add_done_callback(lambda _: self.cell.wake())
             child = ar._children[0]
             child.iopub_callbacks.append(lambda _: self.cell.wake())
-            self.cell.children.append((info, child))
+            self.cell.add_child(info, child)
         self._after_change(plan, step, text)
         return joined
 
@@ -197,8 +196,7 @@ class ElasticWatch:
 
     def _renumber(self) -> None:
         """The cell's ranks under their new numbers (lost ones keep their old number)."""
-        now = {r.engine_id: r for r in self.cell.group.ranks}
-        self.cell.children = [(now.get(r.engine_id, r), c) for r, c in self.cell.children]
+        self.cell.renumber(self.cell.group.ranks)
 
     def _check_recovered(self) -> None:
         """The regroup is done once every member beacons from the new group past the lost step."""
@@ -207,7 +205,7 @@ class ElasticWatch:
         if beats and all(b is not None and b.get("generation") == g
                          and (b.get("trainer") or {}).get("step", 0) > step for b in beats.values()):
             seconds = time.monotonic() - self.recovering["since"]
-            self.cell.group.endpoints = {rank: b.get("endpoints") or [] for rank, b in beats.items()}
+            self.cell.group.heard({rank: b.get("endpoints") or [] for rank, b in beats.items()})
             if self.recovering["fault"]:
                 self.cell.health.recovered(seconds)
             self.recovering = None
@@ -237,200 +235,3 @@ class ElasticWatch:
             return
         self.cell.group.signal(stalled, signal.SIGKILL, breaks_group=False)
         self.lost(stalled, f"hung for {hang_s:g} s (killed)", kind="hang", detect_s=hang_s)
-
-
-# -- bringing ranks back ------------------------------------------------------------------------------
-class Transcript:
-    """The cells and pushes that ran on every rank, in order: the setup a new engine replays before it
-    joins an elastic run (a fresh engine has none of the notebook's objects).
-
-    The replay stops at the cell that built as many elastic Trainers as the running ranks have built
-    (the one that runs is the newest), so later cells (training, saving, exporting) are not repeated;
-    ``Trainer.run`` does nothing meanwhile. The new engine replays in a group of its own, where every
-    collective is a no-op; its model, optimizer and data position then come from a peer when it joins.
-    """
-
-    def __init__(self):
-        self.items: list[tuple[str, object]] = []
-
-    def cell(self, code: str) -> None:
-        self.items.append(("cell", code))
-
-    def push(self, values: dict) -> None:
-        self.items.append(("push", dict(values)))
-
-    def replay(self, group, infos: list[RankInfo], trainers: int, timeout: float, data: dict | None = None):
-        """Run the setup on the engines of ``infos`` until each has built ``trainers`` elastic Trainers,
-        whose data must match ``data`` (the running ranks' loader signature)."""
-        client = group.pool.client
-        for r in infos:
-            client[r.engine_id].apply_sync(calls.join_alone, device=r.device, backend=group.config.backend,
-                                           timeout_s=group.config.timeout, channel=group.pool.channel,
-                                           standby_address=group.config.address)
-        view = group.view(infos)
-        view.apply_sync(calls.set_replay, True)
-        built, cells = 0, 0
-        try:
-            for kind, item in self.items:
-                if built >= trainers:
-                    break
-                if kind == "push":
-                    view.push(item, block=True)
-                    continue
-                cells += 1
-                try:
-                    view.execute(item, silent=True, block=False).get(timeout=timeout)
-                except Exception as exc:
-                    ename, evalue = _remote(exc)
-                    raise WorkbenchError(
-                        f"the new engine could not replay the notebook's setup: cell {cells} raised "
-                        f"{ename}: {evalue}. Run the setup on the new rank yourself (%%distributed "
-                        "--ranks N), then the next trainer.run() brings it up to date.") from None
-                built = min(view.apply_sync(calls.trainer_count))
-        finally:
-            view.apply_sync(calls.set_replay, False)
-        if built < trainers:
-            raise WorkbenchError(
-                f"the new engine replayed the {cells} cells that ran on every rank, but they built "
-                f"{built} elastic Trainer(s), not {trainers}: build the Trainer in a cell that runs on "
-                "every rank (not --ranks), or run the setup on the new rank yourself.")
-        if data is not None:
-            try:
-                view.apply_sync(calls.check_joining_data, data)
-            except Exception as exc:
-                reason = _remote(exc)[1]
-                raise WorkbenchError(f"the new engine cannot join the elastic run: {reason}") from None
-
-
-def _remote(exc: Exception) -> tuple[str, str]:
-    """(ename, evalue) of what an engine raised (ipyparallel's RemoteError, or the first of a
-    CompositeError's), or of ``exc`` itself."""
-    first = (getattr(exc, "elist", None) or [None])[0]
-    if first is not None:
-        return first[0], first[1]
-    return getattr(exc, "ename", type(exc).__name__), getattr(exc, "evalue", str(exc))
-
-
-def newest_elastic_run(group, ranks: list[RankInfo], beacons=None) -> dict | None:
-    """The newest elastic Trainer of ``ranks`` (``serial``: how many they have built, ``data``: its
-    loader's signature), or None when they have built none. During a run (``beacons``) their beacons
-    say, the engines being busy; between cells the engines are asked (the last cell may have built one
-    that has not run yet)."""
-    if beacons is not None:
-        latest = beacons.latest
-        found = [((latest.get(r.rank) or {}).get("trainer") or {}).get("elastic") for r in ranks]
-    else:
-        found = group.view(ranks).apply_sync(calls.newest_elastic_status) if ranks else []
-    return max((f for f in found if f), key=lambda f: f["serial"], default=None)
-
-
-def replace_lost(group, transcript: Transcript, progress) -> list[RankInfo]:
-    """New engines for the ranks an elastic run went on without, on their hosts and devices, set up
-    by replaying the notebook's setup; they get the next rank numbers. The caller re-forms the group."""
-    lost, pool = list(group.lost), group.pool
-    progress(f"starting {len(lost)} engine{'s' if len(lost) != 1 else ''} for the rank"
-             f"{'s' if len(lost) != 1 else ''} the elastic run lost")
-    new_ids = pool.start_more(len(lost), set(pool.client.ids), alive=len(group.ranks))
-    infos = new_ranks(group, new_ids, like=lost)
-    set_up(group, infos, transcript, progress)
-    group.ranks = [*group.ranks, *infos]
-    group.lost = []
-    return infos
-
-
-def set_up(group, infos: list[RankInfo], transcript: Transcript, progress, beacons=None) -> None:
-    """Give new engines the notebook's setup when the ranks have an elastic Trainer (else nothing: a
-    plain new engine starts empty, as always). A setup that fails stops the new engines. ``beacons``:
-    the ranks are running the Trainer (see :func:`newest_elastic_run`)."""
-    newest = newest_elastic_run(group, [r for r in group.ranks if r.engine_id not in
-                                        {i.engine_id for i in infos}], beacons)
-    if newest is None:
-        return
-    progress(f"replaying the notebook's setup on the new engine{'s' if len(infos) != 1 else ''}")
-    try:
-        transcript.replay(group, infos, newest["serial"], group.config.timeout, data=newest.get("data"))
-    except WorkbenchError:
-        group.pool.stop_engines([r.engine_id for r in infos])
-        raise
-
-
-def restart_running(cell, transcript: Transcript, beacons, progress) -> list[int]:
-    """``%dist restart`` while an elastic run goes on: new engines for the ranks it lost join it at its
-    next step boundary. Returns their new rank numbers."""
-    group = cell.group
-    lost = list(group.lost)
-    if not lost:
-        return []
-    progress(f"starting {len(lost)} engine{'s' if len(lost) != 1 else ''} for the lost rank"
-             f"{'s' if len(lost) != 1 else ''}")
-    infos = new_ranks(group, group.pool.start_more(len(lost), set(group.pool.client.ids),
-                                                       alive=len(group.ranks)), like=lost)
-    try:
-        joined = grow_running(cell, infos, transcript, beacons, progress)
-    except WorkbenchError:
-        raise  # the setup failed: set_up stopped the new engines
-    except Exception:  # the run ended before they could join: no engine is left outside the group
-        group.pool.stop_engines([r.engine_id for r in infos if r.engine_id not in
-                                 {k.engine_id for k in group.ranks}])
-        raise
-    group.lost = [r for r in group.lost if r not in lost]
-    return [r.rank for r in joined]
-
-
-def scale_running(cell, n: int, transcript: Transcript, beacons, progress) -> list[RankInfo]:
-    """``%dist scale N`` while an elastic run goes on: ranks join or leave at its next step boundary."""
-    group = cell.group
-    if n > len(group.ranks):
-        progress(f"starting {n - len(group.ranks)} engines")
-        infos = new_ranks(group, group.pool.start_more(n - len(group.ranks), set(group.pool.client.ids),
-                                                         alive=len(group.ranks)))
-        grow_running(cell, infos, transcript, beacons, progress)
-    elif n < len(group.ranks):
-        shrink_running(cell, n, progress)
-    return list(group.ranks)
-
-
-def grow_running(cell, infos: list[RankInfo], transcript: Transcript, beacons, progress,
-                 timeout: float = 120.0) -> list[RankInfo]:
-    """New engines (``infos``: host, device, engine) join the elastic run ``cell`` runs, at its next
-    step boundary: set up by replaying the notebook's setup, then handed to the cell's thread. Returns
-    them under their new rank numbers once they took part in a step."""
-    group = cell.group
-    set_up(group, infos, transcript, progress, beacons)
-    progress("joining the run at its next step boundary")
-    joined = cell.elastic.request("join", infos).result(timeout)
-    _until(lambda: cell.elastic.recovering is None, timeout)
-    return joined
-
-
-def shrink_running(cell, n: int, progress, timeout: float = 120.0) -> list[RankInfo]:
-    """The elastic run ``cell`` runs keeps its first ``n`` ranks from the next step boundary; the others
-    end their run there and their engines stop. Returns the ranks that left (their old numbers)."""
-    leave = cell.elastic.request("leave", n).result(timeout)
-    progress(f"rank {format_ranks(r.rank for r in leave)} leave{'s' if len(leave) == 1 else ''} at the next "
-             "step boundary")
-    gone = {r.engine_id for r in leave}
-    _until(lambda: all(c.done() for r, c in cell.children if r.engine_id in gone), timeout)
-    cell.group.pool.stop_engines(sorted(gone))
-    return leave
-
-
-def new_ranks(group, ids: list[int], like: list[RankInfo] = ()) -> list[RankInfo]:
-    """RankInfos for new engines ``ids``, numbered after the group's ranks: on the host and device of the
-    ranks they replace (``like``), else where ``%dist scale`` would put them. Only the new engines are
-    asked who they are (the running ones are busy with the cell)."""
-    engines = group.describe(ids)
-    if like:
-        infos = remap_engines(list(like), engines)
-    else:
-        infos = extend_rank_map(group.ranks, engines, share_gpus=group.config.share_gpus)[len(group.ranks):]
-    return [replace(r, rank=len(group.ranks) + i) for i, r in enumerate(infos)]
-
-
-def _until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True

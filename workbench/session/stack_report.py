@@ -8,7 +8,7 @@ and sends them up the pool's relay under the ``stacks`` topic. Ranks that did no
 at the deadline are named.
 
 Ranks whose threads stand at the same frames form one group; the engine's own threads
-(:data:`~workbench.engine.stacks.MACHINERY`) never make two ranks differ.
+(:data:`MACHINERY`) never make two ranks differ.
 
 >>> a = {"threads": [{"name": "MainThread", "main": True, "cut": 0, "frames": [
 ...     {"name": "all_reduce", "where": "torch/distributed/distributed_c10d.py:2799", "text": ""},
@@ -31,10 +31,13 @@ import uuid
 from dataclasses import dataclass, field
 
 from workbench import wire
-from workbench.engine.stacks import MACHINERY, PYSPY_TIMEOUT_S
 from workbench.pool.rankmap import format_ranks
 
 RESEND_S = 0.4
+PYSPY_TIMEOUT_S = wire.NATIVE_STACKS_TIMEOUT_S
+# Threads of our own and of the engine's machinery (the agent names its py-spy thread
+# workbench-stacks): shown, but they never make two ranks differ.
+MACHINERY = ("workbench-agent", "workbench-metrics", "workbench-warm", "workbench-stacks", "Control", "IOPub")
 TIMEOUT_S = 3.0  # Python stacks; with native frames py-spy's own bound comes on top
 ENGINE_FRAMES = 3  # frames shown of an idle main thread's event loop
 IDLE_AT = ("selectors.py:", "asyncio/", "tornado/")  # where an engine's main thread waits for work

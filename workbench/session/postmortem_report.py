@@ -1,7 +1,7 @@
 """A failed rank's frames and locals, seen from the kernel (``%dist debug RANK``).
 
 What runs on the rank is :mod:`workbench.engine.postmortem`, reached through the one door
-(:mod:`workbench.engine.calls`); the frames stay on the rank, and only until its next cell.
+(:mod:`workbench.remote`); the frames stay on the rank, and only until its next cell.
 
 >>> pm = PostMortem(rank=1, error="ValueError: boom", frames=[
 ...     {"name": "<module>", "where": "cell line 4", "text": "g(3)", "locals": {}, "more": 0},
@@ -17,6 +17,8 @@ frame 1: cell line 3 in g: raise ValueError('boom')
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from workbench import remote
 
 DEBUG_TIMEOUT_S = 10.0
 
@@ -50,9 +52,7 @@ def no_failure(rank: int) -> str:
 
 def fetch(view, rank: int, timeout: float = DEBUG_TIMEOUT_S) -> PostMortem:
     """The failed frames of ``rank`` through ``view`` (an ipyparallel view on its engine)."""
-    from workbench.engine import calls
-
-    [found] = view.apply_async(calls.failed_frames).get(timeout=timeout)
+    [found] = view.apply_async(remote.failed_frames).get(timeout=timeout)
     if found is None:
         raise ValueError(no_failure(rank))
     return PostMortem(rank, found["error"], found["frames"])
@@ -60,9 +60,7 @@ def fetch(view, rank: int, timeout: float = DEBUG_TIMEOUT_S) -> PostMortem:
 
 def evaluate(view, rank: int, expr: str, frame: int | None, timeout: float = DEBUG_TIMEOUT_S) -> str:
     """``expr`` evaluated on ``rank`` in frame ``frame`` (default: the innermost) of its failed cell."""
-    from workbench.engine import calls
-
-    [found] = view.apply_async(calls.evaluate_in_failed, expr, frame).get(timeout=timeout)
+    [found] = view.apply_async(remote.evaluate_in_failed, expr, frame).get(timeout=timeout)
     if "error" in found:
         if found["error"].startswith("no failed cell"):
             raise ValueError(no_failure(rank))

@@ -22,7 +22,7 @@ from typing import Any
 from workbench import faults
 from workbench.errors import CellInterrupted, CellTimeout, RankError
 from workbench.pool.rankmap import RankInfo
-from workbench.session.elastic import ElasticWatch
+from workbench.session.cell_elastic import ElasticWatch
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
 from workbench.session.results import (
@@ -174,6 +174,15 @@ class CellRun:
             except KeyboardInterrupt:
                 self._ctrl_c(time.monotonic())
 
+    def add_child(self, info: RankInfo, child) -> None:
+        """A rank that joined the running cell (an elastic join): its reply is waited for like the others'."""
+        self.children.append((info, child))
+
+    def renumber(self, ranks: list[RankInfo]) -> None:
+        """The cell's ranks under the numbers of ``ranks`` (a regroup); ranks not in it keep theirs."""
+        now = {r.engine_id: r for r in ranks}
+        self.children = [(now.get(r.engine_id, r), c) for r, c in self.children]
+
     def wake(self) -> None:
         """Wake the wait loop now (a request from another thread is waiting)."""
         self._wake.set()
@@ -279,7 +288,7 @@ class CellRun:
             if not running:
                 return
             if step != "stop":  # past the step boundary: some rank may be cut mid-step, so every rank's
-                self.group.ok = False  # wrapper (DDP's reducer) must see a new group before training on
+                self.group.mark_broken()  # wrapper (DDP's reducer) must see a new group before training on
             if step == "stop":  # a Trainer stops at its next step boundary, on every rank the same
                 self.group.command("stop", running)
             elif step == "abort":  # every rank, blocked ones too: their agents release them, state kept

@@ -1,0 +1,44 @@
+"""A RankView on a real 2-engine pool: one object for a set of ranks that pushes, pulls, applies,
+scatters and gathers; the Session's push/pull/apply forward to it."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.conftest import alive, until
+from workbench import Session
+from workbench.errors import RankDiedError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_view_carries_push_pull_apply_scatter_gather_and_refuses_a_dead_rank():
+    s = Session(n=2, timeout=60).start()
+    pids = s.pids()
+    try:
+        one = s.view(1)
+        assert one.targets == [1] and s.view("0-1").targets == [0, 1] and s.view().targets == [0, 1]
+        one.push({"x": 7})
+        assert one.pull("x") == [7] and s.pull("x", rank=1) == 7
+        with pytest.raises(NameError, match="'x' is not defined on rank 0"):
+            s.view(0).pull("x")
+        assert s.view().apply(os.getpid) == [r.pid for r in s.ranks]
+        assert s.view().scatter(list(range(5)), "part") == [3, 2]
+        assert s.pull("part") == [[0, 1, 2], [3, 4]]
+        assert s.view().gather("part") == [0, 1, 2, 3, 4]
+        with pytest.raises(ValueError, match="rank 5 is out of range"):
+            s.view([0, 5]).push({"y": 1})
+        with pytest.raises(ValueError, match="cannot send"):
+            s.view().push({"g": (i for i in range(2))})
+
+        os.kill(s.ranks[1].pid, signal.SIGKILL)
+        assert until(lambda: 1 in s.dead_ranks(), timeout=30)
+        with pytest.raises(RankDiedError, match="rank 1 .*is dead"):
+            one.pull("x")
+        assert s.view(0).apply(os.getpid) == [s.ranks[0].pid]  # the living rank still answers
+    finally:
+        s.stop()
+    assert alive(pids) == []

@@ -1,0 +1,272 @@
+"""The layering contract (issue 22): arrows run down, one door to the engines, no privates across rooms,
+no two modules with one file name.
+
+Each rule is a function over ``{module name: source}``, so the tests below run it on the package and on a
+small crafted tree that breaks it (a rule that cannot fail would hold nothing).
+
+Kernel side, top to bottom: the package's front (``workbench``, ``cli``, ``demo``) -> ``magics``, ``server``
+-> ``widgets``, ``scatter``, ``preflight`` -> ``session`` -> ``remote`` (the door) -> ``pool`` and the
+kernel's metrics (``collector``, ``history``). Engine side: ``train`` and the engine's metrics
+(``publisher``, ``sampler``) -> ``strategies`` -> ``engine``. Leaves (``config``, ``errors``, ``wire``,
+``faults``, ``tables``, ``metrics.records``, and ``pool.state``, ``pool.devices``, which import nothing of the
+package) may be imported from anywhere and import only leaves.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import workbench
+
+pytestmark = pytest.mark.timeout(60)
+
+# (side, level): a module may import a module of its own unit, of a lower level on its side, or a leaf.
+UNITS = {
+    "workbench": ("kernel", 6), "workbench.cli": ("kernel", 6), "workbench.demo": ("kernel", 6),
+    "workbench.magics": ("kernel", 5), "workbench.server": ("kernel", 5),
+    "workbench.widgets": ("kernel", 4), "workbench.scatter": ("kernel", 4),
+    "workbench.preflight": ("kernel", 4),
+    "workbench.session": ("kernel", 3),
+    "workbench.remote": ("door", 2),
+    "workbench.pool": ("kernel", 1), "workbench.metrics": ("kernel", 1),
+    "workbench.metrics.collector": ("kernel", 1), "workbench.metrics.history": ("kernel", 1),
+    "workbench.metrics.publisher": ("engine", 4), "workbench.metrics.sampler": ("engine", 4),
+    "workbench.train": ("engine", 3),
+    "workbench.strategies": ("engine", 2),
+    "workbench.engine": ("engine", 1),
+    **{leaf: ("leaf", 0) for leaf in (
+        "workbench.config", "workbench.errors", "workbench.wire", "workbench.faults", "workbench.tables",
+        "workbench.metrics.records", "workbench.pool.state", "workbench.pool.devices")},
+}
+# Arrows that are the design, not a slip: the zygote is the engines' parent (it imports what they import,
+# once, then forks them).
+ALLOWED = {("workbench.pool.zygote", "workbench.engine.agent")}
+# Privates of other libraries' objects that the package reads, and a room of ours also names.
+FOREIGN_PRIVATES = {"_targets": "ipyparallel's AsyncResult._targets (the engine ids a cell went to)"}
+# Collisions the other half of issue 22 (house-b) removes: remove the entry once it has landed.
+PENDING_RENAMES: dict[str, str] = {}  # house-b renamed session/elastic.py (cell_elastic.py, recovery.py)
+# A code string that imports a project module on the ranks: "import workbench..." / "from workbench... import"
+CODE_IMPORT = re.compile(r"(^|[\n;])\s*(import|from)\s+workbench\b")
+
+
+def unit_of(module: str) -> str:
+    """The longest entry of :data:`UNITS` that ``module`` is, or lies in."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in UNITS:
+            return ".".join(parts[:n])
+    raise AssertionError(f"{module} is in no unit of the layering contract: add it to UNITS")
+
+
+def room_of(module: str) -> str:
+    """``workbench.session.cell`` -> ``workbench.session``; a top-level module is its own room."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_sources(root: Path = Path(workbench.__file__).parent) -> dict[str, str]:
+    sources = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = ("workbench", *path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        sources[".".join(parts)] = path.read_text()
+    return sources
+
+
+def imports(module: str, tree: ast.AST, known: set[str]):
+    """``(imported module, lazily, line)`` for every import of the package in ``tree``."""
+    top = {id(node) for node in getattr(tree, "body", [])}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""  # the package uses no relative imports
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name.startswith("workbench.") or name == "workbench":
+                yield name, id(node) not in top, node.lineno
+
+
+def _is_package(module: str, known: set[str]) -> bool:
+    return any(k.startswith(module + ".") for k in known)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def arrows_up(sources: dict[str, str]) -> list[str]:
+    """Rule (a): every import runs down the layers (the door's lazy imports are its job)."""
+    known, bad = set(sources), []
+    for module, source in sources.items():
+        side, level = UNITS[unit_of(module)]
+        for target, lazy, line in imports(module, ast.parse(source), known):
+            if room_of(target) == room_of(module) or (module, target) in ALLOWED:
+                continue
+            to_side, to_level = UNITS[unit_of(target)]
+            if side == "door":
+                ok = lazy
+            elif to_side == "leaf":
+                ok = True
+            elif to_side == "door":
+                ok = side == "kernel" and level > to_level
+            else:
+                ok = side == to_side and level > to_level
+            if not ok:
+                bad.append(f"{module}:{line} imports {target} ({side} {level} -> {to_side} {to_level})")
+    return bad
+
+
+def second_doors(sources: dict[str, str]) -> list[str]:
+    """Rule (b): the kernel reaches the engine side only through :mod:`workbench.remote`: it imports no
+    engine-side module (not even lazily) and sends no code string that imports a project module."""
+    known, bad = set(sources), []
+    for module, source in sources.items():
+        if UNITS[unit_of(module)][0] != "kernel":
+            continue
+        tree = ast.parse(source)
+        for target, _, line in imports(module, tree, known):
+            if (target != "workbench" and UNITS[unit_of(target)][0] == "engine"
+                    and (module, target) not in ALLOWED):
+                bad.append(f"{module}:{line} imports the engine side ({target}) past workbench.remote")
+        docs = _docstrings(tree)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+                    and CODE_IMPORT.search(node.value)):
+                bad.append(f"{module}:{node.lineno} sends code that imports a project module: {node.value!r}")
+    return bad
+
+
+def privates_across_rooms(sources: dict[str, str]) -> list[str]:
+    """Rule (c): no ``_name`` (dunders aside) read off a module or object of another room.
+
+    Off an imported module or name, the room is the import's; off any other object (``trainer._data``),
+    a ``_name`` that only classes of other rooms define (``self._data = ...``, ``def _data``) is theirs.
+    Writing a private of any object but ``self`` (``trainer._pending = None``) is flagged in any room: the
+    object changes through its own methods.
+    """
+    known, trees = set(sources), {m: ast.parse(s) for m, s in sources.items()}
+    owners: dict[str, set[str]] = {}  # private name -> rooms that define it
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = node.name
+            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                  and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                name = node.attr
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                name = node.id
+            else:
+                continue
+            if _private(name):
+                owners.setdefault(name, set()).add(room_of(module))
+    bad = []
+    for module, tree in trees.items():
+        room, bound, foreign = room_of(module), {}, set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):  # torch's c10d._world is not ours
+                foreign |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("workbench"):
+                for a in node.names:
+                    if _private(a.name) and room_of(node.module) != room:
+                        bad.append(f"{module}:{node.lineno} imports {node.module}.{a.name}")
+                    bound[a.asname or a.name] = room_of(node.module if f"{node.module}.{a.name}" not in known
+                                                        else f"{node.module}.{a.name}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("workbench."):
+                        bound[a.asname or a.name.split(".")[0]] = room_of(a.name) if a.asname else "workbench"
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+                continue
+            value = node.value
+            mine = isinstance(value, ast.Name) and value.id in ("self", "cls")
+            if isinstance(node.ctx, ast.Store) and not mine:
+                bad.append(f"{module}:{node.lineno} writes {ast.unparse(node)}")
+                continue
+            if isinstance(value, ast.Name) and value.id in bound:
+                theirs = {bound[value.id]}
+            elif isinstance(value, ast.Name) and value.id in ("self", "cls", *foreign):
+                continue
+            elif node.attr in FOREIGN_PRIVATES:
+                continue
+            else:
+                theirs = owners.get(node.attr, set())
+            if theirs and room not in theirs:
+                bad.append(f"{module}:{node.lineno} reads {ast.unparse(node)} of {', '.join(sorted(theirs))}")
+    return bad
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def shared_file_names(sources: dict[str, str]) -> list[str]:
+    """Rule (d): no two modules with one file name (``__init__`` aside)."""
+    seen: dict[str, list[str]] = {}
+    for module in sources:
+        if not _is_package(module, set(sources)):
+            seen.setdefault(module.rsplit(".", 1)[-1], []).append(module)
+    return [f"{name}.py: {', '.join(mods)}" for name, mods in sorted(seen.items()) if len(mods) > 1]
+
+
+RULES = [arrows_up, second_doors, privates_across_rooms, shared_file_names]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.__name__)
+def test_the_package_keeps_the_rule(rule):
+    found = rule(package_sources())
+    if rule is shared_file_names:
+        found = [line for line in found if line.split(":")[0] not in PENDING_RENAMES]
+    assert found == []
+
+
+# Crafted trees: each breaks one rule (the real package's units, a few lines each).
+BROKEN = {
+    arrows_up: {"workbench.pool.cluster": "from workbench.session import Session\n",
+                "workbench.session": "", "workbench.errors": "from workbench.pool import cluster\n",
+                "workbench.pool": "", "workbench.remote": "from workbench.engine import guard\n",
+                "workbench.engine.guard": "", "workbench.engine": ""},
+    second_doors: {"workbench.session.group": "def f():\n    from workbench.engine import guard\n",
+                   "workbench.session.elastic": 'JOIN = "x = 1\\nimport workbench.train.elastic as e"\n',
+                   "workbench.engine.guard": "", "workbench.engine": "", "workbench.session": ""},
+    privates_across_rooms: {"workbench.train.elastic": "def f(trainer):\n    trainer._cut = 1\n"
+                                                       "    return trainer._pending\n",
+                            "workbench.session.group": "from workbench.pool import netif\nnetif._route()\n",
+                            "workbench.magics.args": "from workbench.config import _FIELDS\n",
+                            "workbench.strategies.x": "class T:\n    def f(self):\n        self._pending = 0",
+                            "workbench.pool.netif": "", "workbench.config": "_FIELDS = ()\n"},
+    shared_file_names: {"workbench.widgets.cell": "", "workbench.session.cell": "", "workbench.session": "",
+                        "workbench.widgets": ""},
+}
+EXPECTED = {arrows_up: 3, second_doors: 2, privates_across_rooms: 4, shared_file_names: 1}
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.__name__)
+def test_the_rule_fails_on_a_crafted_violation(rule):
+    found = rule(BROKEN[rule])
+    assert len(found) == EXPECTED[rule], found
+
+
+def test_a_lazy_import_is_still_an_arrow():
+    assert arrows_up({"workbench.pool.spawn": "def f():\n    from workbench.magics import args\n",
+                      "workbench.magics": "", "workbench.magics.args": "", "workbench.pool": ""})
+
+
+def test_docstrings_may_show_imports_but_code_strings_may_not():
+    doc = '"""Use it so:\n\n>>> import workbench as wb\n"""\n'
+    assert second_doors({"workbench.session.x": doc, "workbench.session": ""}) == []
+    sent = doc + 'CODE = f"from workbench.preflight import probe\\n_wb = probe({1})"\n'
+    assert len(second_doors({"workbench.session.x": sent, "workbench.session": ""})) == 1

@@ -1,0 +1,77 @@
+"""Every PoolConfig field is reachable from the magic's ``%dist start`` and the panel's start request:
+both are made from the config's fields (``workbench.config.pool_options``), none kept by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+
+import pytest
+
+from workbench.config import PoolConfig, pool_options
+from workbench.magics.args import parse_dist, pool_config_options
+from workbench.server.start_request import parse_start_request, start_options
+
+SLURM = {"launcher": "slurm", "interface": "lo"}
+# field -> (a value other than its default, the other fields that value needs to be valid)
+SAMPLES = {
+    "n": (3, {}),
+    "launcher": ("mpi", {}),
+    "backend": ("gloo", {}),
+    "timeout": (12.5, {}),
+    "address": ("127.0.0.2", {"launcher": "mpi"}),
+    "interface": ("lo", {}),
+    "nodes": (2, SLURM),
+    "gpus_per_node": (2, SLURM),
+    "partition": ("gpu", SLURM),
+    "time": ("30", SLURM),
+    "account": ("team", SLURM),
+    "hosts": (("a", "b"), {"launcher": "mpi", "interface": "lo"}),
+    "idle_release": (30.0, {}),
+    "oversubscribe": (True, {}),
+    "name": ("team-a", {}),
+    "collective_timeout": (20.0, {}),
+    "share_gpus": (True, {}),
+    "launcher_options": ({"delay": 0}, {"launcher": "mpi"}),
+}
+
+
+def test_every_field_has_a_sample():
+    assert set(SAMPLES) == {f.name for f in dataclasses.fields(PoolConfig)}
+    for name, (value, _) in SAMPLES.items():
+        assert value != next(o.default for o in pool_options() if o.name == name), name
+
+
+def _flag(name: str, value) -> list[str]:
+    option = next(o for o in pool_options() if o.name == name)
+    if option.kind == "switch":
+        return [option.flag] if value else []
+    if option.kind == "hosts":
+        return [option.flag, ",".join(value)]
+    if option.kind == "mapping":
+        return [option.flag, json.dumps(value)]
+    return [option.flag, str(value)]
+
+
+@pytest.mark.parametrize("name", list(SAMPLES))
+def test_the_magic_reaches_every_field(name):
+    value, needs = SAMPLES[name]
+    words = [w for key, v in {**needs, name: value}.items() for w in _flag(key, v)]
+    config = PoolConfig(**pool_config_options(parse_dist("start " + shlex.join(words))))
+    assert getattr(config, name) == value
+
+
+@pytest.mark.parametrize("name", list(SAMPLES))
+def test_the_panels_request_reaches_every_field(name):
+    value, needs = SAMPLES[name]
+    body = {**needs, name: list(value) if isinstance(value, tuple) else value}
+    config = parse_start_request(body)
+    assert getattr(config, name) == value
+    # and what the dialog shows again on Retry starts the same pool
+    assert dataclasses.asdict(parse_start_request(start_options(config))) == dataclasses.asdict(config)
+
+
+def test_a_start_line_without_options_is_the_default_config():
+    assert dataclasses.asdict(PoolConfig(**pool_config_options(parse_dist("start")))) == \
+        dataclasses.asdict(PoolConfig())
