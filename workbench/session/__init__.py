@@ -14,6 +14,9 @@
   leaves at a step boundary).
 - :mod:`.shared`: the pool as other notebooks share it (the cell lock, what they changed).
 - :mod:`.results`: what a cell produced per rank.
+- :mod:`.stack_report`: every rank's stacks now (``%dist stacks``), asked of the ranks' agents over the
+  side channel and grouped, the odd ranks first.
+- :mod:`.postmortem_report`: a failed rank's frames and locals (``%dist debug``), through the door.
 
 Doors go one way: session -> recovery, view, cell_run -> cell_elastic -> group, health ->
 :mod:`workbench.pool`; the rooms reach the engines only through :mod:`workbench.remote`; no room imports
