@@ -50,9 +50,21 @@ def no_failure(rank: int) -> str:
             "cell on that rank. Run the failing cell again, then `%dist debug RANK`.")
 
 
+def _ask(view, rank: int, timeout: float, fn, *args):
+    """``fn(*args)`` on ``rank``'s engine, which answers once its main thread is free."""
+    from ipyparallel.error import TimeoutError as NoAnswer
+
+    try:
+        [found] = view.apply_async(fn, *args).get(timeout=timeout)
+    except NoAnswer:
+        raise ValueError(f"rank {rank} did not answer within {timeout:g} s: a cell (perhaps another "
+                         "notebook's) is running on it. `%dist stacks` shows what it does now.") from None
+    return found
+
+
 def fetch(view, rank: int, timeout: float = DEBUG_TIMEOUT_S) -> PostMortem:
     """The failed frames of ``rank`` through ``view`` (an ipyparallel view on its engine)."""
-    [found] = view.apply_async(remote.failed_frames).get(timeout=timeout)
+    found = _ask(view, rank, timeout, remote.failed_frames)
     if found is None:
         raise ValueError(no_failure(rank))
     return PostMortem(rank, found["error"], found["frames"])
@@ -60,7 +72,7 @@ def fetch(view, rank: int, timeout: float = DEBUG_TIMEOUT_S) -> PostMortem:
 
 def evaluate(view, rank: int, expr: str, frame: int | None, timeout: float = DEBUG_TIMEOUT_S) -> str:
     """``expr`` evaluated on ``rank`` in frame ``frame`` (default: the innermost) of its failed cell."""
-    [found] = view.apply_async(remote.evaluate_in_failed, expr, frame).get(timeout=timeout)
+    found = _ask(view, rank, timeout, remote.evaluate_in_failed, expr, frame)
     if "error" in found:
         if found["error"].startswith("no failed cell"):
             raise ValueError(no_failure(rank))
