@@ -27,7 +27,7 @@ $(LABEXT): $(EXT_SRC) | $(STAMP)
 setup: $(STAMP) $(LABEXT)
 
 demo: setup
-	$(PY) -m workbench.demo
+	$(VENV)/bin/workbench demo --out build
 
 # every walkthrough, executed on a local 2-engine CPU pool, then rendered to build/notebooks/*.html
 notebooks: setup

@@ -1,4 +1,12 @@
-"""``workbench`` command line: install and remove the workbench kernel specs.
+"""``workbench`` command line: the demo, the walkthroughs, this user's pools, the kernel specs.
+
+- ``workbench demo [NOTEBOOK...]``: run the quickstart (or the walkthroughs named) headless on a local
+  2-rank CPU pool, from any folder.
+- ``workbench notebooks [DIR]``: copy the walkthroughs into DIR (``./workbench-notebooks``) to open;
+  a file changed since it was copied is kept, and named.
+- ``workbench pools [--json]``: every pool of this user on this machine.
+- ``workbench stop NAME|ID|--all [--yes]``: stop pools the way the JupyterLab panel does.
+- ``workbench kernels install|uninstall|list-specs``: the workbench kernel specs.
 
 >>> main(["kernels", "list-specs"])          # doctest: +SKIP
 workbench-cpu  Python 3 (workbench, CPU)
@@ -95,9 +103,95 @@ def list_specs(args) -> int:
     return 0
 
 
+def demo(args) -> int:
+    from workbench.demo import run
+
+    return run(args)
+
+
+def notebooks(args) -> int:
+    from workbench.walkthroughs import copy_walkthroughs
+
+    try:
+        report = copy_walkthroughs(args.dir)
+    except ValueError as exc:
+        print(f"workbench notebooks: {exc}", file=sys.stderr)
+        return 2
+    print(f"the walkthroughs in {report.folder}:")
+    for line in report.lines():
+        print(f"  {line}")
+    return 0
+
+
+def pools(args) -> int:
+    from workbench.pool.overview import COLUMNS, pools
+    from workbench.tables import format_table
+
+    found = pools()
+    if args.json:
+        print(json.dumps(found, indent=1))
+    elif not found:
+        print("no pool of this user runs on this machine (`%dist start` in a notebook starts one).")
+    else:
+        print(format_table(found, COLUMNS))
+    return 0
+
+
+STOPPED_BY = "`workbench stop` in a terminal"
+
+
+def stop(args) -> int:
+    from workbench.pool import overview
+
+    if bool(args.pools) == args.all:
+        print("workbench stop: name the pools to stop (NAME or ID), or --all; not both.", file=sys.stderr)
+        return 2
+    try:
+        chosen = overview.pools() if args.all else [overview.find(ref) for ref in args.pools]
+    except ValueError as exc:
+        print(f"workbench stop: {exc}", file=sys.stderr)
+        return 1
+    if not chosen:
+        print("no pool of this user runs on this machine: nothing to stop.")
+        return 0
+    for pool in chosen:
+        what = f"pool {pool['name']} ({pool['id']}, {pool['launcher']}, {pool['ranks']} ranks)"
+        question = f"stop {what}? {overview.who_drives(pool)}."
+        if not args.yes:
+            if not sys.stdin.isatty():
+                print(f"workbench stop: not stopping {what}: {overview.who_drives(pool)}, and there is no "
+                      "terminal to ask; add --yes to stop it.", file=sys.stderr)
+                return 1
+            if input(f"{question} [y/N] ").strip().lower() not in ("y", "yes"):
+                print(f"kept {what}.")
+                continue
+        reason = overview.stop(pool, STOPPED_BY)
+        how = f" (its controller did not answer, {reason}: ended from its state file)" if reason else ""
+        told = "" if not pool["drivers"] else " The notebooks attached are told who stopped it."
+        print(f"stopped {what}{how}; no process of it is left.{told}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description="distributed-workbench tools.")
     sub = parser.add_subparsers(dest="command", required=True)
+    from workbench.demo import add_arguments
+
+    p = sub.add_parser("demo", help="run the quickstart (or the walkthroughs named) on a local CPU pool")
+    add_arguments(p)
+    p.set_defaults(fn=demo)
+    p = sub.add_parser("notebooks", help="copy the walkthrough notebooks into a folder to open")
+    p.add_argument("dir", nargs="?", type=Path, default=Path("workbench-notebooks"), metavar="DIR",
+                   help="where (default: ./workbench-notebooks); changed files are kept")
+    p.set_defaults(fn=notebooks)
+    p = sub.add_parser("pools", help="list this user's pools on this machine")
+    p.add_argument("--json", action="store_true", help="one JSON list, for scripts")
+    p.set_defaults(fn=pools)
+    p = sub.add_parser("stop", help="stop pools the way the JupyterLab panel does")
+    p.add_argument("pools", nargs="*", metavar="NAME|ID", help="the pools' names or ids")
+    p.add_argument("--all", action="store_true", help="every pool of this user on this machine")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask first")
+    p.set_defaults(fn=stop)
     kernels = sub.add_parser("kernels", help="install or remove the workbench kernel specs")
     ksub = kernels.add_subparsers(dest="action", required=True)
     for action, fn, text in (("install", install, "install the kernel specs"),
@@ -119,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    unknown = [n for n in getattr(args, "names", None) or [] if n not in KERNEL_NAMES]
+    unknown = [n for n in getattr(args, "names", None) or [] if n not in KERNEL_NAMES] \
+        if args.command == "kernels" else []
     if unknown:
         parser.error(f"unknown kernel spec {unknown[0]!r}: choose from {', '.join(KERNEL_NAMES)}.")
     try:
@@ -127,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, PermissionError) as exc:
         print(f"workbench: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("workbench: interrupted.", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""``python -m workbench.demo``: run walkthrough notebooks headless on a local CPU pool.
+"""``workbench demo``: run walkthrough notebooks headless on a local CPU pool (``python -m workbench.demo``).
 
-Prints each cell as it runs, writes the executed notebook under ``build/`` and ends
-with the notebook's ``summary`` (ranks, steps, final loss). ``make demo`` runs this on
-the quickstart; ``make notebooks`` runs every walkthrough and renders it to HTML
-(``--html``). Cells tagged ``gpu`` run only where a GPU is visible.
+Prints each cell as it runs, writes the executed notebook into ``--out`` (``workbench-demo/`` in the
+current folder) and ends with the notebook's ``summary`` (ranks, steps, final loss). The notebooks
+come with the package (:mod:`workbench.walkthroughs`), so this runs from an installed package in any
+folder; a name alone (``workbench demo 02_data_parallel``) picks a walkthrough. ``make demo`` runs
+the quickstart; ``make notebooks`` runs every walkthrough and renders it to HTML (``--html``). Cells
+tagged ``gpu`` run only where a GPU is visible.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT = ROOT / "notebooks" / "01_quickstart.ipynb"
+from workbench.walkthroughs import QUICKSTART, notebooks_dir
+
+ROOT = Path(__file__).resolve().parent.parent  # the source checkout (in one)
+DEFAULT = notebooks_dir() / QUICKSTART
+DEFAULT_OUT = Path("workbench-demo")
 GPU_TAG = "gpu"  # cells that need a GPU: skipped where there is none
 
 
@@ -35,11 +40,13 @@ def run_notebook(path: Path, out_dir: Path, timeout: int = 600, log=print,
 
         gpu = visible_gpu_count() > 0
     nb = nbformat.read(path, as_version=4)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # the kernel runs in out_dir: the installed package's folder may be read-only, and nothing the
+    # notebook writes lands beside the source
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
+                            resources={"metadata": {"path": str(out_dir.resolve())}})
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     summary = None
-    out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / path.name
     try:
         with client.setup_kernel():
@@ -74,13 +81,45 @@ def to_html(executed: Path) -> Path:
     return out
 
 
+def resolve(name: str | Path) -> Path:
+    """A notebook path, or the name of a walkthrough (``02_data_parallel``, with or without ``.ipynb``).
+
+    >>> resolve("01_quickstart") == DEFAULT
+    True
+    """
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = notebooks_dir() / (path.name if path.suffix == ".ipynb" else f"{path.name}.ipynb")
+    if shipped.is_file():
+        return shipped
+    names = ", ".join(p.stem for p in sorted(notebooks_dir().glob("*.ipynb")))
+    raise ValueError(f"no notebook {str(name)!r}: give a path to one, or a walkthrough: {names}.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``workbench demo`` (also ``python -m workbench.demo``)."""
+    parser.add_argument("notebooks", nargs="*", default=[DEFAULT], metavar="NOTEBOOK",
+                        help="a notebook path or a walkthrough's name (default: the quickstart)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"where the executed notebooks go (default: ./{DEFAULT_OUT})")
+    parser.add_argument("--html", action="store_true", help="also render each executed notebook to HTML")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("notebooks", nargs="*", type=Path, default=[DEFAULT])
-    parser.add_argument("--out", type=Path, default=ROOT / "build")
-    parser.add_argument("--html", action="store_true", help="also render each executed notebook to HTML")
-    args = parser.parse_args(argv)
-    for notebook in args.notebooks:
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``args.notebooks`` one after another; 1 at the first that fails."""
+    try:
+        notebooks = [resolve(n) for n in args.notebooks]
+    except ValueError as exc:
+        print(f"workbench demo: {exc}", file=sys.stderr)
+        return 2
+    for notebook in notebooks:
         print(f"running {notebook.name} on a local 2-engine CPU pool")
         t0 = time.perf_counter()
         try:

@@ -6,6 +6,8 @@ classes here are for failures of the pool or of a cell on the ranks.
 
 from __future__ import annotations
 
+import re
+
 
 class WorkbenchError(RuntimeError):
     """Base class for failures of the pool or the process group."""
@@ -70,7 +72,18 @@ class CellInterrupted(WorkbenchError, KeyboardInterrupt):
         self.result = result
 
     def _render_traceback_(self) -> list[str]:
-        return [f"\x1b[1;33mInterrupted\x1b[0m: {self}"]
+        """One line, the word said once ("Interrupted at step 711 on all ranks; ...", not "Interrupted:
+        interrupted at step 711").
+
+        >>> CellInterrupted("interrupted at step 7 on all ranks")._render_traceback_()
+        ['\\x1b[1;33mInterrupted\\x1b[0m at step 7 on all ranks']
+        >>> CellInterrupted("rank 0 stopped at cell line 2")._render_traceback_()
+        ['\\x1b[1;33mInterrupted\\x1b[0m: rank 0 stopped at cell line 2']
+        """
+        text = str(self)
+        if text.startswith("interrupted "):
+            return [f"\x1b[1;33mInterrupted\x1b[0m {text.removeprefix('interrupted ')}"]
+        return [f"\x1b[1;33mInterrupted\x1b[0m: {text}"]
 
 
 class RankError(WorkbenchError):
@@ -103,7 +116,7 @@ class RankError(WorkbenchError):
         # The result (a session.results.CellResult) says its own summary: this leaf imports nothing above it.
         lines = [f"\x1b[1;31m{self}\x1b[0m", self.result.summary_line()]
         info, err = self.failures[0]
-        lines += err.render_traceback()
+        lines += relabel_cells(err.render_traceback(), _notebook_cell())
         for info, err in self.failures[1:]:
             lines.append(f"rank {info.rank} ({info.host}, {info.device}): {err.ename}: {err.evalue}")
         stopped = self.result.ranks_with("stopped")
@@ -113,3 +126,32 @@ class RankError(WorkbenchError):
         if self.result.fault is not None and self.result.fault.abort_s:
             lines.append(self.result.fault.summary() + "; the next cell re-forms the process group.")
         return lines
+
+
+def _notebook_cell() -> int | None:
+    """The number of the notebook cell running now (``In [4]``), if this is an IPython kernel."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    # the running cell's result holds its number (shell.execution_count is the next cell's by then)
+    running = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    return getattr(running, "execution_count", None)
+
+
+# "Cell In[2]" in a rank's traceback, colours and all: the engine's own count of the cells it ran
+_CELL_LABEL = re.compile(r"(Cell(?:\x1b\[[0-9;]*m)*\s(?:\x1b\[[0-9;]*m)*In\[)\d+(\])")
+
+
+def relabel_cells(lines: list[str], number: int | None) -> list[str]:
+    """A rank's traceback with its cell frames labelled as the notebook's cell ``number`` (``In [4]``), not
+    with the engine's count of the cells it ran; as it was when ``number`` is None.
+
+    >>> coloured = "\\x1b[36mCell\\x1b[39m\\x1b[36m \\x1b[39m\\x1b[32mIn[1]\\x1b[39m"
+    >>> relabel_cells(["Cell In[2], line 3", coloured], 4)
+    ['Cell In[4], line 3', '\\x1b[36mCell\\x1b[39m\\x1b[36m \\x1b[39m\\x1b[32mIn[4]\\x1b[39m']
+    """
+    if number is None:
+        return list(lines)
+    return [_CELL_LABEL.sub(lambda m: f"{m.group(1)}{number}{m.group(2)}", line) for line in lines]

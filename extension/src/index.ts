@@ -12,7 +12,13 @@ import { LabIcon } from '@jupyterlab/ui-components';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
 import { WorkbenchAPI } from './api';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
-import { IPool, IStartOptions, PoolsModel, startFromDialog } from './model';
+import {
+  attachSource,
+  IPool,
+  IStartOptions,
+  PoolsModel,
+  startFromDialog
+} from './model';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
 import { PoolsPanel } from './panel';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
@@ -35,14 +41,15 @@ function insertAttachCell(tracker: INotebookTracker, pool: IPool): void {
   if (!panel || !pool.attach) {
     return;
   }
-  // a workbench kernel has the magics loaded already: only the attach line then
-  const kernel = panel.sessionContext.session?.kernel?.name ?? '';
-  const source = kernel.startsWith('workbench')
-    ? pool.attach
-        .split('\n')
-        .filter(line => !line.startsWith('%load_ext'))
-        .join('\n')
-    : pool.attach;
+  // a workbench kernel has the magics loaded already; one still starting has no kernel object yet,
+  // but the session knows which kernel it starts, and the notebook which it asks for
+  const context = panel.sessionContext;
+  const spec = panel.content.model?.getMetadata('kernelspec') as { name?: string } | undefined;
+  const source = attachSource(pool.attach, [
+    context.session?.kernel?.name,
+    context.kernelPreference.name,
+    spec?.name
+  ]);
   NotebookActions.insertBelow(panel.content);
   const cell = panel.content.activeCell;
   if (cell) {

@@ -41,6 +41,23 @@ export interface IPool {
   options: IStartOptions | null;
 }
 
+/**
+ * The attach snippet for a notebook whose kernel is (or will be) ``kernelNames[0]`` or the first one
+ * known: the running kernel's name, else the one it is starting (the session's preference), else the
+ * notebook's kernelspec. A workbench kernel has the magics loaded already, so it gets the attach line
+ * only (a `%load_ext workbench` there prints "already loaded"); any other kernel gets both.
+ */
+export function attachSource(attach: string, kernelNames: (string | null | undefined)[]): string {
+  const kernel = kernelNames.find(name => !!name) ?? '';
+  if (!kernel.startsWith('workbench')) {
+    return attach;
+  }
+  return attach
+    .split('\n')
+    .filter(line => !line.startsWith('%load_ext'))
+    .join('\n');
+}
+
 /** The notebooks attached to a pool (beside the one that started it): `attached: a.ipynb, b.ipynb`. */
 export function attachedText(pool: IPool): string {
   const attached = attachedNotebooks(pool);

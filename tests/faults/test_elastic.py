@@ -182,7 +182,7 @@ def test_a_rank_killed_mid_run_is_routed_around_and_no_sample_is_lost(four):
     assert outcomes == ["lost", "ok", "ok", "ok"], [(r.rank.rank, r.outcome, r.stderr[-500:])
                                                     for r in result.ranks]
     fault = four.faults[-1]
-    assert fault.kind == "died" and f"rank {victim} died at step" in fault.first_failure
+    assert fault.kind == "died" and f"rank {victim} died after step" in fault.first_failure
     assert fault.first_failure.endswith("continuing on 3 ranks")
     assert fault.recover_s is not None, "the kernel never saw a step completed after the regroup"
     kill_to_step = fault.time - t_kill + fault.recover_s
@@ -193,6 +193,12 @@ def test_a_rank_killed_mid_run_is_routed_around_and_no_sample_is_lost(four):
     assert four.pull("trainer.step") == [steps] * 3
     events = four.pull("trainer.elastic.events")
     assert all(e[-1]["lost"] == [victim] and e[-1]["world_size"] == 3 for e in events)
+    # one step number everywhere: the ranks' count (not the kernel's beacon estimate), in the fault record
+    # and in the ranks' own event, the last step they completed together
+    went_on_from = {e[-1]["step"] for e in events}
+    assert len(went_on_from) == 1 and went_on_from.pop() >= at_step
+    assert fault.first_failure == events[0][-1]["text"] == (
+        f"rank {victim} died after step {events[0][-1]['step']}; continuing on 3 ranks"), fault.first_failure
     check_every_sample_once(four.pull("log.steps"), steps)
     for got in final_params(four):
         torch.testing.assert_close(got, reference(steps))

@@ -143,6 +143,9 @@ def test_ctrl_c_while_a_trainer_runs_stops_every_rank_at_the_same_step(pool):
     assert steps[0] == steps[1] > 0
     said = f"interrupted at step {steps[0]} on all ranks; `trainer.run()` continues from here."
     assert str(info.value) == said
+    shown = info.value._render_traceback_()  # what the notebook shows: the word once
+    assert shown == [f"\x1b[1;33mInterrupted\x1b[0m at step {steps[0]} on all ranks; `trainer.run()` "
+                     "continues from here."], shown
     assert [r.outcome for r in info.value.result.ranks] == ["interrupted", "interrupted"]
     pool.run("r = trainer.run(steps=3)")
     assert pool.pull("trainer.step") == [steps[0] + 3] * 2

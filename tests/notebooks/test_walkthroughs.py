@@ -57,7 +57,7 @@ def _check_08(s):
 
 def _check_09(s):
     assert (s["world_after"], s["samples_once"], s["replicas_equal"]) == (1, True, True), s
-    assert s["lost_at"] >= 100 and s["final_step"] == 400 and s["new_rank_from"] == 301, s
+    assert s["lost_at"] == 100 and s["final_step"] == 400 and s["new_rank_from"] == 301, s
 
 
 CHECKS = {"02": _check_02, "03": _check_03, "04": _check_04, "05": _check_05, "06": _check_06,

@@ -147,6 +147,9 @@ def check_clean_failure(nb: Notebook, name: str, reply: dict, shown: str, second
     message = "\n".join(reply["traceback"])
     assert len(message.splitlines()) <= 25, message
     for words in says:
+        if words.startswith("!"):  # what the message must not say
+            assert words[1:] not in message, message
+            continue
         assert words in message, message
         assert words not in nb.kernel_log.read_text(), "the launcher's output went into the server's log"
     log = LOG_PATH.search(message)
@@ -165,9 +168,15 @@ def test_slurm_without_sbatch(notebook):
 FAILING_LAUNCHERS = [
     ("mpiexec error", "mpiexec", 'echo "mpiexec: no slots left on node7 (a test)" >&2\nexit 3\n',
      "%dist start --launcher mpi -n 2 --timeout 30", 20, ["no slots left on node7"]),
+    # ssh said in words: which host, what ssh said (not ipyparallel's "Are the ssh connection data correct?")
     ("ssh error", "ssh", 'echo "ssh: Could not resolve hostname nohost7 (a test)" >&2\nexit 255\n',
      "%dist start --launcher ssh --hosts nohost7 --interface lo --timeout 30", 20,
-     ["Could not resolve hostname nohost7"]),
+     ["Could not resolve hostname nohost7", "ssh could not reach nohost7", "`ssh nohost7 true`",
+      "!Are the ssh connection data correct", "!Exception:"]),
+    # sbatch's own stderr on the card and in the log, with advice for Slurm (it has no hosts to check)
+    ("sbatch error", "sbatch", 'echo "sbatch: error: invalid partition specified: nosuch7 (a test)" >&2\n'
+     'exit 1\n', "%dist start --launcher slurm -n 2 --partition nosuch7 --interface lo --timeout 30", 20,
+     ["invalid partition specified: nosuch7", "`sinfo`", "!Check the hosts"]),
     # an mpiexec that never starts an engine, with a child of its own that must go too
     ("registration timeout", "mpiexec",
      'echo "mpiexec: waiting for an allocation (a test)"\nsleep 600 &\nwait\n',
@@ -181,6 +190,9 @@ def test_launcher_that_fails(notebook, tmp_path, name, command, script, cell, li
     nb = notebook(fake_bin=fake_command(tmp_path, command, script))
     reply, shown, seconds = nb.run(cell)
     check_clean_failure(nb, name, reply, shown, seconds, limit=limit, says=says)
+    log = LOG_PATH.search("\n".join(reply["traceback"])).group(1)
+    for said in [w for w in says if w in script]:  # the launcher's own words
+        assert said in Path(log).read_text(), "what the launcher said is not in the pool's log"
 
 
 def test_engines_that_crash_at_import(notebook):

@@ -212,6 +212,25 @@ def test_a_failed_cell_gets_a_tab_per_rank_with_the_failing_rank_selected(ipshel
     assert "hello from 1" in panes[1] and "ValueError: bad batch" in panes[1]
 
 
+def test_a_rank_error_shows_its_traceback_once_labelled_with_the_notebook_cell(ipshell, pool):
+    for _ in range(7):  # the notebook's count moves on apart from the engines' own
+        ipshell.run_cell("1", store_history=True)
+    number = ipshell.execution_count  # the cell's number in the notebook: In [number]
+    cell = "%%distributed\nx = 1\nif rank == 1:\n    raise ValueError('bad shard')"
+    with capture_output() as cap:
+        result = ipshell.run_cell(cell, store_history=True)
+    shown = (cap.stdout, cap.stderr, [o.data for o in cap.outputs])
+    assert isinstance(result.error_in_exec, RankError), shown
+    text = re.sub(r"\x1b\[[0-9;]*m", "", cap.stdout + cap.stderr)  # the error block as the cell showed it
+    assert "raised ValueError: bad shard" in text, text
+    assert set(re.findall(r"Cell In\[(\d+)\]", text)) == {str(number)}, (number, text)  # not the engine count
+    # the traceback is in the error block only; the rank's tab says what it raised and points there
+    page = next(o.data["text/html"] for o in cap.outputs if "wb-RankTabs" in o.data.get("text/html", ""))
+    pane = re.findall(r"<div>(.*?)</div>", page, re.S)[1]
+    assert "raised ValueError: bad shard (its traceback is in the error below)" in pane, pane
+    assert "Cell In" not in pane and "Traceback" not in pane, pane
+
+
 def test_a_short_clean_cell_gets_no_per_rank_view(ipshell, pool):
     with capture_output() as cap:
         assert ipshell.run_cell("%%distributed\nprint(rank)").success

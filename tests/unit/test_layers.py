@@ -4,12 +4,12 @@ no two modules with one file name.
 Each rule is a function over ``{module name: source}``, so the tests below run it on the package and on a
 small crafted tree that breaks it (a rule that cannot fail would hold nothing).
 
-Kernel side, top to bottom: the package's front (``workbench``, ``cli``, ``demo``) -> ``magics``, ``server``
+Kernel side, top to bottom: the package's front (``workbench``, ``cli``) -> ``demo``, ``magics``, ``server``
 -> ``widgets``, ``scatter``, ``preflight`` -> ``session`` -> ``remote`` (the door) -> ``pool`` and the
 kernel's metrics (``collector``, ``history``). Engine side: ``train`` and the engine's metrics
 (``publisher``, ``sampler``) -> ``strategies`` -> ``engine``. Leaves (``config``, ``errors``, ``wire``,
-``faults``, ``tables``, ``metrics.records``, and ``pool.state``, ``pool.devices``, which import nothing of the
-package) may be imported from anywhere and import only leaves.
+``faults``, ``tables``, ``metrics.records``, ``walkthroughs``, and ``pool.state``, ``pool.devices``, which
+import nothing of the package) may be imported from anywhere and import only leaves.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ pytestmark = pytest.mark.timeout(60)
 
 # (side, level): a module may import a module of its own unit, of a lower level on its side, or a leaf.
 UNITS = {
-    "workbench": ("kernel", 6), "workbench.cli": ("kernel", 6), "workbench.demo": ("kernel", 6),
+    # the command line runs the demo (``workbench demo``): the demo is a step below it
+    "workbench": ("kernel", 6), "workbench.cli": ("kernel", 6), "workbench.demo": ("kernel", 5),
     "workbench.magics": ("kernel", 5), "workbench.server": ("kernel", 5),
     "workbench.widgets": ("kernel", 4), "workbench.scatter": ("kernel", 4),
     "workbench.preflight": ("kernel", 4),
@@ -40,7 +41,8 @@ UNITS = {
     "workbench.engine": ("engine", 1),
     **{leaf: ("leaf", 0) for leaf in (
         "workbench.config", "workbench.errors", "workbench.wire", "workbench.faults", "workbench.tables",
-        "workbench.metrics.records", "workbench.pool.state", "workbench.pool.devices")},
+        "workbench.metrics.records", "workbench.pool.state", "workbench.pool.devices",
+        "workbench.walkthroughs")},
 }
 # Arrows that are the design, not a slip: the zygote is the engines' parent (it imports what they import,
 # once, then forks them).

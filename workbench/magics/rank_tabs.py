@@ -49,7 +49,8 @@ def rank_tabs(result, world_size: int) -> dict:
     """
     name = f"wb-ranks-{uuid.uuid4().hex[:8]}"
     failing = [i for i, r in enumerate(result.ranks) if r.outcome in FAILED]
-    chosen = failing[0] if failing else 0
+    root = _root_cause(result)
+    chosen = next((i for i, r in enumerate(result.ranks) if r is root), failing[0] if failing else 0)
     tabs, panes, rules = [], [], []
     for i, r in enumerate(result.ranks):
         k = i + 1
@@ -58,7 +59,7 @@ def rank_tabs(result, world_size: int) -> dict:
         tabs.append(f'<input type="radio" name="{name}" id="{name}-{k}"{" checked" * (i == chosen)}>'
                     f'<label{css} for="{name}-{k}" title="{r.outcome}">rank {r.rank.rank}'
                     f"{_MARKS.get(r.outcome, '')}</label>")
-        panes.append(f"<div>{_pane(r)}</div>")
+        panes.append(f"<div>{_pane(r, in_error_block=r is root)}</div>")
     style = (f"#{name}>input{{display:none}}"
              f"#{name}>label{{display:inline-block;padding:1px 10px;margin-right:2px;cursor:pointer;"
              "border:1px solid var(--jp-border-color1,#ccc);border-bottom:none;font-family:monospace}"
@@ -73,7 +74,18 @@ def rank_tabs(result, world_size: int) -> dict:
             "text/plain": f"per rank (world size {world_size}): {summary}"}
 
 
-def _pane(r) -> str:
+def _root_cause(result):
+    """The rank whose traceback the cell's error shows (:class:`~workbench.errors.RankError`): its pane
+    says what it raised and points there instead of repeating it."""
+    failures = getattr(result, "failures", None)
+    if failures is None:
+        return None
+    ranked = failures()
+    own = [f for f in ranked if f.outcome in ("error", "died", "killed")] or ranked
+    return own[0] if own else None
+
+
+def _pane(r, in_error_block: bool = False) -> str:
     parts = []
     if r.stdout:
         parts.append(f"<pre>{html.escape(r.stdout)}</pre>")
@@ -81,6 +93,10 @@ def _pane(r) -> str:
         parts.append(f'<pre class="wb-err">{html.escape(r.stderr)}</pre>')
     if r.outcome in ("stopped", "interrupted"):  # our own interrupt: where it stopped, not our traceback
         parts.append(f"<pre>stopped at {html.escape(r.where or 'an unknown line')}</pre>")
+        return "".join(parts)
+    if in_error_block and plain_traceback(r.error):
+        said = f"raised {r.error.ename}: {r.error.evalue} (its traceback is in the error below)"
+        parts.append(f'<pre class="wb-err">{html.escape(said)}</pre>')
         return "".join(parts)
     error = plain_traceback(r.error) or (str(r.error) if r.error is not None else "")
     if error:

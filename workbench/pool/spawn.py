@@ -13,6 +13,7 @@ for, so once it returns no engine of the pool starts any more.
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 
 from ipyparallel.cluster.launcher import (
@@ -103,6 +104,19 @@ class PoolSlurmEngineSetLauncher(_KeepsLog, SlurmEngineSetLauncher):
     """One sbatch job for the whole set; its output file is the pool's log (shared file system)."""
 
     entrypoint_name = "workbench.pool.spawn.PoolSlurmEngineSetLauncher"
+
+    def _run_command(self, command, **kwargs):
+        """sbatch/scancel with their stderr kept (ipyparallel lets it go to the kernel's stderr): a refused
+        submission says why on the card (``CalledProcessError.output``) and in the pool's log."""
+        kwargs.setdefault("stderr", subprocess.STDOUT)
+        try:
+            return super()._run_command(command, **kwargs)
+        except subprocess.CalledProcessError as exc:
+            log = getattr(self.parent, "pool_log", "")
+            if log and exc.output:
+                with open(log, "ab") as f:
+                    f.write(exc.output if isinstance(exc.output, bytes) else exc.output.encode())
+            raise
 
 
 class _StopsWhenCancelled(_KeepsLog):

@@ -7,8 +7,9 @@ are left, sends them a signed regroup plan (who they are now, and a standby stor
 the cell goes on. A rank counts as hung when no rank has made progress for the Trainer's
 ``hang_timeout`` and it is behind the others (fewer steps begun or collectives launched) or silent: it
 is killed, then treated as lost. The kernel's rank map, the health watcher and the pool's state file
-follow the new membership at once; the fault is recorded ("rank 1 died at step 412; continuing on 3
-ranks") and counted as recovered when every rank left has completed a step in the new group.
+follow the new membership at once; the fault is recorded ("rank 1 died after step 412; continuing on 3
+ranks": the step the ranks fill in) and counted as recovered when every rank left has completed a step in
+the new group.
 
 ``%dist restart`` and ``%dist scale N`` during an elastic run (``%%distributed --async``) hand their
 change to the cell's thread (:meth:`ElasticWatch.request`), which makes it at the next step boundary;
@@ -132,11 +133,13 @@ class ElasticWatch:
         if len(stay) < settings.get("min_ranks", 1):
             return False
         step = self._step(stay)
-        text = (f"rank {format_ranks(r.rank for r in infos)} {how} at step {step + 1}; continuing on "
+        # the ranks fill in {step}, the last step they completed together (the kernel's beacons lag);
+        # the fault record gets it once they have regrouped (_check_recovered)
+        text = (f"rank {format_ranks(r.rank for r in infos)} {how} after step {{step}}; continuing on "
                 f"{len(stay)} rank{'s' if len(stay) != 1 else ''}"
                 + (" (its shards from the last checkpoint)" if settings.get("fsdp") else ""))
         group, health = self.cell.group, self.cell.health
-        event = health.record(kind, infos[0], text, detect_s, 0.0)
+        event = health.record(kind, infos[0], text.replace(" after step {step}", ""), detect_s, 0.0)
         plan = group.regroup(stay, lost=infos, abort=True, text=text,
                              beats=health.beacons.latest if health.beacons else None)
         for r in infos:
@@ -145,8 +148,8 @@ class ElasticWatch:
         self.on_regroup()
         self.faults.append(event)
         self.recovering = {"since": time.monotonic(), "generation": plan["generation"], "step": step,
-                           "fault": True}
-        self.report(text)
+                           "fault": event, "text": text}
+        self.report(text.replace(" after step {step}", ""))
         if settings.get("replace") and self.bring_back is not None:
             self.bring_back()
         return True
@@ -202,11 +205,16 @@ class ElasticWatch:
         """The regroup is done once every member beacons from the new group past the lost step."""
         g, step = self.recovering["generation"], self.recovering["step"]
         beats = {r.rank: self.beat(r) for r in self.members()}
+        fault = self.recovering["fault"]
         if beats and all(b is not None and b.get("generation") == g
-                         and (b.get("trainer") or {}).get("step", 0) > step for b in beats.values()):
+                         and (b.get("trainer") or {}).get("step", 0) > step
+                         and (not fault or (b.get("trainer") or {}).get("regrouped_generation") == g)
+                         for b in beats.values()):
             seconds = time.monotonic() - self.recovering["since"]
             self.cell.group.heard({rank: b.get("endpoints") or [] for rank, b in beats.items()})
-            if self.recovering["fault"]:
+            if fault:
+                at = next(iter(beats.values()))["trainer"]["regrouped"]
+                fault.first_failure = self.recovering["text"].replace("{step}", str(at))
                 self.cell.health.recovered(seconds)
             self.recovering = None
 

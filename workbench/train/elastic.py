@@ -265,6 +265,9 @@ class ElasticRun:
                  "text": plan.get("text", "").replace("{step}", str(trainer.step)),  # a join or a leave
                  "seconds": round(seconds, 3), "source": "checkpoint" if self.fsdp else "peers"}
         self.events.append(event)
+        # the kernel words a lost rank's fault record with the step the ranks went on from (its beacon
+        # estimate may be steps behind)
+        agent.trainer_status.update(regrouped=trainer.step, regrouped_generation=plan["generation"])
         for cb in trainer.callbacks:
             hook = getattr(cb, "on_regroup", None)
             if hook is not None:

@@ -1,4 +1,5 @@
 import {
+  attachSource,
   attachedText,
   attachedWarning,
   elapsedSeconds,
@@ -485,5 +486,23 @@ describe('attached notebooks', () => {
     expect(attachedWarning(shared)).toBe(': a.ipynb and b.ipynb are attached and are told at the next cell.');
     expect(attachedText(pool())).toBe('');
     expect(attachedWarning(pool())).toBe('.');
+  });
+});
+
+describe('attachSource', () => {
+  const attach = '%load_ext workbench\n%dist attach pool-brisk-tapir';
+  it('gives a workbench kernel the attach line only, also while it is still starting', () => {
+    expect(attachSource(attach, ['workbench-cpu'])).toBe('%dist attach pool-brisk-tapir');
+    // no kernel object yet: the session's preference says which kernel is starting
+    expect(attachSource(attach, [undefined, 'workbench-gpu', 'python3'])).toBe(
+      '%dist attach pool-brisk-tapir'
+    );
+    expect(attachSource(attach, [null, undefined, 'workbench-cpu'])).toBe(
+      '%dist attach pool-brisk-tapir'
+    );
+  });
+  it('gives any other kernel the load line too', () => {
+    expect(attachSource(attach, ['python3', 'workbench-cpu'])).toBe(attach);
+    expect(attachSource(attach, [undefined, undefined, undefined])).toBe(attach);
   });
 });

@@ -1,0 +1,125 @@
+"""What a cluster user does: build the wheel, install it into a fresh venv (the pinned torch first), and
+from an empty folder run the demo, copy the walkthroughs, and see the Lab and server extensions enabled.
+
+The wheel is built from a copy of this checkout (tracked files and new ones not ignored), so the build
+runs the extension builder (jlpm) as ``pip wheel .`` does anywhere and writes nothing into the checkout.
+The venv is built once for the module (about 4 minutes on 2 loaded cores, most of it pip); pip's cache
+is used where there is one. Nothing here imports the checkout: PYTHONPATH is cleared.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PidsLimit, until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # the first test builds the venv
+
+ROOT = Path(__file__).resolve().parents[2]
+TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _run(cmd: list[str], cwd: Path, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(map(str, cmd))} exited with {done.returncode}:\n" \
+                                 f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+def _source_copy(dest: Path) -> Path:
+    if not (ROOT / ".git").exists():
+        pytest.skip("needs a git checkout to know which files are the source")
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        src = ROOT / name
+        if src.is_file() and not src.is_symlink():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    modules = ROOT / "extension" / "node_modules"
+    if modules.exists():  # jlpm install then has nothing to fetch
+        (dest / "extension" / "node_modules").symlink_to(modules.resolve())
+    return dest
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory):
+    """A fresh venv with the pinned torch and the wheel built from this checkout: its ``bin``."""
+    base = tmp_path_factory.mktemp("install")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    src = _source_copy(base / "src")
+    _run([sys.executable, "-m", "venv", str(base / "venv")], base, env)
+    py = base / "venv" / "bin" / "python"
+    _run([str(py), "-m", "pip", "wheel", "--no-deps", ".", "-w", str(base / "dist")], src, env)
+    wheel = next((base / "dist").glob("distributed_workbench-*.whl"))
+    _run([str(py), "-m", "pip", "install", "-q", TORCH_SPEC], base, env)
+    _run([str(py), "-m", "pip", "install", "-q", str(wheel)], base, env)
+    return base / "venv" / "bin"
+
+
+@pytest.fixture
+def user(tmp_path):
+    """An empty folder to work in, and the environment of a user of the venv (own Jupyter folders)."""
+    here = tmp_path / "here"
+    here.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "JPY_SESSION_NAME")}
+    for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
+                     ("JUPYTER_RUNTIME_DIR", "runtime"), ("WORKBENCH_STATE_DIR", "state")):
+        env[var] = str(tmp_path / "jupyter" / sub)
+    return here, env
+
+
+def test_the_installed_package_is_the_one_that_runs(venv, user):
+    here, env = user
+    where = _run([str(venv / "python"), "-c", "import workbench, workbench.walkthroughs as w; "
+                  "print(workbench.__file__); print(w.notebooks_dir())"], here, env).stdout.split()
+    site = str(venv.parent / "lib")
+    assert where[0].startswith(site) and where[1].startswith(site), where
+    assert where[1].endswith("site-packages/workbench/notebooks")
+
+
+def test_workbench_demo_runs_the_quickstart_in_an_empty_folder(venv, user):
+    here, env = user
+    with PidsLimit(4000) as group:
+        done = _run([str(venv / "workbench"), "demo"], here, env, timeout=600)
+        assert until(lambda: group.pids() == [], timeout=15), f"the demo left processes: {group.pids()}"
+    assert "running 01_quickstart.ipynb on a local 2-engine CPU pool" in done.stdout
+    assert re.search(r"summary: ranks 2, steps 50, final_loss [0-9.e-]+$", done.stdout, re.M), done.stdout
+    assert "executed notebook: workbench-demo/01_quickstart.ipynb" in done.stdout
+    assert sorted(p.name for p in here.rglob("*")) == ["01_quickstart.ipynb", "workbench-demo"]
+
+
+def test_workbench_notebooks_copies_the_walkthroughs_and_keeps_a_changed_one(venv, user):
+    here, env = user
+    first = _run([str(venv / "workbench"), "notebooks"], here, env).stdout
+    copied = sorted(p.name for p in (here / "workbench-notebooks").iterdir() if not p.name.startswith("."))
+    assert copied[0] == "01_quickstart.ipynb" and "09_elastic.ipynb" in copied and "README.md" in copied
+    assert f"copied: {', '.join(n for n in copied if n != 'README.md')}, README.md" in first, first
+    mine = here / "workbench-notebooks" / "01_quickstart.ipynb"
+    mine.write_text(mine.read_text().replace("%dist start -n 2", "%dist start -n 3"))
+    again = _run([str(venv / "workbench"), "notebooks"], here, env).stdout
+    assert "kept (changed since they were copied, not overwritten): 01_quickstart.ipynb" in again
+    assert "%dist start -n 3" in mine.read_text()
+    assert "already up to date: 02_data_parallel.ipynb" in again
+
+
+def test_lab_and_server_extensions_are_enabled(venv, user):
+    here, env = user
+    lab = _run([str(venv / "jupyter"), "labextension", "list"], here, env)
+    text = ANSI.sub("", lab.stdout + lab.stderr)
+    ours = r"distributed-workbench v0\.1\.0 enabled\s+OK \(python, distributed-workbench\)"
+    assert re.search(ours, text), text
+    server = _run([str(venv / "jupyter"), "server", "extension", "list"], here, env)
+    text = ANSI.sub("", server.stdout + server.stderr)
+    assert re.search(r"workbench\.server enabled", text) and re.search(r"workbench\.server\s+OK", text), text
+    pools = _run([str(venv / "workbench"), "pools"], here, env).stdout
+    assert "no pool of this user runs on this machine" in pools
+    assert list(here.iterdir()) == []

@@ -1,0 +1,150 @@
+"""This user's pools on this machine, from their state files, as ``workbench pools`` lists them and
+``workbench stop`` ends them (outside any notebook: the one that started a pool may be gone or hung).
+
+The state files live in this user's Jupyter runtime folder (:mod:`workbench.pool.state`), whoever
+started the pool (a kernel, the JupyterLab panel, a script); who drives a pool comes from
+:mod:`workbench.pool.sharing`. Stopping goes the panel's way (:func:`workbench.pool.cluster.stop_pool`):
+attach, stop every process, tell the notebooks still attached who stopped it.
+
+>>> describe({"id": "1a2b3c4d", "name": "pool-bold-tapir", "launcher": "local", "n": 2, "ranks": [],
+...           "owner": {"pid": 1}, "created": 0.0, "log": None}, now=90.0)["state"]
+'starting · 0/2 ranks'
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from workbench.pool import sharing
+from workbench.pool import state as pool_state
+
+COLUMNS = ["name", "id", "launcher", "ranks", "state", "owner", "notebooks", "age", "log"]
+
+
+def age(seconds: float) -> str:
+    """A duration as a person says it.
+
+    >>> age(42), age(125), age(7300), age(200000)
+    ('42 s', '2 min', '2 h 1 min', '2 d 7 h')
+    """
+    seconds = int(max(seconds, 0))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min"
+    if seconds < 86400:
+        return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+    return f"{seconds // 86400} d {seconds % 86400 // 3600} h"
+
+
+def _state_word(state: dict) -> str:
+    n, ranks = state.get("n") or 0, state.get("ranks") or []
+    if len(ranks) < n:
+        return f"starting · {len(ranks)}/{n} ranks"
+    here = socket.gethostname()
+    dead = [r["rank"] for r in ranks
+            if r.get("host") == here and not pool_state.process_alive(_record(r["pid"]))]
+    if dead:
+        return f"running · rank{'s' if len(dead) > 1 else ''} {', '.join(map(str, dead))} dead"
+    return "running"
+
+
+def _record(pid: int) -> dict:
+    try:
+        return pool_state.process_record(pid)
+    except Exception:  # gone
+        return {}
+
+
+def describe(state: dict, now: float | None = None) -> dict:
+    """One pool as a row: name, id, launcher, ranks, state, owner, attached notebooks, age, log."""
+    clients = sharing.clients(state["id"])
+    owner_pid = state.get("owner", {}).get("pid")
+    starter = next((c for c in clients if c["pid"] == owner_pid), None)
+    owner = f"process {owner_pid}"
+    if starter and starter["notebook"] != owner:
+        owner = f"{starter['notebook']} (pid {owner_pid})"
+    attached = [c["notebook"] for c in clients if c["pid"] != owner_pid]
+    ranks = state.get("ranks") or []
+    return {
+        "name": state.get("name") or state["id"],
+        "id": state["id"],
+        "launcher": state.get("launcher", "local"),
+        "ranks": f"{len(ranks)}/{state.get('n') or len(ranks)}",
+        "state": _state_word(state),
+        "owner": owner,
+        "notebooks": ", ".join(attached) or "-",
+        "age": age((now if now is not None else time.time()) - state.get("created", 0.0)),
+        "log": state.get("log") or "-",
+        # for stop's question and --json: every notebook driving it, the one that started it first
+        "drivers": [{"notebook": c["notebook"], "role": c["role"], "pid": c["pid"]} for c in clients],
+    }
+
+
+def pools() -> list[dict]:
+    """Every running pool of this user on this machine, oldest first.
+
+    >>> isinstance(pools(), list)
+    True
+    """
+    states = sorted(pool_state.list_states(), key=lambda s: s.get("created", 0.0))
+    return [describe(s) for s in states]
+
+
+def find(ref: str) -> dict:
+    """The pool named ``ref`` (its name or id, or a unique start of its id).
+
+    >>> find("no-such-pool")                  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: no running pool 'no-such-pool' of this user on this machine; running pools: ...
+    """
+    running = pools()
+    exact = [p for p in running if ref in (p["name"], p["id"])]
+    matches = exact or [p for p in running if p["id"].startswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    names = ", ".join(f"{p['name']} ({p['id']})" for p in running) or "none"
+    if not matches:
+        raise ValueError(f"no running pool {ref!r} of this user on this machine; running pools: {names}.")
+    raise ValueError(f"{ref!r} names more than one pool ({names}): give the whole id.")
+
+
+def who_drives(pool: dict) -> str:
+    """The notebooks driving ``pool``, in words, for the question before it is stopped.
+
+    >>> who_drives({"drivers": []})
+    'no notebook is attached'
+    >>> who_drives({"drivers": [{"notebook": "a.ipynb", "role": "started", "pid": 7}]})
+    'a.ipynb (started it, pid 7) is attached'
+    """
+    drivers = pool["drivers"]
+    if not drivers:
+        return "no notebook is attached"
+    words = [f"{d['notebook']} ({'started it' if d['role'] == 'started' else 'attached'}, pid {d['pid']})"
+             for d in drivers]
+    return f"{', '.join(words)} {'is' if len(words) == 1 else 'are'} attached"
+
+
+def stop(pool: dict, by: str) -> str | None:
+    """Stop ``pool`` the way the panel does (:func:`workbench.pool.cluster.stop_pool`); the notebooks
+    still attached are told ``by`` whom.
+
+    A pool whose controller does not answer (a rank gone, the controller hung) cannot be attached:
+    it is ended from its state file, as its lease would end it, and the reason is returned.
+    """
+    from workbench.pool.cluster import stop_pool
+    from workbench.pool.reap import clean_up
+
+    try:
+        stop_pool(pool["id"], by)
+        return None
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    state = next((s for s in pool_state.list_states() if s["id"] == pool["id"]), None)
+    if state is not None:  # else it ended meanwhile
+        clean_up(state, grace=1.0)
+        pool_state.state_path(pool["id"]).unlink(missing_ok=True)
+        sharing.note_stopped(pool["id"], state.get("name"), by)
+    return reason
