@@ -77,3 +77,16 @@ def test_native_frames_name_the_call_the_rank_waits_in_and_missing_ranks_are_nam
     assert "rank 1: no answer (dead, or its agent is not running)" in text
     assert "native frames: not shown (py-spy took over 20 s); Python stacks below" in text
     assert "    c10d::Work::wait (libtorch_cpu.so)" in text
+
+
+def test_an_engine_handling_a_control_message_is_idle_and_an_apply_shows_its_function():
+    probe = _answer([_frame("recv_multipart", "zmq/sugar/socket.py:818"),
+                     _frame("_handle_recv", "zmq/eventloop/zmqstream.py:649"), *ENGINE])
+    waiting = _answer([_frame("select", "selectors.py:468"), *ENGINE])
+    applying = _answer([_frame("failed_frames", "workbench/remote.py:140"),
+                        _frame("do_apply", "ipyparallel/engine/kernel.py:170"),
+                        _frame("apply_request", "ipyparallel/engine/kernel.py:120"), *ENGINE])
+    groups = group_stacks({0: waiting, 1: probe, 2: applying})
+    assert [(g.ranks, g.headline) for g in groups] == [
+        ([2], "failed_frames at workbench/remote.py:140"), ([0, 1], "idle (no cell running)")]
+    assert [f["name"] for f in groups[0].threads[0]["frames"]] == ["failed_frames", "do_apply"]

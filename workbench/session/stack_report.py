@@ -41,6 +41,7 @@ MACHINERY = ("workbench-agent", "workbench-metrics", "workbench-warm", "workbenc
 TIMEOUT_S = 3.0  # Python stacks; with native frames py-spy's own bound comes on top
 ENGINE_FRAMES = 3  # frames shown of an idle main thread's event loop
 IDLE_AT = ("selectors.py:", "asyncio/", "tornado/")  # where an engine's main thread waits for work
+EVENT_LOOP = "asyncio/base_events.py:"  # below every message the engine's loop handles
 SYSTEM_LIBS = ("libc.", "libpthread", "libstdc++", "libpython", "ld-linux")
 
 
@@ -68,9 +69,13 @@ def _trim_main(thread: dict) -> list[dict]:
     cells = [i for i, f in enumerate(frames) if f["where"].startswith("cell line")]
     if cells:
         return frames[:cells[-1] + 1]
+    applying = [i for i, f in enumerate(frames) if f["name"] == "do_apply"]
+    if applying:  # a function sent with apply (Session.apply, %dist pull...): its frames, down to the call
+        return frames[:applying[-1] + 1]
     python = [f for f in frames if not f.get("native")]
-    if python and python[0]["where"].startswith(IDLE_AT):
-        return [IDLE]
+    if python and (python[0]["where"].startswith(IDLE_AT) or any(f["where"].startswith(EVENT_LOOP)
+                                                                 for f in python)):
+        return [IDLE]  # waiting in its event loop, or handling a control message there (a probe, a beat)
     return frames[:ENGINE_FRAMES]
 
 
