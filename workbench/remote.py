@@ -58,7 +58,7 @@ def abort(*args, **kwargs):
     return guard.abort(*args, **kwargs)
 
 
-def join_alone(**kwargs) -> int:
+def join_alone(**kwargs) -> dict:
     """On a new engine: :func:`workbench.engine.rendezvous.join_alone` (a group of its own to replay in)."""
     from workbench.engine import rendezvous
 

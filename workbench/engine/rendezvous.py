@@ -15,7 +15,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from workbench.engine import agent, guard, postmortem
+from workbench.engine import agent, guard, postmortem, stores
 
 log = logging.getLogger("workbench.engine")
 OUTPUT_FLUSH_S = 0.05  # how often an engine sends what was printed (a line shows within 0.2 s in all)
@@ -41,27 +41,9 @@ def open_store(address: str, timeout_s: float) -> int:
     interface, and a local pool must stay on loopback.
     """
     close()
-    store, port = _master_store(address, timeout_s)
+    store, port = stores.tcp_host(address, timeout_s)
     _state["store"] = store
     return port
-
-
-def _master_store(address: str, timeout_s: float) -> tuple:
-    """A TCPStore hosted here, listening on ``address`` only (given port 0, TCPStore listens on every
-    interface); returns it and its port."""
-    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((address, 0))
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    store = dist.TCPStore(
-        address, port, is_master=True, master_listen_fd=sock.fileno(),
-        timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
-    )
-    # The store owns the listening fd now and closes it when it is destroyed (an aborted group may keep
-    # it alive a while): closing it here too would later close whatever socket reused the number.
-    sock.detach()
-    return store, port
 
 
 def threads_for(own: set[int], others: list[set[int]]) -> int:
@@ -96,14 +78,18 @@ def collective_timeout(timeout_s: float) -> float:
 def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int,
          backend: str, device: str, timeout_s: float, ifname: str | None, local_pids=(),
          collective_timeout_s: float | None = None, channel: dict | None = None, generation: int = 0,
-         standby_address: str | None = None) -> dict:
+         standby_address: str | None = None, store: dict | None = None,
+         stores_folder: str | None = None) -> dict:
     """Join the process group and put ``rank``, ``world_size``, ``device``... into the user namespace.
 
     ``backend``: the same string on every rank (the kernel's ``group_backend``). ``timeout_s`` bounds the
     rendezvous; collectives wait up to ``collective_timeout_s`` (default :func:`collective_timeout`).
     ``local_pids``: the engines of the other ranks on this host, whose CPUs this rank's threads share.
-    Returns rank, backend, threads, interface, where this rank's gloo listens (``endpoints``) and the
-    port of its standby store (for elastic regroups; ``standby_address``: where it listens).
+    ``store``: the group's rendezvous store (:mod:`.stores`; a local pool's is a file in its private
+    folder), else the TCPStore rank 0 opened at ``address``:``port``. ``stores_folder``: where this
+    engine's standby store lives (a local pool), else it listens on ``standby_address``. Returns rank,
+    backend, threads, interface, where this rank's gloo listens (``endpoints``) and the spec of its
+    standby store (``standby``, for elastic regroups).
     """
     env = {"RANK": rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": world_size,
            "MASTER_ADDR": address, "MASTER_PORT": port,
@@ -128,19 +114,21 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
     if "baseline" not in _state:  # whatever listened before the first group is not gloo's
         _state["baseline"] = True
         guard.not_gloo(p for _, p in guard.listening())
-    store = _state.get("store") if rank == 0 else None
-    if store is None:
-        store = dist.TCPStore(address, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
-        _state["store"] = store
-    if rank == 0:
-        guard.not_gloo([port])
+    if store is not None:  # every rank opens the same file; nothing listens
+        store = _state["store"] = stores.pool_store(store, timeout_s)
+    else:
+        store = _state.get("store") if rank == 0 else None
+        if store is None:
+            store = _state["store"] = stores.pool_store({"tcp": [address, port]}, timeout_s)
+        if rank == 0:
+            guard.not_gloo([port])
     _state.update(backend=backend, timeout_s=timeout_s, channel=channel,
                   collective_timeout_s=collective_timeout_s or collective_timeout(timeout_s))
     _init_group(backend, store, rank, world_size, dev)
     uuid = _gpu_uuid(dev) if dev.type == "cuda" else None
     _state.update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, gpu_uuid=uuid,
                   generation=generation)
-    standby = _standby(standby_address or address) if channel else None
+    standby = _standby(stores_folder, standby_address or address) if channel else None
     if channel:  # beacons up, commands down: the pool's side channel
         agent.start(channel, rank, generation)
     user_namespace().update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, dist=dist)
@@ -150,7 +138,7 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
             stream.flush_interval = OUTPUT_FLUSH_S
     return {"rank": rank, "backend": dist.get_backend(), "threads": threads, "gpu_uuid": uuid,
             "ifname": os.environ.get("GLOO_SOCKET_IFNAME"), "endpoints": guard.gloo_endpoints(),
-            "standby_port": standby}
+            "standby": standby}
 
 
 def _init_group(backend: str, store, rank: int, world_size: int, dev: torch.device) -> None:
@@ -167,22 +155,25 @@ def _init_group(backend: str, store, rank: int, world_size: int, dev: torch.devi
     guard.track_collectives()
 
 
-def _standby(address: str) -> int:
+def _standby(folder: str | None, address: str) -> dict:
     """This engine's standby store (opened once, kept): where the ranks left after a death meet to form
-    their new group, without anyone having to open a store first (see :func:`regroup`)."""
+    their new group, without anyone having to open a store first (see :func:`regroup`). A file in the
+    pool's private ``folder`` (a local pool), else a TCPStore listening on ``address``; returns its spec."""
     if "standby" not in _state:
-        _state["standby"], port = _master_store(address, _state["timeout_s"])
-        _state["standby_port"] = port
-        guard.not_gloo([port])  # an abort never cuts the connections of the next group's meeting place
-    return _state["standby_port"]
+        where = {"folder": folder} if folder else {"address": address}
+        _state["standby"], spec = stores.host_store(where, _state["timeout_s"], f"standby-{os.getpid()}")
+        _state["standby_spec"] = spec
+        if "tcp" in spec:  # an abort never cuts the connections of the next group's meeting place
+            guard.not_gloo([spec["tcp"][1]])
+    return _state["standby_spec"]
 
 
 def regroup(plan: dict) -> dict:
     """Leave the current group and form the one ``plan`` describes (an elastic shrink or grow).
 
     ``plan``: ``generation`` (the new group's), ``members`` (``[host, pid]`` of every engine of the new
-    group in rank order: those that stay, then those that join) and ``store``/``host`` (``[address,
-    port]`` of a member's standby store, and that member). The engine keeps its Python state; its agent
+    group in rank order: those that stay, then those that join) and ``store``/``host`` (the spec of a
+    member's standby store (:mod:`.stores`), and that member). The engine keeps its Python state; its agent
     follows the new rank and generation without restarting, so that no command is missed meanwhile.
     """
     rank, world_size = plan["members"].index(me()), len(plan["members"])
@@ -191,9 +182,7 @@ def regroup(plan: dict) -> dict:
     if me() == plan["host"]:
         base = _state["standby"]
     else:
-        address, port = plan["store"]
-        base = dist.TCPStore(address, port, is_master=False,
-                             timeout=datetime.timedelta(seconds=_state["timeout_s"]))
+        base = stores.pool_store(plan["store"], _state["timeout_s"])
         _state["peer_store"] = base  # the group's gloo pairs met through it: keep it with the group
     store = dist.PrefixStore(f"workbench-elastic/{plan['generation']}/", base)
     # every member's agent has cut the old group's connections before anyone connects anew: a late cut
@@ -213,10 +202,11 @@ def regroup(plan: dict) -> dict:
 
 
 def join_alone(*, device: str, backend: str, timeout_s: float, channel: dict | None = None,
-               standby_address: str = "127.0.0.1") -> int:
+               standby_address: str = "127.0.0.1", stores_folder: str | None = None) -> dict:
     """A group of one, for a new engine that replays the notebook's setup before it joins the others
     (its collectives are then no-ops). No agent yet: it speaks for no rank of the pool until it joins
-    (:func:`join`, or :func:`regroup` into a running elastic group). Returns its standby store's port."""
+    (:func:`join`, or :func:`regroup` into a running elastic group). Returns its standby store's spec
+    (see :func:`join` for ``stores_folder`` and ``standby_address``)."""
     agent.stop()
     guard.abort()
     if "baseline" not in _state:  # whatever listened before the first group is not gloo's
@@ -229,13 +219,11 @@ def join_alone(*, device: str, backend: str, timeout_s: float, channel: dict | N
         backend = "cpu:gloo,cuda:nccl" if dev.type == "cuda" else "gloo"
     _state.update(backend=backend, timeout_s=timeout_s, channel=channel,
                   collective_timeout_s=collective_timeout(timeout_s))
-    store, port = _master_store("127.0.0.1", timeout_s)
-    _state["alone_store"] = store
-    guard.not_gloo([port])
+    store = _state["alone_store"] = dist.HashStore()  # a group of one meets nobody: nothing listens
     _init_group("gloo", store, 0, 1, dev)
     _state.update(rank=0, world_size=1, generation=-1, device=dev)
     user_namespace().update(rank=0, local_rank=0, world_size=1, device=dev, dist=dist)
-    return _standby(standby_address)
+    return _standby(stores_folder, standby_address)
 
 
 def me() -> list:

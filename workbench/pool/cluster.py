@@ -26,7 +26,7 @@ from ipyparallel.cluster.launcher import BatchSystemLauncher, LocalProcessLaunch
 from workbench import wire
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
-from workbench.pool import capacity, launchers, reap, sharing, spare, spawn, start_errors
+from workbench.pool import capacity, exposure, launchers, reap, sharing, spare, spawn, start_errors
 from workbench.pool import state as pool_state
 from workbench.pool.relay import Relay
 from workbench.pool.zygote import Zygote
@@ -125,7 +125,8 @@ class EnginePool:
                 # warnings only: at INFO the controller logs a line for every query, e.g. each look of the
                 # sidebar at which ranks are busy
                 controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN",
-                                 f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"],
+                                 f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
+                                 *self._curve()],
                 delay=0,  # engines wait for the controller's connection info anyway
                 # forked engines start at once and read the controller's connection file when it is written
                 send_engines_connection_env=not self.forks,
@@ -136,7 +137,9 @@ class EnginePool:
                 shutdown_atexit=False,  # stop() and the lease end the pool; ipyparallel's hook would block
             )
             key = wire.new_key()  # the side channel first: the state file records how to reach it
-            self.relay = Relay(self.address, key)
+            # a local pool's side channel is unix sockets in its private folder: no other user can listen in
+            folder = str(pool_state.store_dir(self.pool_id)) if self.launcher == "local" else None
+            self.relay = Relay(self.address, key, folder)
             self.channel = {"up": self.relay.up, "out": self.relay.out, "key": key}
             self._record()  # the lease runs before any process of the pool exists
             if self.forks:
@@ -148,6 +151,8 @@ class EnginePool:
             self.cluster.start_controller_sync(output_file=str(self.log_file),
                                                environment=reap.tag(self.pool_id))
             self._record()
+            exposure.check(self._controller_pids(), [self.relay.up, self.relay.out], self.address,
+                           self.config.interface)
             via = f" through {self.launcher}" if self.launcher != "local" else ""
             progress(f"starting {self.n} engines{via}")
             self._start_engine_set(self.n)
@@ -165,6 +170,12 @@ class EnginePool:
                     self.stop()
             raise error from None
         return self.client
+
+    def _curve(self) -> list[str]:
+        """CurveZMQ for the controller: without it any user who reaches it can subscribe to its iopub and
+        read every rank's output (signed, not encrypted); with it a socket needs the controller's key,
+        which only the 0600 connection files (and the engines' connection info) hold."""
+        return ["--IPController.enable_curve=True"]
 
     def explain(self, exc: BaseException) -> BaseException:
         """The one error to raise for ``exc``, which ended this pool's start (see start_errors)."""
@@ -335,6 +346,15 @@ class EnginePool:
             pids.append(self._lease.pid)
         return pids
 
+    def _controller_pids(self) -> list[int]:
+        """The controller's process and its children (this machine)."""
+        pid = self.cluster.controller.pid if self.cluster and self.cluster.controller is not None else 0
+        try:
+            proc = psutil.Process(pid) if pid > 0 else None
+            return [pid, *(c.pid for c in proc.children(recursive=True))] if proc else []
+        except psutil.Error:
+            return []
+
     def jobs(self) -> list[str]:
         """The Slurm job ids of the pool's engine sets."""
         if self.attached:
@@ -366,7 +386,9 @@ class EnginePool:
             "remote": [{"id": f"{el.location}:{el.pid}",
                         "cancel": [*el.ssh_cmd, *el.ssh_args, el.location, "kill", str(el.pid)]}
                        for el in self._launchers() if isinstance(el, SSHLauncher) and el.pid > 0],
-            "dirs": [self.work_dir] if self.work_dir else [],
+            # the scratch folder; a local pool's store folder (where its ranks meet) goes with it
+            "dirs": ([self.work_dir] if self.work_dir else [])
+            + ([str(pool_state.store_dir(self.pool_id, create=False))] if self.launcher == "local" else []),
             "cluster_file": self.cluster.cluster_file if self.cluster else None,
             "processes": records,
             "channel": self.channel,

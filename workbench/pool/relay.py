@@ -21,6 +21,8 @@ instead of being published to nobody.
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 
 import zmq
@@ -44,15 +46,24 @@ def tcp_url(address: str, port: int | None = None) -> str:
     return f"tcp://{host}" if port is None else f"tcp://{host}:{port}"
 
 
-class Relay:
-    """Binds ``up`` (PULL) and ``out`` (XPUB) on ``address`` and forwards what ``key`` signed, on a thread."""
+IPC_PATH_MAX = 107  # sun_path of a Linux unix socket, less its final NUL
 
-    def __init__(self, address: str, key: str):
+
+class Relay:
+    """Binds ``up`` (PULL) and ``out`` (XPUB) on ``address`` and forwards what ``key`` signed, on a thread.
+
+    ``folder``: a private (0700) folder to bind unix sockets in instead (a local pool): a message is
+    signed but not encrypted, and on TCP any user of the machine could subscribe to ``out`` and read
+    every beacon, metric and command; a socket in the folder only the pool's user can open.
+    """
+
+    def __init__(self, address: str, key: str, folder: str | None = None):
         self._signer = wire.Signer(key)
         self._ctx = zmq.Context()
-        self._up = self._socket(zmq.PULL, address)
+        self._folder = folder
+        self._up = self._socket(zmq.PULL, address, "up")
         self._up.setsockopt(zmq.RCVHWM, HWM)
-        self._out = self._socket(zmq.XPUB, address)
+        self._out = self._socket(zmq.XPUB, address, "out")
         self._out.setsockopt(zmq.SNDHWM, HWM)
         self.up = self._up.getsockopt_string(zmq.LAST_ENDPOINT)
         self.out = self._out.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -62,9 +73,16 @@ class Relay:
         self._thread = threading.Thread(target=self._loop, name="workbench-relay", daemon=True)
         self._thread.start()
 
-    def _socket(self, kind: int, address: str):
+    def _socket(self, kind: int, address: str, name: str):
         sock = self._ctx.socket(kind)
         wire.configure(sock)
+        path = os.path.join(self._folder or "", f"relay-{name}")
+        if self._folder and len(path.encode()) < IPC_PATH_MAX:
+            sock.bind(f"ipc://{path}")
+            return sock
+        if self._folder:  # a unix socket's path has room for 107 bytes: the runtime folder is too deep
+            logging.getLogger("workbench.pool").warning(
+                "side channel on %s, not a unix socket: %s is too long a path", address, path)
         if ":" in address:
             sock.setsockopt(zmq.IPV6, 1)
         sock.bind_to_random_port(tcp_url(address))

@@ -40,6 +40,32 @@ def log_path(pool_id: str) -> Path:
     return state_dir() / f"pool-{pool_id}.log"
 
 
+def store_dir(pool_id: str, create: bool = True) -> Path:
+    """Where a local pool's ranks meet (:mod:`workbench.engine.stores`): ``stores-<id>`` in the state
+    folder, 0700; it goes when the pool stops (its state lists it under ``dirs``)."""
+    path = state_dir() / f"stores-{pool_id}"
+    if create:
+        path.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(path, 0o700)
+    return path
+
+
+def old_group_stores(folder: str, generation: int) -> list[Path]:
+    """The rendezvous files in ``folder`` of the groups before ``generation``.
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp())
+    >>> for name in ("group-1", "group-2", "standby-7"): (d / name).touch()
+    >>> [p.name for p in old_group_stores(str(d), 2)]
+    ['group-1']
+    """
+    old = []
+    for path in Path(folder).glob("group-*"):
+        number = path.name.removeprefix("group-")
+        if number.isdigit() and int(number) < generation:
+            old.append(path)
+    return sorted(old)
+
+
 def private_file(path: Path, mode: str = "a"):
     """Open ``path`` for writing, created readable by its owner only (0600) like ipyparallel's key files.
 

@@ -24,6 +24,7 @@ from dataclasses import replace
 from workbench import remote, wire
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError, RankDiedError
+from workbench.pool import state as pool_state
 from workbench.pool.cluster import EnginePool
 from workbench.pool.rankmap import (
     EngineInfo,
@@ -52,7 +53,7 @@ class ProcessGroup:
         self.ok = False
         self.endpoints: dict[int, list] = {}  # rank -> its gloo listeners ([ip, port]): what an abort cuts
         self.generation = 0  # counts the groups formed: the engines' agents take commands for the current one
-        self.standby: dict[int, list] = {}  # engine id -> [address, port] of its standby store (regroups)
+        self.standby: dict[int, dict] = {}  # engine id -> the spec of its standby store (regroups)
         self.lost: list[RankInfo] = []  # ranks an elastic run went on without (`%dist restart` replaces them)
         self._commands = None  # a PUSH socket up the pool's side channel, made on first use
         self._commands_lock = threading.Lock()
@@ -121,8 +122,13 @@ class ProcessGroup:
             routes = {r.rank: route for r, route in zip(self.ranks, found, strict=True)}
         store_address = routes[root.rank]["address"] if routes else self.config.address
         own = {r.rank: routes[r.rank]["address"] if routes else self.config.address for r in self.ranks}
-        port = client[root.engine_id].apply_sync(remote.open_store, store_address, self.config.timeout)
         generation = self.generation + 1
+        # A local pool meets in a file of its private folder (nothing listens, no other user opens it);
+        # across hosts rank 0 hosts a TCPStore on its address of the cluster interface.
+        folder = self.stores_folder()
+        store = {"file": os.path.join(folder, f"group-{generation}")} if folder else None
+        port = 0 if folder else client[root.engine_id].apply_sync(remote.open_store, store_address,
+                                                                  self.config.timeout)
         futures = [
             client[r.engine_id].apply_async(
                 remote.join, rank=r.rank, local_rank=r.local_rank, world_size=len(self.ranks),
@@ -130,7 +136,8 @@ class ProcessGroup:
                 timeout_s=self.config.timeout, collective_timeout_s=self.config.collective_timeout,
                 local_pids=[o.pid for o in self.ranks if o.host == r.host],
                 ifname="lo" if self.local else routes[r.rank]["ifname"], channel=self.pool.channel,
-                generation=generation, standby_address=own[r.rank])
+                generation=generation, standby_address=own[r.rank],
+                **({"store": store, "stores_folder": folder} if folder else {}))  # local: files to meet in
             for r in self.ranks
         ]
         try:
@@ -139,10 +146,17 @@ class ProcessGroup:
             raise PoolStartError(f"the process group did not form: {exc}") from exc
         self.backend, self.generation = joined[0]["backend"], generation
         self.endpoints = {j["rank"]: j["endpoints"] for j in joined}
-        self.standby = {r.engine_id: [own[r.rank], j["standby_port"]]
-                        for r, j in zip(self.ranks, joined, strict=True) if j.get("standby_port")}
+        self.standby = {r.engine_id: j["standby"] for r, j in zip(self.ranks, joined, strict=True)
+                        if j.get("standby")}
+        if folder:  # the groups before this one are over: their meeting files go
+            for old in pool_state.old_group_stores(folder, generation):
+                old.unlink(missing_ok=True)
         self.lost = [r for r in self.lost if r.engine_id not in {k.engine_id for k in self.ranks}]
         self.ok = True
+
+    def stores_folder(self) -> str | None:
+        """Where a local pool's ranks meet (0700, created on first use); None for pools across hosts."""
+        return str(pool_state.store_dir(self.pool.pool_id)) if self.local else None
 
     def replace(self, ranks: list[int]) -> None:
         """New engines (through the pool's launcher) for these dead ranks, on the same host and device."""

@@ -155,7 +155,8 @@ class Transcript:
         for r in infos:
             client[r.engine_id].apply_sync(remote.join_alone, device=r.device, backend=group.config.backend,
                                            timeout_s=group.config.timeout, channel=group.pool.channel,
-                                           standby_address=group.config.address)
+                                           standby_address=group.config.address,
+                                           stores_folder=group.stores_folder())
         view = group.view(infos)
         view.apply_sync(remote.set_replay, True)
         built, cells = 0, 0
