@@ -49,7 +49,11 @@ async def test_the_stacks_route_sees_a_running_cell_of_an_attached_notebook(api,
         status, shown = await nb.run(HELD.format(go=str(go.path)))
         assert status == "ok", shown
         try:
-            body = await _stacks_until(api, pool["id"], lambda b: len(b["groups"]) == 2)
+            def held(b):  # the ranks run the cell's first lines a moment apart: until rank 1 waits at line 4
+                return [g["ranks"] for g in b["groups"]] == [[0], [1]] and \
+                    b["groups"][1]["headline"] == "<module> at cell line 4" and \
+                    b["groups"][0]["headline"].endswith("<- cell line 5")
+            body = await _stacks_until(api, pool["id"], held)
             first, second = body["groups"]
             assert first["ranks"] == [0] and first["headline"].startswith("all_reduce at "), body["text"]
             assert first["headline"].endswith("<- cell line 5"), body["text"]
