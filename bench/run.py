@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench.common import ANCHOR_PINS, ANCHORS_PY, RESULTS, load_now, machine, versions
 
-SECTIONS = ("cells", "ready", "training", "dashboard", "allreduce", "memory", "recovery", "elastic")
+SECTIONS = ("cells", "ready", "training", "dashboard", "allreduce", "memory", "recovery", "elastic", "scale")
 FULL = {
     "cells_runs": 200,
     "ready_reps": 3,
@@ -33,6 +33,8 @@ FULL = {
     "ar_rounds": 3,
     "recovery_reps": 2,
     "elastic_reps": 3,
+    "scale_sizes": (2, 4, 8, 16, 32),
+    "scale_rounds": 3,
 }
 QUICK = {
     "cells_runs": 4,
@@ -45,6 +47,8 @@ QUICK = {
     "ar_rounds": 1,
     "recovery_reps": 1,
     "elastic_reps": 1,
+    "scale_sizes": (2,),
+    "scale_rounds": 1,
 }
 
 
@@ -115,7 +119,7 @@ def main(argv=None) -> int:
         (args.out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
         print(f"   {time.time() - t0:.0f} s", flush=True)
 
-    from bench import cells, dashboard_overhead, elastic, ready, recovery, training
+    from bench import cells, dashboard_overhead, elastic, ready, recovery, scale, training
 
     section(
         "cells",
@@ -140,6 +144,7 @@ def main(argv=None) -> int:
             pool.stop()
     section("recovery", lambda: recovery.run(reps=p["recovery_reps"]))
     section("elastic", lambda: elastic.run(reps=p["elastic_reps"]))
+    section("scale", lambda: scale.run(p["scale_sizes"], rounds=p["scale_rounds"]))
     from bench.table import render
 
     table = render(args.out)

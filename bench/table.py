@@ -72,6 +72,8 @@ def render(folder: Path = RESULTS) -> str:
         lines += _recovery(r["recovery"])
     if "elastic" in r:
         lines += _elastic(r["elastic"], r.get("recovery"))
+    if "scale" in r:
+        lines += scale_table(r["scale"])
     return "\n".join(lines) + "\n"
 
 
@@ -267,5 +269,35 @@ def _elastic(rec, recovery) -> list[str]:
     ]
 
 
+def scale_table(rec) -> list[str]:
+    """The scale sweep (:mod:`bench.scale`): a row per pool size, ours beside ``%%px`` on the same
+    engines."""
+    d = rec["data"] if "data" in rec else rec
+    out = [
+        "## Scale: N ranks on this machine (cold start, `--oversubscribe`), ours vs `%%px` on the same "
+        "engines",
+        "",
+        "| ranks | ready s | first 10 cells ms | settled cell ms: ours / %%px | kernel CPU per cell ms: "
+        "ours / %%px | pool CPU per cell ms: ours / %%px | print on every rank ms: ours / %%px | pull ms: "
+        "ours / DirectView | idle pool CPU % of a core | kernel RSS MiB | load |",
+        "|" + " --- |" * 11,
+    ] + _error(rec)
+    for n, row in (d.get("sizes") or {}).items():
+        if "error" in row:
+            out.append(f"| {n} | failed: {row['error'][:120]} |" + " |" * 9)
+            continue
+        t, pr, pl = row["trivial_ours"], row["trivial_ipp"], row["print_ours"]
+        out.append(
+            f"| {n} | {fmt(row['ready_s'])} | {_mmm(row['first_cells_ms'])} | {fmt(t['ms']['median'])} / "
+            f"{fmt(pr['ms']['median'])} | {fmt(t['kernel_cpu_ms'])} / {fmt(pr['kernel_cpu_ms'])} | "
+            f"{fmt(t['pool_cpu_ms'])} / {fmt(pr['pool_cpu_ms'])} | {fmt(pl['ms']['median'])} / "
+            f"{fmt(row['print_ipp']['ms']['median'])} | {fmt(row['pull_ours']['ms']['median'])} / "
+            f"{fmt(row['pull_ipp']['ms']['median'])} | {fmt(row['idle_pool_cpu_pct'])} | "
+            f"{fmt(row['kernel_rss_mib'])} | {row['load_start'][0]}->{row['load_end'][0]} |"
+        )
+    return out + [""]
+
+
 if __name__ == "__main__":
     print(render(Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS))
+

@@ -216,7 +216,7 @@ def test_a_rank_that_hangs_is_killed_and_routed_around(four):
     assert sorted(r.outcome for r in result.ranks) == ["lost", "ok", "ok", "ok"]
     fault = four.faults[-1]
     assert fault.kind == "hang"
-    assert f"rank {victim} hung for 3 s (killed) at step {at_step + 1}" in fault.first_failure
+    assert f"rank {victim} hung for 3 s (killed) after step {at_step}" in fault.first_failure
     assert four.world_size == 3 and four.pull("trainer.step") == [steps] * 3
     check_every_sample_once(four.pull("log.steps"), steps)
     for got in final_params(four):

@@ -44,6 +44,10 @@ from workbench.engine import guard
 BEACON_PERIOD_S = 0.25
 # Characters of a stacks answer per message: JSON-quoted again, a part stays under wire.MAX_BYTES.
 STACKS_PART = 24_000
+# Between cells a beacon that says what the last one said is sent only this often: it tells the kernel the
+# rank is alive (a rank on another node counts as dead after 3 s of silence, session/health.py). While a
+# cell or call runs every beat is sent (the kernel reads their timing as well as their content).
+IDLE_BEACON_S = 1.0
 
 # What the Trainer tells the beacon about itself ({"step": 12, "running": True, "step_time": 0.05}).
 trainer_status: dict = {}
@@ -102,6 +106,8 @@ class Agent:
         self.signer = wire.Signer(channel["key"])
         self.pub = uuid.uuid4().hex[:12]
         self.seq = 0
+        self._last_beat: dict | None = None  # the last beacon sent, and when (monotonic)
+        self._last_sent = 0.0
         self.bad = 0  # commands dropped: forged, malformed, for another group or seen before
         self.done: list[str] = []  # the commands carried out, in order
         self._seen: collections.deque = collections.deque(maxlen=512)
@@ -120,7 +126,7 @@ class Agent:
             while not self._halt.is_set():
                 now = time.monotonic()
                 if now >= next_beat:  # the first beat at once, then one a period
-                    self._beat()
+                    self._beat(now)
                     next_beat = now + BEACON_PERIOD_S
                 if self._sub.poll(max(0.0, next_beat - time.monotonic()) * 1000):
                     while self._sub.poll(0):
@@ -132,12 +138,16 @@ class Agent:
             self._sub.close(0)
             self._ctx.term()
 
-    def _beat(self) -> None:
+    def _beat(self, now: float) -> None:
         import zmq
 
         with self._target_lock:
             beat = guard.snapshot(self.rank)
-            beat.update(pub=self.pub, seq=self.seq, generation=self.generation, trainer=dict(trainer_status))
+            beat.update(generation=self.generation, trainer=dict(trainer_status))
+        if not should_send(beat, self._last_beat, now - self._last_sent):
+            return
+        self._last_beat, self._last_sent = beat, now
+        beat = {**beat, "pub": self.pub, "seq": self.seq}
         self.seq += 1
         try:
             self._push.send_multipart(self.signer.pack(wire.BEACON, json.dumps(beat).encode()), zmq.NOBLOCK)
@@ -240,19 +250,47 @@ class Agent:
             self._thread.join(2)
 
 
+def should_send(beat: dict, last: dict | None, since_last: float) -> bool:
+    """Whether this beat goes up: always while the main thread is busy (``beat["busy"]``) or when it says
+    something new (its time aside), else once every :data:`IDLE_BEACON_S`.
+
+    >>> idle = {"t": 1.0, "busy": False, "where": "x"}
+    >>> should_send(idle, None, 0.0), should_send({**idle, "t": 2.0}, idle, 0.3)
+    (True, False)
+    >>> should_send({**idle, "where": "y"}, idle, 0.3), should_send(idle, idle, 1.0)
+    (True, True)
+    >>> should_send({**idle, "busy": True}, {**idle, "busy": True}, 0.25)
+    True
+    """
+    if last is None or beat.get("busy") or since_last >= IDLE_BEACON_S:
+        return True
+    return any(v != last.get(k) for k, v in beat.items() if k != "t")
+
+
 def start(channel: dict, rank: int, generation: int) -> Agent:
     """(Re)start this engine's agent for a newly formed group."""
     global _agent
     stop()
     clear_plans()
     _agent = Agent(channel, rank, generation)
+    global _warm_thread
     if not _warmed.is_set():
         _warmed.set()
-        threading.Thread(target=_warm_tracebacks, name="workbench-warm", daemon=True).start()
+        _warm_thread = threading.Thread(target=_warm_tracebacks, name="workbench-warm", daemon=True)
+        _warm_thread.start()
     return _agent
 
 
 _warmed = threading.Event()
+_warm_thread: threading.Thread | None = None  # started by an engine that was not forked from a zygote
+
+
+def skip_warming() -> None:
+    """This engine was forked from a zygote: the sources the zygote parsed before the fork are this engine's
+    too (copy-on-write); what it had not parsed yet, the first error report parses. Nothing is repeated by
+    every engine after the fork (importing the trainer and parsing for each of N engines at once is what
+    made the first cells after a start slow)."""
+    _warmed.set()
 # Files that are in nearly every traceback a rank reports after a fault (the collective that failed):
 # IPython reads and parses each one it shows, which takes ~0.4 s for distributed_c10d.py alone, once.
 _TRACEBACK_MODULES = ("torch.distributed.distributed_c10d", "torch.distributed.c10d_logger",
@@ -271,9 +309,10 @@ def _warm_tracebacks(delay: float = 0.2) -> None:
     parse_traceback_sources()
 
 
-def parse_traceback_sources() -> None:
+def parse_traceback_sources(only_loaded: bool = False) -> None:
     """Parse the files of :data:`_TRACEBACK_MODULES` into stack_data's cache (the zygote does it once for
-    every engine it forks; an engine started on its own does it in the background)."""
+    every engine it forks; an engine started on its own does it in the background). ``only_loaded``: skip
+    the modules not imported yet (the trainer: seconds to import) rather than import them."""
     import importlib
     import sys
 
@@ -283,7 +322,7 @@ def parse_traceback_sources() -> None:
         return
     for name in _TRACEBACK_MODULES:
         module = sys.modules.get(name)
-        if module is None and name.startswith("workbench."):
+        if module is None and name.startswith("workbench.") and not only_loaded:
             module = importlib.import_module(name)
         path = getattr(module, "__file__", None)
         if path:

@@ -163,6 +163,9 @@ def _note_failure(exc: BaseException, name: str) -> None:
 # reporting how it ended (which can take a second the first time: it parses the files it shows).
 REPORTING = frozenset({"showtraceback", "_showtraceback", "structured_traceback",
                        "format_exception_as_a_whole"})
+# The engine's handlers of a request from the kernel (ipykernel's execute, ipyparallel's apply): a main
+# thread inside one is busy (the agent beacons every beat), else it waits between cells.
+BUSY_FRAMES = frozenset({"execute_request", "apply_request", "do_execute", "do_apply"})
 
 
 def snapshot(rank: int) -> dict:
@@ -170,9 +173,10 @@ def snapshot(rank: int) -> dict:
     _poll()
     inflight, since = in_flight()
     frame = sys._current_frames().get(threading.main_thread().ident)
-    where, reporting = None, False
+    where, reporting, busy = None, False, False
     while frame is not None:
         code = frame.f_code
+        busy = busy or code.co_name in BUSY_FRAMES
         if where is None and "workbench/engine/guard" not in code.co_filename:
             # the innermost frame of user code or a library, not ours
             cell = "ipykernel_" in code.co_filename and code.co_name == "<module>"
@@ -182,7 +186,7 @@ def snapshot(rank: int) -> dict:
         frame = frame.f_back
     return {"rank": rank, "pid": os.getpid(), "t": time.time(), "done": _track["done"],
             "done_name": _track["done_name"], "inflight": inflight, "since": since,
-            "group": dist.is_initialized(), "where": where, "reporting": reporting,
+            "group": dist.is_initialized(), "where": where, "reporting": reporting, "busy": busy,
             "failure": _track["failure"], "aborted_at": _track["aborted_at"],
             "endpoints": _endpoints_if_changed(), "launched": launched()}
 

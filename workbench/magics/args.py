@@ -137,6 +137,10 @@ def _cell_parser() -> _Parser:
     p.add_argument("--ranks", default=None, help="ranks to run on, e.g. 0,2-3 (default: all)")
     p.add_argument("--timeout", type=_seconds, default=None)
     p.add_argument("--quiet", action="store_true", help="show errors only, not the ranks' output")
+    p.add_argument("--spread", dest="spread", action="store_true", default=None,
+                   help="lines that differ only in numbers: one line with each number's range "
+                        "(the default above 8 ranks)")
+    p.add_argument("--no-spread", dest="spread", action="store_false", help="a line per rank instead")
     p.add_argument("--monitor", action="store_true", help="show the live dashboard even without a Trainer")
     p.add_argument("--async", dest="async_", action="store_true",
                    help="return at once; the cell's value is a handle with wait(), stop(), done()")
@@ -178,6 +182,8 @@ def parse_cell(line: str) -> argparse.Namespace:
 
     >>> parse_cell("--ranks 0,2-3 --quiet").ranks
     '0,2-3'
+    >>> parse_cell("").spread, parse_cell("--spread").spread, parse_cell("--no-spread").spread
+    (None, True, False)
     """
     return CELL_PARSER.parse_args(_split(line))
 

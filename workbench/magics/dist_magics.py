@@ -16,9 +16,9 @@ from IPython.display import display, publish_display_data
 from workbench import session as session_mod
 from workbench.config import PoolConfig
 from workbench.errors import CellInterrupted, CellTimeout, NoPoolError, RankError
-from workbench.magics import rank_tabs
+from workbench.magics import rank_tabs, spread
 from workbench.magics.args import parse_cell, parse_dist, pool_config_options
-from workbench.magics.output import LineMerger, print_stream
+from workbench.magics.output import LineMerger, hold_for, print_stream
 from workbench.session import Session, format_ranks
 from workbench.tables import format_table
 
@@ -235,14 +235,16 @@ class DistributedMagics(Magics):
     @cell_magic
     def distributed(self, line: str, cell: str):
         """Run the cell on every rank at once:
-        ``%%distributed [--ranks 0,2-3] [--timeout S] [--quiet] [--monitor] [--async]``.
+        ``%%distributed [--ranks 0,2-3] [--timeout S] [--quiet] [--spread | --no-spread] [--monitor]
+        [--async]``.
 
         Names ready on every rank: ``rank``, ``local_rank``, ``world_size``, ``device``, ``dist``.
         """
         args = parse_cell(line)
         s = self._session("%%distributed")
         ranks = self._targets(s, args.ranks)
-        merger = None if args.quiet else LineMerger(ranks, print_stream)
+        merger = None if args.quiet else LineMerger(ranks, print_stream, hold=hold_for(len(ranks)),
+                                                    spread_numbers=spread.wanted(args.spread, len(ranks)))
 
         def on_output(rank, kind, payload):
             if kind == "display":

@@ -1,4 +1,5 @@
-"""Rank-labelled output for ``%%distributed``: live lines, identical lines shown once."""
+"""Rank-labelled output for ``%%distributed``: live lines, identical lines shown once, lines that differ
+only in numbers shown once with the spread (:mod:`workbench.magics.spread`; by default above 8 ranks)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,22 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from workbench.magics.spread import spread
 from workbench.pool.rankmap import format_ranks
 
 # How long a line waits for the other ranks to print the same line before it is shown alone: with the
 # engines' 0.05 s output flush and the cell's 0.05 s tick, a line shows within 0.2 s of its print.
 HOLD_SECONDS = 0.1
+
+
+def hold_for(ranks: int) -> float:
+    """How long a line waits for the other ranks' at this many ranks: the lines of 64 engines on a few busy
+    cores arrive over longer than those of 2 (0.1 s up to 8 ranks, at most 0.5 s).
+
+    >>> hold_for(2), hold_for(64)
+    (0.1, 0.5)
+    """
+    return min(0.5, HOLD_SECONDS * max(1.0, ranks / 8))
 
 
 class LineMerger:
@@ -28,10 +40,12 @@ class LineMerger:
     ['[ranks 0-1] same\\n', '[rank 0] r0\\n', '[rank 1] r1\\n']
     """
 
-    def __init__(self, ranks: list[int], emit: Callable[[str, str], None], hold: float = HOLD_SECONDS):
+    def __init__(self, ranks: list[int], emit: Callable[[str, str], None], hold: float = HOLD_SECONDS,
+                 spread_numbers: bool = False):
         self.ranks = list(ranks)
         self.emit = emit
         self.hold = hold
+        self.spread_numbers = spread_numbers  # lines that differ only in numbers: one line with the spread
         self.pending = {(r, s): deque() for r in self.ranks for s in ("stdout", "stderr")}
         self.partial = {(r, s): "" for r in self.ranks for s in ("stdout", "stderr")}
 
@@ -49,8 +63,9 @@ class LineMerger:
             queues = [self.pending[(r, stream)] for r in self.ranks]
             while all(queues):
                 heads = [q.popleft()[0] for q in queues]
-                if len(self.ranks) > 1 and len(set(heads)) == 1:
-                    self._line(stream, f"[ranks {format_ranks(self.ranks)}] ", heads[0])
+                one = heads[0] if len(set(heads)) == 1 else spread(heads) if self.spread_numbers else None
+                if len(self.ranks) > 1 and one is not None:
+                    self._line(stream, f"[ranks {format_ranks(self.ranks)}] ", one)
                 else:
                     for r, line in zip(self.ranks, heads, strict=True):
                         self._line(stream, f"[rank {r}] ", line)

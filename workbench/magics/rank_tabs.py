@@ -1,8 +1,9 @@
 """A per-rank view of a ``%%distributed`` cell: one tab per rank beside the merged lines.
 
-Shown when a cell ran on several ranks and one failed or their output is long. Plain HTML and CSS (radio
-buttons as tabs, no script), so it works in JupyterLab and in a saved notebook; where a viewer strips the
-styles, the ranks' panes show one below the other.
+Shown when a cell ran on several ranks and one failed or their output is long. Above 8 ranks the failing
+ranks' tabs come first and the summary counts outcomes (``64 ranks · 63 ok · 1 error (rank 17)``).
+Plain HTML and CSS (radio buttons as tabs, no script), so it works in JupyterLab and in a saved notebook;
+where a viewer strips the styles, the ranks' panes show one below the other.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 import html
 import uuid
 
+from workbench.pool.rankmap import format_ranks
 from workbench.session.results import plain_traceback
 
 # Output longer than this many lines (all ranks together) gets the per-rank view even when nothing failed.
 LONG_LINES = 12
 FAILED = ("error", "died", "killed", "lost")  # outcomes of a rank's own failure (not our interrupt)
+MANY = 8  # above this many ranks: failing tabs first, the summary counts outcomes
 _MARKS = {"ok": "", "error": " ✗", "died": " ✗", "killed": " ✗", "stopped": " ■", "interrupted": " ■",
           "lost": " ✗"}
 
@@ -48,11 +51,12 @@ def rank_tabs(result, world_size: int) -> dict:
     (True, True)
     """
     name = f"wb-ranks-{uuid.uuid4().hex[:8]}"
-    failing = [i for i, r in enumerate(result.ranks) if r.outcome in FAILED]
+    ranks = tab_order(result.ranks)
+    failing = [i for i, r in enumerate(ranks) if r.outcome in FAILED]
     root = _root_cause(result)
-    chosen = next((i for i, r in enumerate(result.ranks) if r is root), failing[0] if failing else 0)
+    chosen = next((i for i, r in enumerate(ranks) if r is root), failing[0] if failing else 0)
     tabs, panes, rules = [], [], []
-    for i, r in enumerate(result.ranks):
+    for i, r in enumerate(ranks):
         k = i + 1
         rules.append(f"#{name}>input:nth-of-type({k}):checked~div:nth-of-type({k}){{display:block}}")
         css = ' class="wb-fail"' if r.outcome in FAILED else ""
@@ -69,9 +73,45 @@ def rank_tabs(result, world_size: int) -> dict:
              "max-height:24em;overflow:auto}"
              f"#{name} pre{{margin:0}}#{name} .wb-err{{color:var(--jp-error-color1,#c00)}}" + "".join(rules))
     head = f'<div class="wb-RankTabs" id="{name}" data-world-size="{world_size}"><style>{style}</style>'
-    summary = " · ".join(f"rank {r.rank.rank} {r.outcome}" for r in result.ranks)
+    summary = outcome_summary(ranks)
     return {"text/html": head + "".join(tabs) + "".join(panes) + "</div>",
             "text/plain": f"per rank (world size {world_size}): {summary}"}
+
+
+def tab_order(ranks: list) -> list:
+    """The ranks in the order of their tabs: by rank, and above :data:`MANY` ranks the failing ones first
+    (at 64 ranks the one that failed is what a person looks for).
+
+    >>> from types import SimpleNamespace as R
+    >>> rs = [R(rank=R(rank=i), outcome="error" if i == 7 else "ok") for i in range(10)]
+    >>> [r.rank.rank for r in tab_order(rs)][:3], [r.rank.rank for r in tab_order(rs[:3])]
+    ([7, 0, 1], [0, 1, 2])
+    """
+    if len(ranks) <= MANY:
+        return list(ranks)
+    return sorted(ranks, key=lambda r: r.outcome not in FAILED)  # stable: by rank within each
+
+
+def outcome_summary(ranks: list) -> str:
+    """Each rank's outcome, or above :data:`MANY` ranks the count of each outcome with the failing ranks.
+
+    >>> from types import SimpleNamespace as R
+    >>> rs = [R(rank=R(rank=i), outcome="error" if i in (3, 4) else "ok") for i in range(64)]
+    >>> outcome_summary(rs)
+    '64 ranks · 62 ok · 2 error (ranks 3-4)'
+    >>> outcome_summary(rs[:2])
+    'rank 0 ok · rank 1 ok'
+    """
+    if len(ranks) <= MANY:
+        return " · ".join(f"rank {r.rank.rank} {r.outcome}" for r in ranks)
+    counts: dict[str, list[int]] = {}
+    for r in ranks:
+        counts.setdefault(r.outcome, []).append(r.rank.rank)
+    parts = [f"{len(ranks)} ranks"]
+    for outcome, which in sorted(counts.items(), key=lambda kv: (kv[0] in FAILED, -len(kv[1]))):
+        named = f" (rank{'s' * (len(which) > 1)} {format_ranks(which)})" if outcome != "ok" else ""
+        parts.append(f"{len(which)} {outcome}{named}")
+    return " · ".join(parts)
 
 
 def _root_cause(result):

@@ -5,8 +5,9 @@ A :class:`Publisher` is a training-loop callback (``on_run_start``, ``on_step_en
 socket call); one background thread per engine sends the queue in batches every
 ``flush_interval`` seconds up the pool's side channel (signed messages of at most
 ``wire.MAX_ROWS`` records, non-blocking sends), and samples the device every ``sample_interval``
-seconds, between cells too. When the kernel stops reading, rows
-wait in the queue (bounded: the oldest go first, and the sequence numbers show the gap).
+seconds, between cells too. With nothing queued the thread sleeps until its next sample (an idle
+pool wakes once a second per rank, not ten times); the first row queued wakes it. When the kernel
+stops reading, rows wait in the queue (bounded: the oldest go first, and the sequence numbers show the gap).
 
 Imports no IPython display, ipywidgets, plotly or tornado; torch only where already loaded.
 
@@ -69,6 +70,8 @@ class Publisher(_callback_base()):
         self._sent = 0
         self._sent_cv = threading.Condition()
         self._wake = threading.Event()
+        self.wakeups = 0  # rounds of the background thread (an idle one sleeps until its next sample)
+        self._idle = False  # the thread sleeps with nothing queued (no wake-ups every flush interval)
         self._closing = False
         self._close_by = float("inf")
         self._mem = None
@@ -140,6 +143,9 @@ class Publisher(_callback_base()):
             self.dropped += 1
         self._queue.append((stream, [seq, *row]))
         self._enqueued += 1
+        if self._idle:  # the thread sleeps until its next sample: the first row of a burst wakes it
+            self._idle = False
+            self._wake.set()
 
     def flush(self, timeout: float = 2.0) -> bool:
         """Wait until every record queued so far was handed to the socket; False on timeout."""
@@ -182,8 +188,10 @@ class Publisher(_callback_base()):
         sock.setsockopt(zmq.LINGER, 1000)
         pending = None  # a message the socket would not take yet (kernel not reading)
         next_sample = 0.0
+        sent = False  # a batch went in this round: wait one flush interval for more before sleeping
         try:
             while True:
+                self.wakeups += 1
                 now = time.monotonic()
                 if now >= next_sample and not self._closing:
                     self._sample()
@@ -195,6 +203,7 @@ class Publisher(_callback_base()):
                     try:
                         sock.send_multipart(signer.pack(wire.METRICS, data), zmq.NOBLOCK)
                         pending = None
+                        sent = True
                         with self._sent_cv:
                             self._sent += count
                             self._sent_cv.notify_all()
@@ -204,7 +213,16 @@ class Publisher(_callback_base()):
                         pass
                 if self._closing and (pending is None or time.monotonic() > self._close_by):
                     break
-                self._wake.wait(max(0.0, min(self.flush_interval, next_sample - time.monotonic())))
+                until_sample = max(0.0, next_sample - time.monotonic())
+                if pending is None and not sent:
+                    # nothing to send: sleep until the next sample; a row queued meanwhile wakes us
+                    self._idle = True
+                    if not self._queue:
+                        self._wake.wait(until_sample)
+                    self._idle = False
+                else:  # rows are coming (or the socket is full): gather them for one flush interval
+                    self._wake.wait(min(self.flush_interval, until_sample))
+                sent = False
                 self._wake.clear()
         finally:
             sock.close()

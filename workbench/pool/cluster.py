@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -39,6 +40,24 @@ HEARTBEAT_MS = 100
 # own watcher (a pidfd locally, the beacons elsewhere) within a second; this is the controller's
 # last resort, at 10 s.
 HEARTBEAT_MISSES = 100
+# The controller forgets an engine that registered but whose heart it has not seen answer a ping within
+# its registration timeout (ipyparallel: 30 s); on a loaded machine an engine can take that long between its
+# registration and its first answer (it builds its kernel first). The controller waits as long as we do.
+# A start whose count of engines has not moved for this long asks the controller which it registered.
+RESYNC_S = 2.0
+# How many engines one ``timeout`` is for: a start of more waits proportionally longer.
+ENGINES_PER_TIMEOUT = 32
+
+
+def registration_wait(timeout: float, n: int) -> float:
+    """How long a start of ``n`` engines waits for them to register: ``timeout``, longer beyond
+    :data:`ENGINES_PER_TIMEOUT` engines (a 2-core machine starts 64 forked engines in about 20 s idle, more
+    under load).
+
+    >>> registration_wait(60, 8), registration_wait(60, 64)
+    (60, 120.0)
+    """
+    return timeout if n <= ENGINES_PER_TIMEOUT else timeout * n / ENGINES_PER_TIMEOUT
 
 # Engines started as new interpreters (remote launchers) import torch in the background while they
 # register: that import is most of their time to a ready pool, and it overlaps with the registration.
@@ -47,6 +66,9 @@ PRELOAD = ("import threading; "
 # No ipyparallel nanny per engine: the kernel signals local engines by pid, and the others through their
 # agent (workbench.engine.agent); engine deaths are seen by the health watcher.
 ENGINE_ARGS = [f"--IPEngine.startup_command={PRELOAD}", "--IPEngine.enable_nanny=False"]
+# A forked engine does not watch the controller's heartbeat itself (that wakes its main thread ten times a
+# second, idle or not): its zygote and the pool's lease end it with the pool, whatever ends first.
+FORKED_ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=0"]
 
 Progress = Callable[[str], None]
 # what launches a whole engine set at once
@@ -126,6 +148,8 @@ class EnginePool:
                 # sidebar at which ranks are busy
                 controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN",
                                  f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
+                                 "--IPController.registration_timeout="
+                                 f"{max(30, math.ceil(registration_wait(self.timeout, self.n)))}",
                                  *self._curve()],
                 delay=0,  # engines wait for the controller's connection info anyway
                 # forked engines start at once and read the controller's connection file when it is written
@@ -184,7 +208,8 @@ class EnginePool:
 
     def _start_engine_set(self, n: int) -> None:
         kwargs = launchers.engine_set_kwargs(self.config, n, work_dir=self.work_dir, env=self.env,
-                                             engine_args=ENGINE_ARGS, log=str(self.log_file or ""))
+                                             engine_args=ENGINE_ARGS + FORKED_ENGINE_ARGS * self.forks,
+                                             log=str(self.log_file or ""))
         try:
             self.cluster.start_engines_sync(n=n, **kwargs)
         except subprocess.CalledProcessError as exc:  # sbatch, mpiexec or ssh refused: keep what it said
@@ -202,12 +227,15 @@ class EnginePool:
         return running + len(self._dead_engines())
 
     def _wait_for_engines(self, progress: Progress) -> None:
-        deadline = time.monotonic() + self.timeout
-        seen = -1
+        wait = registration_wait(self.timeout, self.n)
+        deadline = time.monotonic() + wait
+        seen, changed = -1, time.monotonic()
         while True:
             up = len(self.client.ids)
+            if up < self.n and time.monotonic() - changed > RESYNC_S:
+                up, changed = self._sync_engines(), time.monotonic()
             if up != seen:
-                seen = up
+                seen, changed = up, time.monotonic()
                 progress(f"engines up: {up}/{self.n}")
             if up >= self.n:
                 return
@@ -226,9 +254,33 @@ class EnginePool:
             if time.monotonic() > deadline:
                 jobs = "".join(f"; Slurm job {job}: {how}" for job, how in self._job_states().items())
                 raise start_errors.start_error(
-                    f"only {up} of {self.n} engines registered within {self.timeout:g} s{jobs}",
+                    f"only {up} of {self.n} engines registered within {wait:g} s{jobs}{self._why_slow()}",
                     "Try a longer --timeout, or fewer engines.", log=self.log_file)
             time.sleep(0.02 if self.launcher == "local" else 0.1)
+
+    def _sync_engines(self) -> int:
+        """How many engines the controller has registered, as it says; the client's list is brought up to
+        date. (The client learns of each engine from a notification it subscribes to; on a loaded machine
+        a start was seen stuck at 4 of 8 engines for two minutes while the controller's heart monitor had
+        reported all 8 hearts.)"""
+        try:
+            future = self.client._send(self.client._query_stream, "connection_request")
+            engines = future.result(timeout=5)["content"].get("engines") or {}
+        except Exception:  # the controller is busy or gone: the loop's other checks say what happened
+            return len(self.client.ids)
+        self.client._update_engines(engines)
+        return len(self.client.ids)
+
+    def _why_slow(self) -> str:
+        """What the machine was doing meanwhile: engine processes running, and the load on its cores."""
+        if self.launcher != "local":
+            return ""
+        running = sum(1 for el in self._local_launchers() if el.pid > 0 and psutil.pid_exists(el.pid))
+        load = os.getloadavg()[0]
+        cores = os.cpu_count() or 1
+        busy = " (too busy for every engine to answer the controller's heartbeat in time)" \
+            if load > cores else ""
+        return f" ({running} engine processes running; load average {load:.1f} on {cores} cores{busy})"
 
     def start_more(self, n: int, known_ids: set[int], *, alive: int) -> list[int]:
         """Start ``n`` more engines (to replace dead ones, or to grow) beside the ``alive`` ones still

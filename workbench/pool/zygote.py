@@ -37,8 +37,9 @@ import threading
 import time
 
 # What each kind of child needs imported; the zygote imports the controller's part first (a cold start
-# forks the controller while the engine's part still loads), then the engine's. Once idle it also parses
-# the sources an engine's first error report shows ("sources"), which each engine did on its own.
+# forks the controller while the engine's part still loads), then the engine's with the torch sources an
+# engine's first error report shows; once idle, the rest of those sources ("sources": the trainer's,
+# which it imports), which each engine did on its own after the fork.
 PRELOAD = {
     "controller": ("ipyparallel.controller.app",),
     "engine": ("ipyparallel.engine.app", "ipykernel.ipkernel", "ipykernel.debugger",
@@ -163,10 +164,12 @@ def _preload(role: str, loaded: set[str]) -> None:
 
     for module in PRELOAD[role]:
         importlib.import_module(module)
-    if role == "sources":
+    if role in ("engine", "sources"):
         from workbench.engine import agent
 
-        agent.parse_traceback_sources()
+        # torch's files in every fault's traceback, before the first engine is forked (~0.5 s here once,
+        # not 0.5 s in each of 31 ranks at the first fault); the trainer's once idle
+        agent.parse_traceback_sources(only_loaded=role == "engine")
     loaded.add(role)
     gc.collect()
     gc.freeze()  # what is loaded now stays put: the children's garbage collections do not copy its pages
@@ -203,7 +206,10 @@ def _child(role: str, request: dict, keep_fds: set[int]) -> None:
         if role == "engine":
             import importlib.util
 
+            from workbench.engine import agent
             from workbench.pool.engine_main import engine_argv
+
+            agent.skip_warming()  # what the zygote warmed is warm here; the rest is not done N times
 
             main = _engine(request.get("connection_file"))
             have_mpi4py = importlib.util.find_spec("mpi4py") is not None

@@ -10,6 +10,8 @@
   writer of its fields and of the pool's engine count.
 - :mod:`.health`: dead ranks (pushed by a watcher), beacons, the fault log.
 - :mod:`.cell_run`: one cell on its ranks (output relay, escalation ladder, background handles).
+- :mod:`.bounded`: a cell's output as the kernel keeps it: each rank's first and last lines, the whole of
+  it in a log once it outgrew that (the output relay feeds it).
 - :mod:`.cell_elastic`: the in-cell regroup of an elastic run (a lost rank routed around, joins and
   leaves at a step boundary).
 - :mod:`.shared`: the pool as other notebooks share it (the cell lock, what they changed).

@@ -11,6 +11,7 @@ process group where the failed ranks are, SIGINT, SIGTERM, SIGKILL, each after a
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
@@ -22,6 +23,7 @@ from typing import Any
 from workbench import faults
 from workbench.errors import CellInterrupted, CellTimeout, RankError
 from workbench.pool.rankmap import RankInfo
+from workbench.session.bounded import CellOutput
 from workbench.session.cell_elastic import ElasticWatch
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
@@ -56,6 +58,8 @@ INTERRUPTS = ("KeyboardInterrupt", "TrainingInterrupted")
 ECHO_WAIT_S = 0.5
 # SIGTERM and SIGKILL wait up to this much longer for a rank whose beacon shows it reporting its error.
 FINISHING_GRACE_S = 10.0
+# After a fault, how long the ranks that finished may take to deliver the rest of their output.
+OUTPUT_AFTER_FAULT_S = 1.0
 # The wait loop wakes on output, on a death and at least this often (the dashboard's tick, the ladder).
 TICK_S = 0.05
 
@@ -98,6 +102,7 @@ class CellRun:
         self.children = [(by_engine[eid], child)
                          for eid, child in zip(ar._targets, ar._children, strict=True)]
         wake = self._wake
+        self.relay.attach(self.children, CellOutput(log_dir=None, pool_id=self.health.pool_id))
         for _, child in self.children:
             child.iopub_callbacks.append(lambda msg: wake.set())
         ar.add_done_callback(lambda f: wake.set())
@@ -109,10 +114,13 @@ class CellRun:
             self.health.remove_listener(wake.set)
             self.elastic.close()
         self._await_deaths(wake)
-        live = [c for r, c in self.children if r.engine_id not in self.elastic.dropped]
-        if all(c.done() for c in live):  # a dead rank's output never completes
-            futures.wait([c.output for c in live], timeout=0 if self.fault_at else 5)
-        self.relay.forward(self.children)
+        dead = self.health.dead
+        live = [c for r, c in self.children if r.engine_id not in self.elastic.dropped and r.rank not in dead]
+        if all(c.done() for c in live):  # a dead rank's output never completes: not waited for
+            # after a fault too, briefly: a rank that finished has its last output on the way (on a loaded
+            # machine its lines came after the result was made, and its tab said "no output")
+            futures.wait([c.output for c in live], timeout=OUTPUT_AFTER_FAULT_S if self.fault_at else 5)
+        self.relay.forward(self.children, final=True)
         result = CellResult([self._rank_result(r, c) for r, c in self.children], time.perf_counter() - t0)
         deaths = any(isinstance(r.error, RankDied) for r in result.ranks)
         for r in result.ranks:
@@ -337,7 +345,8 @@ class CellRun:
     def _rank_result(self, info: RankInfo, child) -> RankResult:
         md = child.output.metadata
         if info.engine_id in self.elastic.dropped:  # the run went on without it: not a failure of the cell
-            return RankResult(rank=info, stdout=md["stdout"] or "", stderr=md["stderr"] or "",
+            return RankResult(rank=info, stdout=self.relay.text(info.rank, "stdout"),
+                              stderr=self.relay.text(info.rank, "stderr"),
                               outputs=list(md["outputs"]), completed=md["completed"])
         error = md["error"]
         if error is None and child.done() and child.exception() is not None:
@@ -349,7 +358,8 @@ class CellRun:
             # not our watcher saw it yet (a rank on another node takes a few seconds of silence)
             error = RankDied(info, dead.get(info.rank, "exited"))
         return RankResult(
-            rank=info, stdout=md["stdout"] or "", stderr=md["stderr"] or "",
+            rank=info, stdout=self.relay.text(info.rank, "stdout"),
+            stderr=self.relay.text(info.rank, "stderr"),
             result=(md["execute_result"] or {}).get("data"), outputs=list(md["outputs"]),
             error=error, completed=md["completed"],
             origin=self._origin(info, md["completed"]) if error is not None else None,
@@ -372,23 +382,50 @@ class CellRun:
 
 
 class OutputRelay:
-    """Forwards each rank's new output exactly once, from the full text ipyparallel accumulates."""
+    """Forwards each rank's new output exactly once. The text is taken from ipyparallel as it arrives (its
+    copy emptied) into a bounded :class:`~workbench.session.bounded.CellOutput`: a cell that prints without
+    end shows each rank's first and last lines, and the log it names has all of them."""
 
     def __init__(self, on_output: OutputCallback | None):
         self.on_output = on_output
         self.sent: dict[tuple[int, str], int] = {}
+        self.output: CellOutput | None = None
 
-    def forward(self, children) -> None:
+    def attach(self, children, output: CellOutput) -> None:
+        """Take every stream message of ``children`` into ``output`` (in ipyparallel's IO thread, right
+        after it appended the text to its metadata: that copy is emptied at once)."""
+        self.output = output
+        for info, child in children:
+            child.iopub_callbacks.append(functools.partial(self._take, child.output.metadata, info.rank))
+
+    def _take(self, md: dict, rank: int, msg: dict) -> None:
+        if msg["header"]["msg_type"] == "stream":
+            kind = msg["content"]["name"]
+            text, md[kind] = md[kind] or "", ""
+            self.output.feed(rank, kind, text)
+
+    def text(self, rank: int, kind: str) -> str:
+        """The rank's output of the cell as kept (bounded)."""
+        return self.output.text(rank, kind) if self.output is not None else ""
+
+    def forward(self, children, final: bool = False) -> None:
+        """Hand the new output to ``on_output``; ``final``: the cell ended (what is left, the tails)."""
+        if self.output is None:
+            return
+        if final:  # text that came before our callback was in place and no message after it
+            for info, child in children:
+                if child.output.done():
+                    md = child.output.metadata
+                    for kind in ("stdout", "stderr"):
+                        text, md[kind] = md[kind] or "", ""
+                        self.output.feed(info.rank, kind, text)
+        chunks = self.output.close() if final else self.output.drain()
         if self.on_output is None:
             return
+        for rank, kind, text in chunks:
+            self.on_output(rank, kind, text)
         for info, child in children:
             md = child.output.metadata
-            for kind in ("stdout", "stderr"):
-                text = md[kind] or ""
-                done = self.sent.get((info.rank, kind), 0)
-                if len(text) > done:
-                    self.sent[(info.rank, kind)] = len(text)
-                    self.on_output(info.rank, kind, text[done:])
             outputs = md["outputs"]
             done = self.sent.get((info.rank, "display"), 0)
             for content in outputs[done:]:

@@ -1,0 +1,175 @@
+"""The scale sweep: what a pool costs at N = 2, 4, 8, 16, 32 ranks, next to ipyparallel's ``%%px``.
+
+Each N runs in a fresh process (an IPython shell, as :mod:`bench.cells`), started cold
+(``WORKBENCH_PREWARM=0``: no spare zygote) with ``--oversubscribe``:
+
+- ``ready_s``: ``%dist start -n N`` until every rank is in the group;
+- first cells: the 10 trivial cells (``x = 1``) right after the start, and the pool's CPU meanwhile;
+- idle: the pool's CPU (zygote, controller, engines; ``/proc`` counters) over a settled idle stretch;
+- settled cells, in alternating blocks on the same engines: ``%%distributed`` vs ``%%px`` for
+  ``x = 1`` and for ``print(rank)``, ``Session.pull`` vs ``DirectView.pull``; wall time per cell (median),
+  the kernel's CPU per cell (``getrusage``) and the pool's CPU per cell, per block;
+- the kernel's resident memory at the end.
+
+    python -m bench.scale                       # N = 2, 4, 8, 16, 32
+    python -m bench.scale --n 2,8,32 --out /tmp/scale.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+from bench.common import ROOT, load_now, run_json, summary
+
+SIZES = (2, 4, 8, 16, 32)
+FIRST_CELLS = 10
+SETTLE_S = 30.0  # "settled": this long after the start (the issue's measure)
+IDLE_S = 6.0
+
+
+def _cpu(pids: list[int]) -> float:
+    """utime + stime of ``pids`` in seconds (children already reaped not counted)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / tick
+
+
+def _kernel_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _block(fn, n: int, pool: list[int]) -> dict:
+    """Run ``fn`` ``n`` times: wall time of each, kernel and pool CPU per call over the block."""
+    walls = []
+    k0, p0 = _kernel_cpu(), _cpu(pool)
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - t0)
+    return {"walls": walls, "kernel": (_kernel_cpu() - k0) / n, "pool": (_cpu(pool) - p0) / n}
+
+
+def one(n: int, rounds: int, block: int) -> dict:
+    """Measure one pool of ``n`` ranks in this process."""
+    os.environ["WORKBENCH_PREWARM"] = "0"
+    from IPython.utils.capture import capture_output
+
+    from bench.common import shell
+    from workbench import session as session_mod
+
+    ip = shell()
+
+    def cell(code):
+        def run():
+            with capture_output():
+                result = ip.run_cell(code)
+            if not result.success:
+                raise RuntimeError(f"cell failed: {result.error_in_exec or result.error_before_exec}")
+
+        return run
+
+    out: dict = {"n": n, "load_start": load_now()}
+    t0 = time.perf_counter()
+    cell(f"%dist start -n {n} --oversubscribe")()
+    out["ready_s"] = round(time.perf_counter() - t0, 3)
+    started = time.monotonic()
+    s = session_mod.current()
+    try:
+        pool = [p for p in s.pids() if p != getattr(s.pool._lease, "pid", None)]
+        ours = cell("%%distributed\nx = 1")
+        first = _block(ours, FIRST_CELLS, pool)
+        out["first_cells_ms"] = summary(first["walls"], 1e3, 1)
+        out["first_cells_pool_cpu_ms"] = round(first["pool"] * 1e3, 1)
+        out["first_cells_kernel_cpu_ms"] = round(first["kernel"] * 1e3, 1)
+        view = s.client[[r.engine_id for r in s.ranks]]
+        view.block = True
+        view.activate()
+        while time.monotonic() - started < SETTLE_S:
+            time.sleep(0.5)
+        k0, p0, w0 = _kernel_cpu(), _cpu(pool), time.monotonic()
+        time.sleep(IDLE_S)
+        idle_s = time.monotonic() - w0
+        out["idle_pool_cpu_pct"] = round((_cpu(pool) - p0) / idle_s * 100, 2)
+        out["idle_kernel_cpu_pct"] = round((_kernel_cpu() - k0) / idle_s * 100, 2)
+        variants = {
+            "trivial": (ours, cell("%%px\nx = 1")),
+            "print": (cell("%%distributed\nprint(rank)"), cell("%%px\nprint(1)")),
+            "pull": (lambda: s.pull("x"), lambda: view.pull("x", block=True)),
+        }
+        for fn_ours, fn_px in variants.values():  # warm-up
+            fn_ours()
+            fn_px()
+        got = {k: {"ours": [], "ipp": []} for k in variants}
+        for _ in range(rounds):
+            for name, (fn_ours, fn_px) in variants.items():
+                got[name]["ours"].append(_block(fn_ours, block, pool))
+                got[name]["ipp"].append(_block(fn_px, block, pool))
+        for name, sides in got.items():
+            for side, blocks in sides.items():
+                out[f"{name}_{side}"] = {
+                    "ms": summary([w for b in blocks for w in b["walls"]], 1e3, 2),
+                    "kernel_cpu_ms": round(statistics.median(b["kernel"] for b in blocks) * 1e3, 2),
+                    "pool_cpu_ms": round(statistics.median(b["pool"] for b in blocks) * 1e3, 2),
+                }
+        out["kernel_rss_mib"] = round(_rss() / 2**20, 1)
+        out["kernel_maxrss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    finally:
+        cell("%dist stop")()
+    out["load_end"] = load_now()
+    return out
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def run(sizes=SIZES, rounds: int = 3, block: int = 10) -> dict:
+    """Every size in a fresh process, smallest first."""
+    out = {}
+    for n in sizes:
+        print(f"   scale: {n} ranks", flush=True)
+        out[str(n)] = run_json(
+            [sys.executable, "-m", "bench.scale", "--one", str(n), "--rounds", str(rounds),
+             "--block", str(block)],
+            timeout=300 + 10 * n,
+            env={"GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT))})
+    return {"sizes": out, "unit": "ms"}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", default=",".join(map(str, SIZES)), help="comma-separated pool sizes")
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # one size, in this process
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--block", type=int, default=10)
+    ap.add_argument("--out", help="write the JSON here too")
+    args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(args.one, args.rounds, args.block)), flush=True)
+        return 0
+    data = run([int(x) for x in args.n.split(",")], args.rounds, args.block)
+    text = json.dumps(data, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Issue 25 on real engines: nothing repeated by every engine after the fork, and an idle pool that is quiet.
+
+A real 2-rank pool (forked from its zygote). What is checked is what the engines did (threads started,
+beacons sent, wake-ups of the metrics thread), never how fast: less work under load only means fewer.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.conftest import alive, until
+from workbench import Session
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    s = Session(n=2, timeout=120).start()
+    pids = s.pids()
+    try:
+        yield s
+    finally:
+        s.stop()
+        assert until(lambda: alive(pids) == [], 10), f"processes of the pool survived stop: {alive(pids)}"
+
+
+def _engine_state():
+    import threading
+
+    from workbench.engine import agent
+    from workbench.metrics import publisher
+
+    pub = publisher.current()
+    return {"warm_thread": getattr(agent, "_warm_thread", None) is not None, "warmed": agent._warmed.is_set(),
+            "threads": sorted(t.name for t in threading.enumerate()),
+            "wakeups": getattr(pub, "wakeups", None)}
+
+
+def test_forked_engines_start_no_warming_thread(pool):
+    """The traceback-warming thread imported the trainer and parsed torch's sources in every engine at
+    once after a start (the first cells were 5-7x slower); a forked engine shares the zygote's instead."""
+    for rank, state in enumerate(pool.apply(_engine_state)):
+        assert state["warmed"], f"rank {rank}: the agent would still warm in the background"
+        assert not state["warm_thread"], f"rank {rank} started the warming thread after the fork"
+        assert "workbench-warm" not in state["threads"], state["threads"]
+
+
+def test_idle_metrics_thread_sleeps_until_its_next_sample(pool):
+    """Between cells the metrics thread wakes about once per sample (1 s), not every flush interval
+    (0.1 s)."""
+    first = pool.apply(_engine_state)
+    time.sleep(3.0)
+    later = pool.apply(_engine_state)
+    for rank, (a, b) in enumerate(zip(first, later, strict=True)):
+        woke = b["wakeups"] - a["wakeups"]
+        # 3 s idle: a sample a second, each followed by one short look for more (the apply calls'
+        # own rows are none): at most ~8 with slack; the old loop woke ~30 times
+        assert 1 <= woke <= 10, f"rank {rank}: the metrics thread woke {woke} times in 3 s idle"
+
+
+def test_idle_beacons_slow_down_and_busy_ones_do_not(pool):
+    """An idle rank beacons about once a second (its state has not changed), still well inside the 3 s of
+    silence after which a remote rank counts as dead; a rank running a cell beacons every 0.25 s."""
+    from workbench.session.health import REMOTE_SILENCE_S
+
+    beacons = pool._health.beacons
+    assert until(lambda: all(r.rank in beacons.latest for r in pool.ranks), 10)
+    before = {r.rank: beacons.latest[r.rank]["seq"] for r in pool.ranks}
+    time.sleep(3.0)
+    for r in pool.ranks:
+        sent = beacons.latest[r.rank]["seq"] - before[r.rank]
+        assert 1 <= sent <= 6, f"rank {r.rank} sent {sent} beacons in 3 s idle (4 Hz would be 12)"
+        assert beacons.silent_for(r.rank) < REMOTE_SILENCE_S
+        assert not beacons.latest[r.rank].get("busy")
+    seen: dict[int, set[int]] = {r.rank: set() for r in pool.ranks}
+    handle = pool.submit("import time\ntime.sleep(4)")
+    try:
+        while not handle.done():
+            for r in pool.ranks:
+                beat = beacons.latest.get(r.rank) or {}
+                if beat.get("busy"):
+                    seen[r.rank].add(beat["seq"])
+            time.sleep(0.02)
+    finally:
+        handle.wait(60)
+    for rank, seqs in seen.items():
+        # 4 s busy at 4 Hz: about 16 beats; the idle rate would give 4 or 5
+        assert len(seqs) >= 8, f"rank {rank}: only {len(seqs)} beacons while a cell ran"
