@@ -10,6 +10,9 @@ session of the pool:
   rank agrees on the step through the all-reduce the Trainer does anyway);
 - ``abort``: abort this rank's process group from this thread, so the main thread, blocked in a
   collective with a rank that failed or stalled, is released and keeps its Python state;
+- ``stacks``: every thread's stack, taken here (:mod:`workbench.engine.stacks`), sent up under the
+  ``stacks`` topic; with ``native``, py-spy's native frames too, from a thread of its own so that
+  beacons go on meanwhile;
 - ``interrupt``: SIGINT the main thread; ``signal``: send this process the signal ``sig`` (for ranks on
   other machines, which the kernel cannot signal by pid; engines have no ipyparallel nanny);
 - ``regroup``: an elastic Trainer's group changes (a rank was lost, or ranks join or leave): the plan
@@ -39,6 +42,8 @@ from workbench import wire
 from workbench.engine import guard
 
 BEACON_PERIOD_S = 0.25
+# Characters of a stacks answer per message: JSON-quoted again, a part stays under wire.MAX_BYTES.
+STACKS_PART = 24_000
 # Between cells a beacon that says what the last one said is sent only this often: it tells the kernel the
 # rank is alive (a rank on another node counts as dead after 3 s of silence, session/health.py). While a
 # cell or call runs every beat is sent (the kernel reads their timing as well as their content).
@@ -183,6 +188,8 @@ class Agent:
             if cmd.get("abort"):  # a rank was lost: release a main thread blocked in a collective with it,
                 guard.abort(cmd.get("peers", []))  # before the plan is posted (the new group forms after)
             _post(plan)
+        elif what == "stacks":
+            self._stacks(str(cmd.get("request", "")), bool(cmd.get("native")))
         elif what == "interrupt":
             os.kill(os.getpid(), signal.SIGINT)
         elif what == "signal" and isinstance(cmd.get("sig"), int):
@@ -195,6 +202,42 @@ class Agent:
             return None
         self.done.append(what)
         return what
+
+    def _stacks(self, request: str, native: bool) -> None:
+        from workbench.engine import stacks
+
+        with self._target_lock:
+            rank, generation = self.rank, self.generation
+        if not native:  # at once, from this thread (it owns the push socket)
+            self._send_stacks(self._push, request, rank, generation, stacks.take())
+            return
+
+        def take_native() -> None:
+            import zmq
+
+            ctx = zmq.Context()
+            push = wire.pusher(ctx, self.channel["up"], hwm=64)
+            try:
+                self._send_stacks(push, request, rank, generation, stacks.take(native_frames=True))
+            finally:
+                push.close(1000)  # what is queued still goes
+                ctx.term()
+
+        threading.Thread(target=take_native, name="workbench-stacks", daemon=True).start()
+
+    def _send_stacks(self, push, request: str, rank: int, generation: int, taken: dict) -> None:
+        """Send ``taken`` in parts that each fit a side-channel message."""
+        import zmq
+
+        taken.update(rank=rank, generation=generation, host=socket.gethostname())
+        text = json.dumps(taken)
+        parts = [text[i:i + STACKS_PART] for i in range(0, len(text), STACKS_PART)] or [""]
+        for i, part in enumerate(parts):
+            body = {"request": request, "rank": rank, "part": i, "parts": len(parts), "data": part}
+            try:
+                push.send_multipart(self.signer.pack(wire.STACKS, json.dumps(body).encode()), zmq.NOBLOCK)
+            except zmq.Again:
+                return  # the relay is not taking messages: the kernel says this rank did not answer
 
     def retarget(self, rank: int, generation: int) -> None:
         """Speak for ``rank`` of group ``generation`` from now on (an elastic regroup renumbered us)."""
