@@ -148,3 +148,20 @@ def chdir(path: str) -> None:
     import os
 
     os.chdir(path)
+
+
+# --- %dist debug: the last failed cell's frames (workbench.engine.postmortem) ---
+
+
+def failed_frames() -> dict | None:
+    """On a rank: the last failed cell's frames and locals (:func:`workbench.engine.postmortem.frames`)."""
+    from workbench.engine import postmortem
+
+    return postmortem.frames()
+
+
+def evaluate_in_failed(expr: str, frame: int | None = None) -> dict:
+    """On a rank: ``expr`` in a frame of the last failed cell (:func:`.engine.postmortem.evaluate`)."""
+    from workbench.engine import postmortem
+
+    return postmortem.evaluate(expr, frame)

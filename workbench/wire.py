@@ -29,6 +29,10 @@ import secrets
 BEACON = b"beacon"
 METRICS = b"metrics"
 COMMAND = b"cmd"
+STACKS = b"stacks"  # a rank's answer to a ``stacks`` command (workbench.engine.stacks)
+# How long a rank's py-spy may take for its native frames (it reads libtorch's symbols: seconds on a
+# loaded machine); the asking side waits this long on top of the Python stacks.
+NATIVE_STACKS_TIMEOUT_S = 20.0
 # No honest message comes near this (a beacon is ~300 bytes, a metrics batch at most MAX_ROWS rows):
 # the sockets refuse anything larger before it is read into memory (zmq.MAXMSGSIZE), so a flood can
 # hold at most a socket's high-water mark times this much.

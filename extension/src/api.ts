@@ -6,6 +6,7 @@ import {
   IInfo,
   IInterface,
   IPool,
+  IStacks,
   IStartOptions,
   IWorkbenchAPI
 } from './model';
@@ -61,6 +62,12 @@ export class WorkbenchAPI implements IWorkbenchAPI, IDashboardSource {
       );
     }
     return response.arrayBuffer();
+  }
+
+  /** Every rank's stacks now, grouped, the odd ranks first (what `%dist stacks` prints). */
+  stacks(id: string): Promise<IStacks> {
+    const path = `pools/${encodeURIComponent(id)}/stacks`;
+    return requestAPI<IStacks>(path, {}, this._settings);
   }
 
   async restart(id: string): Promise<IPool> {

@@ -182,3 +182,23 @@ export async function confirmPoolAction(
   });
   return result.button.accept;
 }
+
+/** Every rank's stacks (the server's text, as `%dist stacks` prints it), or why they did not come. */
+export async function showStacks(
+  pool: IPool,
+  fetch: () => Promise<{ text: string }>
+): Promise<void> {
+  const body = document.createElement('pre');
+  body.className = 'wb-Stacks';
+  try {
+    body.textContent = (await fetch()).text;
+  } catch (error) {
+    body.textContent = `The stacks did not come: ${(error as Error).message}`;
+  }
+  const widget = new Widget({ node: body });
+  await showDialog({
+    title: `Stacks of pool ${pool.name ?? pool.id}`,
+    body: widget,
+    buttons: [Dialog.okButton({ label: 'Close' })]
+  });
+}

@@ -142,7 +142,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
         void app.commands.execute(OPEN_DASHBOARD, {
           id: pool.id,
           label: pool.name ?? pool.id
-        })
+        }),
+      showStacks: async pool => {
+        const { showStacks } = await import('./dialogs');
+        await showStacks(pool, () => api.stacks(pool.id));
+      }
     });
     panel.title.icon = poolIcon;
     shell.add(panel, 'left', { rank: 400 });

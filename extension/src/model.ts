@@ -549,3 +549,12 @@ function messageOf(error: unknown): string {
   }
   return String(error);
 }
+
+/** GET /workbench/pools/<id>/stacks: every rank's stacks, grouped by identical stacks. */
+export interface IStacks {
+  text: string;
+  seconds: number;
+  missing: number[];
+  groups: { ranks: number[]; headline: string }[];
+  native: string | null;
+}

@@ -28,6 +28,8 @@ export interface IPanelActions {
   useInNotebook(pool: IPool): void;
   canUseInNotebook(): boolean;
   openDashboard(pool: IPool): void;
+  /** Every rank's stacks now, in a dialog (where the plugin offers it). */
+  showStacks?(pool: IPool): void;
 }
 
 /** The "Distributed pools" sidebar. */
@@ -353,6 +355,16 @@ function PoolCard(props: {
           >
             Restart
           </button>
+          {actions.showStacks && (
+            <button
+              className="jp-mod-styled"
+              disabled={pool.state !== 'running'}
+              title="What every rank is doing now: its threads' stacks, the odd ranks first"
+              onClick={() => actions.showStacks?.(pool)}
+            >
+              Stacks
+            </button>
+          )}
           <button
             className="jp-mod-styled jp-mod-warn"
             disabled={busy || pool.state === 'stopping'}

@@ -36,6 +36,7 @@ def test_route_table_covers_the_verbs():
         ("/workbench/pools/(?P<pool_id>[A-Za-z0-9_-]+)", ("GET", "DELETE")),
         ("/workbench/pools/(?P<pool_id>[A-Za-z0-9_-]+)/restart", ("POST",)),
         ("/workbench/pools/(?P<pool_id>[A-Za-z0-9_-]+)/dashboard", ("GET",)),
+        ("/workbench/pools/(?P<pool_id>[A-Za-z0-9_-]+)/stacks", ("GET",)),
         (r"/workbench/dashboard/(?P<name>dashboard\.js|plotly\.min\.js)", ("GET",)),
     }
 

@@ -10,6 +10,9 @@ session of the pool:
   rank agrees on the step through the all-reduce the Trainer does anyway);
 - ``abort``: abort this rank's process group from this thread, so the main thread, blocked in a
   collective with a rank that failed or stalled, is released and keeps its Python state;
+- ``stacks``: every thread's stack, taken here (:mod:`workbench.engine.stacks`), sent up under the
+  ``stacks`` topic; with ``native``, py-spy's native frames too, from a thread of its own so that
+  beacons go on meanwhile;
 - ``interrupt``: SIGINT the main thread; ``signal``: send this process the signal ``sig`` (for ranks on
   other machines, which the kernel cannot signal by pid; engines have no ipyparallel nanny);
 - ``fence``: this engine (by host and pid) was declared lost and the run went on without it: it ends
@@ -43,6 +46,8 @@ from workbench.engine import guard
 BEACON_PERIOD_S = 0.25
 FENCED_EXIT = 75  # the exit status of an engine that stopped itself because it was fenced
 _HOST = socket.gethostname()  # with the pid, how a fenced engine is named
+# Characters of a stacks answer per message: JSON-quoted again, a part stays under wire.MAX_BYTES.
+STACKS_PART = 24_000
 # Between cells a beacon that says what the last one said is sent only this often: it tells the kernel the
 # rank is alive (a rank on another node counts as dead after 3 s of silence, session/health.py). While a
 # cell or call runs every beat is sent (the kernel reads their timing as well as their content).
@@ -197,6 +202,8 @@ class Agent:
             _post(plan)
         elif what == "fence":
             fence_self()
+        elif what == "stacks":
+            self._stacks(str(cmd.get("request", "")), bool(cmd.get("native")))
         elif what == "interrupt":
             os.kill(os.getpid(), signal.SIGINT)
         elif what == "signal" and isinstance(cmd.get("sig"), int):
@@ -209,6 +216,42 @@ class Agent:
             return None
         self.done.append(what)
         return what
+
+    def _stacks(self, request: str, native: bool) -> None:
+        from workbench.engine import stacks
+
+        with self._target_lock:
+            rank, generation = self.rank, self.generation
+        if not native:  # at once, from this thread (it owns the push socket)
+            self._send_stacks(self._push, request, rank, generation, stacks.take())
+            return
+
+        def take_native() -> None:
+            import zmq
+
+            ctx = zmq.Context()
+            push = wire.pusher(ctx, self.channel["up"], hwm=64)
+            try:
+                self._send_stacks(push, request, rank, generation, stacks.take(native_frames=True))
+            finally:
+                push.close(1000)  # what is queued still goes
+                ctx.term()
+
+        threading.Thread(target=take_native, name="workbench-stacks", daemon=True).start()
+
+    def _send_stacks(self, push, request: str, rank: int, generation: int, taken: dict) -> None:
+        """Send ``taken`` in parts that each fit a side-channel message."""
+        import zmq
+
+        taken.update(rank=rank, generation=generation, host=socket.gethostname())
+        text = json.dumps(taken)
+        parts = [text[i:i + STACKS_PART] for i in range(0, len(text), STACKS_PART)] or [""]
+        for i, part in enumerate(parts):
+            body = {"request": request, "rank": rank, "part": i, "parts": len(parts), "data": part}
+            try:
+                push.send_multipart(self.signer.pack(wire.STACKS, json.dumps(body).encode()), zmq.NOBLOCK)
+            except zmq.Again:
+                return  # the relay is not taking messages: the kernel says this rank did not answer
 
     def retarget(self, rank: int, generation: int) -> None:
         """Speak for ``rank`` of group ``generation`` from now on (an elastic regroup renumbered us)."""

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from workbench.engine import agent, guard, stores, torchrun
+from workbench.engine import agent, guard, postmortem, stores, torchrun
 
 log = logging.getLogger("workbench.engine")
 # An elastic regroup's members wait this long for each other before it is re-planned (never the store's
@@ -145,6 +145,7 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
         agent.start(channel, rank, generation)
     user_namespace().update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, dist=dist)
     torchrun.install(backend=backend, rank=rank, world_size=world_size, device=dev)
+    postmortem.forget_on_next_cell()  # `%dist debug` shows the last cell's failure, never an older one
     for stream in (sys.stdout, sys.stderr):  # ipykernel sends printed text every 0.2 s: lines late by that
         if hasattr(stream, "flush_interval"):
             stream.flush_interval = OUTPUT_FLUSH_S

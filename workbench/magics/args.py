@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 from workbench.config import pool_options
 
 SUBCOMMANDS = ("start", "status", "stop", "restart", "scale", "check", "push", "pull", "auto", "attach",
-               "run")
+               "run", "stacks", "debug")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -127,6 +127,14 @@ def _dist_parser() -> _Parser:
     run.add_argument("--ranks", default=None, help="ranks to run on, e.g. 0,2-3 (default: all)")
     run.add_argument("--timeout", type=_seconds, default=None)
     run.add_argument("--quiet", action="store_true", help="show errors only, not the ranks' output")
+    stacks = sub.add_parser("stacks", prog="%dist stacks", add_help=False, allow_abbrev=False)
+    stacks.add_argument("--ranks", default=None, help="ranks to look at, e.g. 0,2-3 (default: all)")
+    stacks.add_argument("--native", action="store_true",
+                        help="native frames too (gloo, NCCL, C++), through py-spy where it can attach")
+    debug = sub.add_parser("debug", prog="%dist debug", add_help=False, allow_abbrev=False)
+    debug.add_argument("rank", type=int, help="the rank whose failed cell to look at")
+    debug.add_argument("--frame", type=int, default=None, help="frame to evaluate in (default: innermost)")
+    debug.add_argument("-e", dest="expr", default=None, help="an expression to evaluate in that frame")
     return p
 
 
@@ -164,6 +172,9 @@ def parse_dist(line: str) -> argparse.Namespace:
     >>> a = parse_dist("run train.py --ranks 0,1 -- 10 --lr 0.1")
     >>> a.script, a.ranks, a.script_args
     ('train.py', '0,1', ['10', '--lr', '0.1'])
+    >>> a = parse_dist("debug 3 --frame 1 -e 'x.shape'")
+    >>> a.rank, a.frame, a.expr
+    (3, 1, 'x.shape')
     >>> parse_dist("launch")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...

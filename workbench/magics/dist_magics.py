@@ -27,7 +27,7 @@ STATUS_COLUMNS = ["rank", "host", "pid", "device", "state"]
 
 @magics_class
 class DistributedMagics(Magics):
-    """``%dist start|status|stop|restart|scale|check|push|pull|auto|attach``, ``%%distributed``,
+    """``%dist start|status|stop|restart|scale|check|push|pull|auto|attach|stacks|debug``, ``%%distributed``,
     ``%%local``."""
 
     def __init__(self, shell):
@@ -48,7 +48,9 @@ class DistributedMagics(Magics):
         ``%dist stop``, ``%dist restart``, ``%dist scale N``, ``%dist check [--size-mb M]``,
         ``%dist push NAME...``, ``%dist pull NAME [--rank R]``, ``%dist auto on|off``,
         ``%dist attach [NAME]``, ``%dist stop [--all]``,
-        ``%dist run script.py [--ranks R] [--timeout S] [--quiet] [-- args]`` (a torchrun script, unchanged).
+        ``%dist run script.py [--ranks R] [--timeout S] [--quiet] [-- args]`` (a torchrun script, unchanged),
+        ``%dist stacks [--ranks R] [--native]``,
+        ``%dist debug RANK [--frame K -e EXPR]``.
 
         Example: ``%dist start --launcher slurm --nodes 2 --gpus-per-node 4 --partition gpu --interface ib0``.
         """
@@ -166,6 +168,24 @@ class DistributedMagics(Magics):
         report = run_check(s, size_mb=args.size_mb)
         print(report.format())
         return None
+
+    def _dist_stacks(self, args):
+        s = self._session("%dist stacks")
+        ranks = self._targets(s, args.ranks)
+        try:
+            found = s.stacks(ranks=ranks, native=args.native)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        print(found.format())
+
+    def _dist_debug(self, args):
+        s = self._session("%dist debug")
+        self._targets(s, [args.rank])
+        try:
+            found = s.debug(args.rank, frame=args.frame, expr=args.expr)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        print(found if isinstance(found, str) else found.format())
 
     def _dist_push(self, args):
         s = self._session("%dist push")

@@ -125,6 +125,17 @@ class DashboardHandler(WorkbenchHandler):
         self.reply(await self.guarded(self.manager.dashboard(pool_id, since, view)))
 
 
+class StacksHandler(WorkbenchHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self, pool_id: str):
+        """Every rank's stacks now, grouped (``?native=1``: with native frames, through py-spy)."""
+        native = self.get_query_argument("native", "0")
+        if native not in ("0", "1"):
+            raise tornado.web.HTTPError(400, "native must be 0 or 1.")
+        self.reply(await self.guarded(self.manager.stacks(pool_id, native=native == "1")))
+
+
 class DashboardCodeHandler(WorkbenchHandler):
     FILES = {"dashboard.js": lambda: DASHBOARD_JS, "plotly.min.js": plotly_js}
 
@@ -157,6 +168,7 @@ ROUTES = [
     Route(f"/workbench/pools/{POOL_ID}", PoolHandler, "/workbench/pools/abc123"),
     Route(f"/workbench/pools/{POOL_ID}/restart", RestartHandler, "/workbench/pools/abc123/restart"),
     Route(f"/workbench/pools/{POOL_ID}/dashboard", DashboardHandler, "/workbench/pools/abc123/dashboard"),
+    Route(f"/workbench/pools/{POOL_ID}/stacks", StacksHandler, "/workbench/pools/abc123/stacks"),
     Route(r"/workbench/dashboard/(?P<name>dashboard\.js|plotly\.min\.js)", DashboardCodeHandler,
           "/workbench/dashboard/dashboard.js"),
 ]

@@ -125,6 +125,7 @@ class PoolManager:
         self._tasks: set[asyncio.Task] = set()
         self._usage = UsageSampler()
         self._closing = False
+        self._stack_askers: dict[str, Any] = {}  # pool id -> PoolStacks (subscribed once, kept)
 
     async def _run(self, fn, *args):
         try:
@@ -183,6 +184,27 @@ class PoolManager:
         if state is None:
             raise PoolNotFound(pool_id, [s["id"] for s in states])
         return state
+
+    async def stacks(self, pool_id: str, native: bool = False) -> dict:
+        """Every rank's stacks now (the card's "Stacks" button): the text ``%dist stacks`` prints, and
+        the groups (ranks, headline), the odd ranks first."""
+        self._open()
+        state = await self.running_state(pool_id)
+        if not state.get("channel"):
+            raise ValueError(f"pool {pool_id} has no side channel to ask its ranks through.")
+        found = await self._run(self._stacks_sync, state, native)
+        return {"text": found.format(), "seconds": round(found.seconds, 3), "missing": found.missing,
+                "groups": [{"ranks": g.ranks, "headline": g.headline} for g in found.groups],
+                "native": found.native_note()}
+
+    def _stacks_sync(self, state: dict, native: bool):
+        from workbench.session.stack_report import PoolStacks
+
+        asker = self._stack_askers.get(state["id"])
+        if asker is None:
+            asker = self._stack_askers[state["id"]] = PoolStacks(state["channel"])
+        ranks = [r["rank"] for r in state.get("ranks", [])]
+        return asker.gather(ranks, generation=state.get("generation", 0), native=native)
 
     async def dashboard(self, pool_id: str, since: int = 0, view: str = "") -> dict:
         """The live dashboard of a running pool, for a page that has seen up to ``since`` of ``view``
@@ -306,6 +328,9 @@ class PoolManager:
         return rank_states(client, {r["rank"]: r["engine_id"] for r in state["ranks"]})
 
     def _forget_probes(self, keep: set[str]) -> None:
+        for pool_id in list(self._stack_askers):
+            if pool_id not in keep:
+                self._executor.submit(self._stack_askers.pop(pool_id).close)
         for pool_id in list(self._probes):
             if pool_id not in keep:
                 probe = self._probes.pop(pool_id)
@@ -432,6 +457,9 @@ class PoolManager:
         for probe in self._probes.values():
             await self._run(_close_quietly, probe)
         self._probes.clear()
+        for asker in self._stack_askers.values():
+            await self._run(asker.close)
+        self._stack_askers.clear()
         self._executor.shutdown(wait=False)
 
 

@@ -19,6 +19,9 @@
 - :mod:`.script`: a torchrun script run on the ranks (``%dist run``): the cell that runs it, the syntax
   checks of scripts and cells before anything is sent.
 - :mod:`.hints`: the one added line under the torch errors a pool user meets (init twice, not initialized).
+- :mod:`.stack_report`: every rank's stacks now (``%dist stacks``), asked of the ranks' agents over the
+  side channel and grouped, the odd ranks first.
+- :mod:`.postmortem_report`: a failed rank's frames and locals (``%dist debug``), through the door.
 
 Doors go one way: session -> recovery, view, cell_run -> cell_elastic -> group, health ->
 :mod:`workbench.pool`; the rooms reach the engines only through :mod:`workbench.remote`; no room imports

@@ -37,7 +37,7 @@ from workbench.pool.launchers import default_engines
 from workbench.pool.queues import rank_states
 from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks
 from workbench.pool.watch import BeaconReceiver
-from workbench.session import recovery, script
+from workbench.session import postmortem_report, recovery, script
 from workbench.session.cell_run import CellRun, OutputCallback, RunHandle
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
@@ -46,6 +46,7 @@ from workbench.session.rank_view import RankView
 from workbench.session.recovery import Recovery
 from workbench.session.results import CellResult
 from workbench.session.shared import Shared
+from workbench.session.stack_report import StackGatherer, Stacks
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ class Session:
         self._group: ProcessGroup | None = None
         self._health: Health | None = None
         self._beacons: BeaconReceiver | None = None
+        self._stacks: StackGatherer | None = None
         self._shared: Shared | None = None
         self._busy = threading.Lock()  # held while a cell, a restart or a scale of this session runs
         self._transcript = recovery.Transcript()  # what ran on every rank: a new engine's setup
@@ -243,6 +245,7 @@ class Session:
         if pool.channel:
             self._beacons = BeaconReceiver(pool.channel)
             self._beacons.on_fenced = self._group.fence  # a lost engine heard again is told to stop
+            self._stacks = StackGatherer(pool.channel)  # subscribed now: the first `%dist stacks` is answered
             self.metrics = Collector(pool.channel)
         self._health = Health(pool_id=pool.pool_id, busy=self._busy, beacons=self._beacons,
                               pool_running=lambda: self._shared is None or not self._shared.gone())
@@ -297,10 +300,10 @@ class Session:
     def _close(self, end_pool: bool, by: str | None = None, note: bool = True) -> None:
         global _current
         pool, self._pool = self._pool, None
-        for room in (self._idle, self._health, self._group, self.metrics, self._beacons):
+        for room in (self._idle, self._health, self._group, self.metrics, self._beacons, self._stacks):
             if room is not None:
                 room.close()  # the health room writes a pending fault to the log
-        self._idle = self.metrics = self._beacons = None
+        self._idle = self.metrics = self._beacons = self._stacks = None
         if self._shared is not None:
             self._shared.close()
         if pool is None:
@@ -532,6 +535,49 @@ class Session:
         >>> h.done(), h.stop()                           # doctest: +SKIP
         """
         return RunHandle(self._cell(ranks, timeout, on_output), code, self._run)
+
+    # -- looking inside: every rank's stacks now, a failed rank's frames ------------------
+    def stacks(self, ranks=None, native: bool = False) -> Stacks:
+        """Every thread's stack on the target ranks, taken by each rank's agent at once (also while a
+        cell runs, or the ranks wait in a collective), grouped by identical stacks, odd ranks first.
+
+        ``native``: native frames too, through py-spy, where it can attach (else it says why).
+
+        >>> print(s.stacks().format())        # doctest: +SKIP
+        stacks of 4 ranks in 2 groups (0.04 s)
+        rank 3: sleep at cell line 3
+        ...
+        """
+        targets = self.targets(ranks)
+        if self._stacks is None:
+            raise ValueError("this pool has no side channel to ask its ranks through.")
+
+        def send(ranks: list[int], **details) -> None:
+            self._group.command("stacks", [self.ranks[r] for r in ranks], **details)
+
+        return self._stacks.gather([r.rank for r in targets], send, native=native)
+
+    def debug(self, rank: int, frame: int | None = None, expr: str | None = None):
+        """The failing frames, with their locals, of ``rank``'s last cell (a :class:`PostMortem`); with
+        ``expr``: its value in frame ``frame`` (default: the innermost), as text.
+
+        >>> s.debug(1)                                  # doctest: +SKIP
+        rank 1 failed: ValueError: boom ...
+        >>> s.debug(1, frame=1, expr="b.shape")         # doctest: +SKIP
+        'torch.Size([4, 3])'
+        """
+        if not isinstance(rank, int):
+            raise ValueError(f"debug takes one rank (a number), got {rank!r}.")
+        [info] = self.view(rank).alive()
+        if self._busy.locked():
+            raise ValueError("a cell is running on the pool: `%dist debug` looks at a failed cell once it "
+                             "ended; `%dist stacks` shows what every rank does now.")
+        view = self._group.view([info])
+        if expr is None:
+            if frame is not None:
+                raise ValueError("--frame picks the frame to evaluate -e EXPR in: give an expression too.")
+            return postmortem_report.fetch(view, rank)
+        return postmortem_report.evaluate(view, rank, expr, frame)
 
     # -- status ----------------------------------------------------------------------
     def group_state(self) -> str:
