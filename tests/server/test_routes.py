@@ -118,11 +118,13 @@ async def test_info_says_what_the_start_dialog_offers(api):
 
 
 def _secret_of(cluster_file: str) -> str:
-    """The ipyparallel key behind a pool, read from ipyparallel's own files."""
+    """What lets a client into a pool's controller, read from ipyparallel's own files: the CurveZMQ server
+    key (the controller runs with CurveZMQ, and ipyparallel then drops its message-signing key), else that key."""
     cluster = json.loads(Path(cluster_file).read_text())
     profile_dir = Path(cluster["cluster"]["profile_dir"])
     client_file = profile_dir / "security" / f"ipcontroller-{cluster['cluster']['cluster_id']}-client.json"
-    key = json.loads(client_file.read_text())["key"]
+    info = json.loads(client_file.read_text())
+    key = info.get("curve_serverkey") or info["key"]
     assert len(key) >= 16
     return key
 
