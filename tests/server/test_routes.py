@@ -119,7 +119,7 @@ async def test_info_says_what_the_start_dialog_offers(api):
 
 def _secret_of(cluster_file: str) -> str:
     """What lets a client into a pool's controller, read from ipyparallel's own files: the CurveZMQ server
-    key (the controller runs with CurveZMQ, and ipyparallel then drops its message-signing key), else that key."""
+    key (with CurveZMQ on, ipyparallel drops its message-signing key), else that key."""
     cluster = json.loads(Path(cluster_file).read_text())
     profile_dir = Path(cluster["cluster"]["profile_dir"])
     client_file = profile_dir / "security" / f"ipcontroller-{cluster['cluster']['cluster_id']}-client.json"
