@@ -6,7 +6,8 @@ Reads what to attack from stdin, one JSON object a line, and writes one JSON lin
   key it listed (``store`` says how far it got); send random bytes; listen as a ZMQ subscriber for a
   second (``heard``: how many messages came); send unsigned ZMQ messages.
 - ``{"file": path}``: read the file (or list the folder).
-- ``{"http": url}``: GET without a token.
+- ``{"http": url, "method": "GET"}``: an HTTP request (GET, or POST/DELETE with an empty JSON body),
+  with no token or a forged one in the URL (``status``: the HTTP code, -1 when nothing answered).
 - ``{"quit": true}``: stop.
 
 It runs with Debian's python and the venv's site-packages on PYTHONPATH (the venv's own interpreter
@@ -117,9 +118,12 @@ def read(path: str) -> str:
         return type(exc).__name__
 
 
-def http(url: str) -> int:
+def http(url: str, method: str = "GET") -> int:
+    data = b"{}" if method in ("POST", "PUT") else None
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(url, timeout=5) as reply:
+        with urllib.request.urlopen(request, timeout=5) as reply:
             return reply.status
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -137,7 +141,8 @@ def attempt(ask: dict) -> dict:
     elif "file" in ask:
         out = {"file": ask["file"], "got": read(ask["file"])}
     else:
-        out = {"http": ask["http"], "status": http(ask["http"])}
+        method = ask.get("method", "GET")
+        out = {"http": ask["http"], "method": method, "status": http(ask["http"], method)}
     out.update(uid=os.getuid(), phase=ask.get("phase"))
     return out
 

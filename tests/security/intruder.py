@@ -49,7 +49,7 @@ class Intruder:
     ...     bad.phase = "cell"; bad.sweep(); bad.settle()
     """
 
-    def __init__(self, folders: list[Path], urls: tuple[str, ...] = ()):
+    def __init__(self, folders: list[Path], urls: tuple[str | dict, ...] = ()):
         self.folders, self.urls = folders, urls
         self.phase = "start"
         self.answers: list[dict] = []
@@ -86,7 +86,7 @@ class Intruder:
             if folder.exists():
                 asks.append({"file": str(folder)})
                 asks += [{"file": str(p)} for p in sorted(folder.rglob("*"))]
-        return asks + [{"http": url} for url in self.urls]
+        return asks + [url if isinstance(url, dict) else {"http": url} for url in self.urls]
 
     def _feed(self) -> None:
         while not self._stop.wait(0.25):
