@@ -239,6 +239,21 @@ function PoolCard(props: {
             </svg>
           </button>
         )}
+        {pool.state === 'running' && actions.showStacks && (
+          // an icon beside the dashboard's: a fourth text button wraps the compact card onto a second line
+          <button
+            className="wb-DashboardButton"
+            aria-label="Stacks"
+            title="Stacks: what every rank is doing now, its threads' stacks, the odd ranks first"
+            onClick={() => actions.showStacks?.(pool)}
+          >
+            <svg viewBox="0 0 16 16" width="16" height="16" aria-hidden="true">
+              <rect x="1.5" y="2" width="13" height="3" rx="1" />
+              <rect x="1.5" y="6.5" width="13" height="3" rx="1" />
+              <rect x="1.5" y="11" width="13" height="3" rx="1" />
+            </svg>
+          </button>
+        )}
       </div>
       {pool.state === 'running' && (
         <div className="wb-Card-meta wb-Card-counts">{countsText(pool)}</div>
@@ -355,16 +370,6 @@ function PoolCard(props: {
           >
             Restart
           </button>
-          {actions.showStacks && (
-            <button
-              className="jp-mod-styled"
-              disabled={pool.state !== 'running'}
-              title="What every rank is doing now: its threads' stacks, the odd ranks first"
-              onClick={() => actions.showStacks?.(pool)}
-            >
-              Stacks
-            </button>
-          )}
           <button
             className="jp-mod-styled jp-mod-warn"
             disabled={busy || pool.state === 'stopping'}
