@@ -63,8 +63,19 @@ def _sources(jp_serverapp):
 
 
 def _relay_sockets(out_url: str) -> list:
-    port = urlparse(out_url).port
-    return [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port]
+    """This process's connections to the pool's relay: TCP ones by port; a local pool's relay is a unix
+    socket (ipc://), whose client ends have no path: those whose peer is one of the relay's own ends
+    (``ss`` gives each unix socket's peer)."""
+    if not out_url.startswith("ipc://"):
+        port = urlparse(out_url).port
+        return [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port]
+    path = out_url[len("ipc://"):]
+    rows = [r.split() for r in subprocess.run(["ss", "-xpn"], capture_output=True, text=True,
+                                               timeout=30).stdout.splitlines()[1:]]
+    rows = [r for r in rows if len(r) >= 8]
+    relay_ends = {r[5] for r in rows if r[4] == path}
+    mine = f"pid={os.getpid()},"
+    return [r for r in rows if r[7] in relay_ends and mine in " ".join(r[8:])]
 
 
 def _dashboard_threads() -> list[str]:
