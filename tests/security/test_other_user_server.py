@@ -102,8 +102,9 @@ def test_another_user_cannot_drive_stop_or_read_a_pool_through_its_server():
         shutil.rmtree(base, ignore_errors=True)
     requests = [a for a in answers if "http" in a]
     files = [a for a in answers if "file" in a]
-    print(f"{len(requests)} requests: statuses {sorted({a['status'] for a in requests})}; {len(files)} files: "
-          f"{sorted({a['got'] for a in files})}; {len(answers) - len(requests) - len(files)} ports")
+    statuses, opened = sorted({a["status"] for a in requests}), sorted({a["got"] for a in files})
+    print(f"{len(requests)} requests: statuses {statuses}; {len(files)} files: {opened}; "
+          f"{len(answers) - len(requests) - len(files)} ports")
     assert len(requests) == len(urls)
     assert {a["uid"] for a in answers} == {65534}
     assert [a for a in requests if a["status"] not in (401, 403)] == [], "a request got through"
