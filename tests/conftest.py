@@ -26,6 +26,31 @@ def alive(pids: list[int]) -> list[int]:
     return out
 
 
+def run_cell(ip, cell: str):
+    """Run a cell in the real IPython shell, as a notebook would: (its result, all it showed as text)."""
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as cap:
+        result = ip.run_cell(cell)
+    shown = cap.stdout + cap.stderr + "".join(o.data.get("text/plain", "") + "\n" for o in cap.outputs)
+    return result, shown
+
+
+def pool_through_magics(ip, start: str = "%dist start -n 2 --timeout 60"):
+    """The body of a module-scoped pool fixture: started with ``start``, stopped with ``%dist stop``, and
+    then none of its processes is left (``yield from pool_through_magics(ipshell)``)."""
+    from workbench import session
+
+    result, shown = run_cell(ip, start)
+    assert result.success, shown
+    s = session.current()
+    pids = s.pids()
+    yield s
+    result, shown = run_cell(ip, "%dist stop")
+    assert result.success, shown
+    assert alive(pids) == [], "processes of the pool survived %dist stop"
+
+
 @pytest.fixture(scope="session")
 def ipshell():
     """The IPython shell the magics run in, with ``%load_ext workbench`` done."""

@@ -12,30 +12,18 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-from tests.conftest import alive
-from workbench import RankError, session
+from tests.conftest import alive, pool_through_magics, run_cell
+from workbench import RankError
 
 pytestmark = pytest.mark.timeout(90)
 
 
-def run(ip, cell):
-    """Run a cell; return (result, captured stdout+stderr+displays as text)."""
-    with capture_output() as cap:
-        result = ip.run_cell(cell)
-    shown = cap.stdout + cap.stderr + "".join(o.data.get("text/plain", "") + "\n" for o in cap.outputs)
-    return result, shown
+run = run_cell
 
 
 @pytest.fixture(scope="module")
 def pool(ipshell):
-    result, shown = run(ipshell, "%dist start -n 2 --timeout 60")
-    assert result.success, shown
-    s = session.current()
-    pids = s.pids()
-    yield s
-    result, shown = run(ipshell, "%dist stop")
-    assert result.success, shown
-    assert alive(pids) == [], "processes of the pool survived %dist stop"
+    yield from pool_through_magics(ipshell)
 
 
 def test_start_forms_the_pool(pool):

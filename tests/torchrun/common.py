@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from IPython.utils.capture import capture_output
+from tests.conftest import run_cell
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -16,12 +16,7 @@ LABEL = re.compile(r"^\[ranks? [0-9,\- ]+\] ?")  # how the notebook labels a ran
 NUMBER = re.compile(r"-?\d+\.\d{6}")  # the scripts print their figures with 6 decimals
 
 
-def run(ip, cell: str):
-    """Run a cell in the real IPython shell; return (result, everything it showed as text)."""
-    with capture_output() as cap:
-        result = ip.run_cell(cell)
-    shown = cap.stdout + cap.stderr + "".join(o.data.get("text/plain", "") + "\n" for o in cap.outputs)
-    return result, shown
+run = run_cell  # (result, everything the cell showed as text)
 
 
 def torchrun(script: str, args: list[str], cwd: Path, timeout: float = 240) -> str:

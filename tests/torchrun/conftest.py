@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import alive
-from tests.torchrun.common import run
-from workbench import session
+from tests.conftest import pool_through_magics
 
 # the scripts are torchrun's, not tests: importing them (doctest collection) would run them
 collect_ignore = ["scripts"]
@@ -14,11 +12,4 @@ collect_ignore = ["scripts"]
 
 @pytest.fixture(scope="module")
 def pool(ipshell):
-    result, shown = run(ipshell, "%dist start -n 2 --timeout 60")
-    assert result.success, shown
-    s = session.current()
-    pids = s.pids()
-    yield s
-    result, shown = run(ipshell, "%dist stop")
-    assert result.success, shown
-    assert alive(pids) == [], "processes of the pool survived %dist stop"
+    yield from pool_through_magics(ipshell)
