@@ -143,11 +143,16 @@ def run_script(path: str, argv: list[str], cwd: str | None = None) -> None:
     torchrun.run_script(path, argv, cwd)
 
 
-def chdir(path: str) -> None:
-    """On a local pool's ranks: work in the notebook's folder (``%cd`` in the notebook moves them too)."""
+def follow_folder(path: str) -> dict:
+    """On a rank: work in the notebook's folder ``path`` (``%cd`` moves it) where this host has it (a local
+    pool's ranks always do; another host through a shared file system), else stay. Returns this rank's
+    host and the folder it works in (what a "no such file" error then names)."""
     import os
+    import socket
 
-    os.chdir(path)
+    if os.path.isdir(path):
+        os.chdir(path)
+    return {"host": socket.gethostname(), "folder": os.getcwd()}
 
 
 # --- %dist debug: the last failed cell's frames (workbench.engine.postmortem) ---

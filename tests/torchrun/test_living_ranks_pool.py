@@ -36,6 +36,8 @@ def test_cells_on_the_living_ranks_after_a_death(ipshell):
         assert not result.success and "rank 1 (" in shown and "is dead" in shown, shown
         result, shown = run(ipshell, "%dist restart")
         assert result.success, shown
+        result, shown = run(ipshell, "%dist status")
+        assert result.success and "process group: formed (backend gloo, world size 2)" in shown, shown
         cell = "%%distributed\nimport torch\nt = torch.ones(1)\ndist.all_reduce(t)\nprint('sum', t.item())"
         result, shown = run(ipshell, cell)
         assert result.success and on_both_ranks(shown, "sum 2.0"), shown

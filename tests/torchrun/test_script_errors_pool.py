@@ -8,7 +8,7 @@ import textwrap
 import pytest
 from IPython.core.error import UsageError
 
-from tests.conftest import alive
+from tests.conftest import alive, until
 from tests.torchrun.common import on_both_ranks, run
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
@@ -195,3 +195,50 @@ def test_an_exception_in_a_percent_run_script_still_fails_the_cell(ipshell, pool
     result, shown = run(ipshell, f"%%distributed\n%run {script}")
     assert not result.success and "rank 0 (" in shown and "ValueError: boom" in shown, shown
     all_reduce_works(ipshell)
+
+
+TRAINER = """\
+import torch, workbench as wb
+from torch.utils.data import TensorDataset
+x, y = wb.regression_data(64, d_in=8, d_out=2)
+model = wb.shard(wb.MLP(wb.MLPConfig(d_in=8, d_hidden=16, d_out=2, n_layers=2)), 'ddp')
+data = wb.make_loader(TensorDataset(x, y), batch_size=8, model=model)
+trainer = wb.Trainer(model, data, lr=1e-3, elastic=True)
+"""
+
+
+def test_trainer_run_on_some_ranks_fails_at_once_naming_them(ipshell, pool, engines):
+    result, shown = run(ipshell, "%%distributed\n" + TRAINER)
+    assert result.success, shown
+    # on main rank 0 waited in its first collective for rank 1 until the cell's timeout
+    result, shown = run(ipshell, "%%distributed --ranks 0 --timeout 40\ntrainer.run(3)")
+    assert not result.success
+    assert ("rank 0 (" in shown and "raised ValueError: the elastic Trainer (trainer.run) needs every rank: "
+            "this cell runs on rank 0 of the 2 in the process group") in shown, shown
+    assert "timeout" not in shown, shown
+    result, shown = run(ipshell, "%%distributed\nr = trainer.run(3)\nprint('steps', len(r.history))")
+    assert result.success and on_both_ranks(shown, "steps 3"), shown
+
+
+def test_status_names_the_ranks_a_cell_destroyed_the_group_on_and_the_reform(ipshell, pool, engines):
+    cell = ("%%distributed\nfrom torch.distributed import distributed_c10d as c10d\n"
+            "if rank == 1:\n    c10d.destroy_process_group.__wrapped__()  # torch's own, raising nothing")
+    result, shown = run(ipshell, cell)
+    assert result.success, shown
+    # the rank's beacon says so (the kernel waits for it here; a bound, not a speed check)
+    assert until(lambda: "destroyed on rank 1" in pool.group_state(), timeout=20), pool.group_state()
+    result, shown = run(ipshell, "%dist status")
+    assert ("process group: destroyed on rank 1 (torch's own destroy_process_group, not the pool's deferred "
+            "one); the next cell re-forms it") in shown, shown
+    all_reduce_works(ipshell)  # that next cell
+    result, shown = run(ipshell, "%dist status")
+    assert "process group: formed (backend gloo, world size 2)" in shown, shown
+
+
+def test_a_file_percent_run_misses_names_the_ranks_folder_and_host(ipshell, pool, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result, shown = run(ipshell, "%%distributed\n%run nope.py")
+    assert not result.success and "File `'nope.py'` not found." in shown, shown
+    host = pool.ranks[0].host
+    assert (f"the ranks look for files in their own folder: ranks 0-1 on {host} in {tmp_path} (the "
+            "notebook's folder).") in shown, shown

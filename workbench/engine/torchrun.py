@@ -20,6 +20,7 @@ from __future__ import annotations
 import builtins
 import functools
 import os
+import socket
 import sys
 
 import torch
@@ -249,22 +250,36 @@ def _install_shell() -> None:
     warnings.filterwarnings("ignore", message="To exit: use 'exit', 'quit'")  # IPython's, after a SystemExit
 
 
+def missing_script(path: str, rank, host: str, folder: str, notebook_folder: str | None) -> str:
+    """What a rank says when the script is not in its folder (``notebook_folder``: the notebook's folder
+    where this host does not have it, else None).
+
+    >>> missing_script("train.py", 1, "node2", "/home/u", "/w")  # doctest: +NORMALIZE_WHITESPACE
+    "train.py: no such file in rank 1's folder /home/u on node2 (the notebook's folder /w is not on node2:
+    copy the script there, or give its path on that host)."
+    >>> missing_script("train.py", 0, "vm", "/w", None)
+    "train.py: no such file in rank 0's folder /w on vm."
+    """
+    away = (f" (the notebook's folder {notebook_folder} is not on {host}: copy the script there, or give its "
+            "path on that host)") if notebook_folder is not None else ""
+    return f"{path}: no such file in rank {rank}'s folder {folder} on {host}{away}."
+
+
 def run_script(path: str, argv: list[str], cwd: str | None = None) -> None:
     """Run the script at ``path`` as ``python path *argv`` would, in this rank's namespace.
 
     ``__name__`` is ``"__main__"``, ``sys.argv`` is ``[path, *argv]``, the script's folder comes first on
-    ``sys.path``; ``cwd`` (the notebook's folder, for a local pool): the rank works there. The script's
-    globals stay in the namespace afterwards, as with ``%run``. A zero exit is success, another raises.
+    ``sys.path``; ``cwd`` (the notebook's folder): the rank works there where its host has it. The
+    script's globals stay in the namespace afterwards, as with ``%run``. A zero exit is success, another
+    raises; a script that is not there raises naming the rank's folder and host (:func:`missing_script`).
     """
-    if cwd is not None:
-        try:
-            os.chdir(cwd)
-        except OSError as exc:
-            raise FileNotFoundError(f"the notebook's folder {cwd} is not on rank {_pool.get('rank')} "
-                                    f"({exc.strerror}); the rank works in {os.getcwd()}.") from None
+    followed = cwd is not None and os.path.isdir(cwd)
+    if followed:
+        os.chdir(cwd)
     full = os.path.abspath(path)
     if not os.path.isfile(full):
-        raise FileNotFoundError(f"{path}: no such file in rank {_pool.get('rank')}'s folder {os.getcwd()}.")
+        raise FileNotFoundError(missing_script(path, _pool.get("rank"), socket.gethostname(), os.getcwd(),
+                                               None if followed else cwd))
     with open(full, "rb") as f:
         code = compile(f.read(), full, "exec")
     _script_starts()

@@ -12,6 +12,7 @@ process group where the failed ranks are, SIGINT, SIGTERM, SIGKILL, each after a
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import threading
 import time
@@ -21,6 +22,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from workbench import faults
+from workbench.cell_targets import cell_label
 from workbench.errors import CellInterrupted, CellTimeout, RankError
 from workbench.pool.rankmap import RankInfo
 from workbench.session import hints
@@ -96,10 +98,12 @@ class CellRun:
         self._raised_before_abort: set[int] = set()  # ranks whose error came before the abort was sent
         self._asked = 0  # interrupts asked for from another thread (RunHandle.stop), not yet taken
         self._wake = threading.Event()
+        self.folders: dict[int, tuple[str, str]] = {}  # rank -> (host, the folder it works in), where known
 
     def run(self, code: str) -> CellResult:
         t0, self.started = time.perf_counter(), time.time()
-        ar = self.group.view(self.targets).execute(code, silent=False, block=False)
+        label = cell_label([r.rank for r in self.targets], len(self.group.ranks))  # what the ranks can see
+        ar = self.group.view(self.targets).execute(code, silent=False, block=False, label=label)
         by_engine = {r.engine_id: r for r in self.targets}
         self.children = [(by_engine[eid], child)
                          for eid, child in zip(ar._targets, ar._children, strict=True)]
@@ -156,7 +160,7 @@ class CellRun:
         that a rank lost is re-formed by the next cell, and the fault line promises that only then."""
         gone = [f.rank.rank for f in failures if hints.broke_the_group(str(f.error.evalue))]
         if gone:
-            self.group.mark_broken()
+            self.group.mark_destroyed(gone)
         result.group_broken = not self.group.ok
         subset = len(self.targets) < len(self.group.ranks)
         for f in failures:
@@ -164,6 +168,10 @@ class CellRun:
                               ranks=gone, subset=subset)
             if line is not None and line not in result.hints:
                 result.hints.append(line)
+        missing = {f.rank.rank: self.folders[f.rank.rank] for f in failures if f.rank.rank in self.folders
+                   and hints.file_not_found(f.error.ename, str(f.error.evalue))}
+        if missing:
+            result.hints.append(hints.where_ranks_look(missing, os.getcwd()))
 
     def _await_deaths(self, wake: threading.Event, seconds: float = 3.0) -> None:
         """Ranks sent SIGTERM or SIGKILL may answer the cell before they exit: wait to see them go

@@ -44,7 +44,8 @@ class ProcessGroup:
 
     Only this class writes its fields (and the pool's engine count, ``pool.n``): other rooms change
     them through its methods (:meth:`seat`, :meth:`adopt`, :meth:`forget_lost`, :meth:`follow`,
-    :meth:`heard`, :meth:`mark_broken`), so a reader finds every change of the group here.
+    :meth:`heard`, :meth:`mark_broken`, :meth:`mark_destroyed`, :meth:`heard_groups`), so a reader finds
+    every change of the group here.
     """
 
     def __init__(self, pool: EnginePool, config: PoolConfig):
@@ -57,6 +58,8 @@ class ProcessGroup:
         self.standby: dict[int, dict] = {}  # engine id -> the spec of its standby store (regroups)
         self.lost: list[RankInfo] = []  # ranks an elastic run went on without (`%dist restart` replaces them)
         self.fenced: list[RankInfo] = []  # engines declared lost: refused, told to stop (kept for status)
+        self.destroyed: list[int] = []  # ranks where a cell ended the default group itself (torch's own
+        # destroy_process_group, which a library may hold: not the pool's deferred one)
         self._commands = None  # a PUSH socket up the pool's side channel, made on first use
         self._commands_lock = threading.Lock()
 
@@ -84,6 +87,7 @@ class ProcessGroup:
         """Take in a group another notebook formed on the same pool (from the pool's state file)."""
         self.seat(ranks)
         self.backend, self.generation, self.ok = backend, generation, ok
+        self.destroyed = [] if ok else self.destroyed
         self.endpoints = {int(rank): eps for rank, eps in endpoints.items()}
 
     def heard(self, endpoints: dict[int, list]) -> None:
@@ -93,6 +97,30 @@ class ProcessGroup:
     def mark_broken(self) -> None:
         """A fault may have broken the group: the next cell re-forms it."""
         self.ok = False
+
+    def mark_destroyed(self, ranks) -> None:
+        """The default group is gone on ``ranks`` (a cell destroyed it there): the next cell re-forms it."""
+        self.destroyed = sorted({*self.destroyed, *ranks})
+        self.ok = False
+
+    def heard_groups(self, beats: dict) -> None:
+        """What the ranks' latest beacons say of their default group: a rank of this group whose beacon
+        says it has none had it destroyed (a cell that did so and raised nothing). Read between cells.
+
+        >>> g = ProcessGroup.__new__(ProcessGroup)
+        >>> g.ranks, g.generation, g.destroyed, g.ok = [RankInfo(0, 0, 0, "h", 7, "cpu", 0)], 1, [], True
+        >>> g.heard_groups({0: {"pid": 7, "generation": 1, "group": False}})
+        >>> g.destroyed, g.ok
+        ([0], False)
+        """
+        def says_none(r: RankInfo) -> bool:  # that engine's beacon, of this group
+            beat = beats.get(r.rank) or {}
+            return beat.get("pid") == r.pid and beat.get("generation") == self.generation \
+                and beat.get("group") is False
+
+        gone = [r.rank for r in self.ranks if says_none(r)]
+        if gone:
+            self.mark_destroyed(gone)
 
     def view(self, targets: list[RankInfo]):
         """An ipyparallel view on the engines of ``targets``."""
@@ -155,7 +183,7 @@ class ProcessGroup:
             for old in pool_state.old_group_stores(folder, generation):
                 old.unlink(missing_ok=True)
         self.lost = [r for r in self.lost if r.engine_id not in {k.engine_id for k in self.ranks}]
-        self.ok = True
+        self.ok, self.destroyed = True, []
 
     def stores_folder(self) -> str | None:
         """Where a local pool's ranks meet (0700, created on first use); None for pools across hosts."""

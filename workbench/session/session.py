@@ -110,7 +110,8 @@ class Session:
         self._active: CellRun | None = None  # the cell running now (restart and scale ask it, when elastic)
         self._recovery: Recovery | None = None  # restart, scale, bring-back (once connected)
         self._idle: IdleRelease | None = None  # config.idle_release: stops a pool nobody uses
-        self._cwds: dict[int, str] = {}  # engine id -> the folder its rank works in (local pools follow ours)
+        self._cwds: dict[int, str] = {}  # engine id -> the notebook's folder it was last asked to follow
+        self._folders: dict[int, str] = {}  # engine id -> the folder it works in (where its host has ours)
 
     # -- what it is ---------------------------------------------------------------------
     @property
@@ -356,6 +357,8 @@ class Session:
             raise RankDiedError(f"{self.ranks[rank].label()} is dead ({dead[rank]}): `%dist restart` "
                                 "(Session.restart()) starts a new engine for it and re-forms the process "
                                 "group.")
+        if self._beacons is not None:  # a cell before may have destroyed the group without an error
+            self._group.heard_groups(self._beacons.latest)
         if not self._group.ok:
             self._reform()
 
@@ -484,6 +487,7 @@ class Session:
             cell.targets = self.targets([r.rank for r in cell.targets])
             self._ensure_group(cell.targets)
             self._follow_cwd(cell.targets)
+            cell.folders = self.folders(cell.targets)
             self._active = cell
             try:
                 result = cell.run(code)
@@ -507,25 +511,32 @@ class Session:
         >>> s.run_script("train.py", ["--epochs", "2"])      # doctest: +SKIP
         """
         script.check_script(path, local=self.local)
-        cwd = os.getcwd() if self.local else None
+        cwd = os.getcwd()  # the ranks work there where their host has it; else a missing script says so
         targets = [r.rank for r in self.targets(ranks)]
         self.push({script.RUNNER: remote.run_script}, ranks=targets)  # then called by the cell, as one
         return self.run(script.script_cell(path, list(args), cwd), ranks=targets, timeout=timeout,
                         on_output=on_output, on_tick=on_tick)
 
     def _follow_cwd(self, targets: list[RankInfo]) -> None:
-        """A local pool's ranks work in the notebook's folder (also after ``%cd``): moved when it changed."""
-        if not self.local:
-            return
+        """The ranks work in the notebook's folder (also after ``%cd``) where their host has it (a local
+        pool's always does): moved when it changed. Where each rank works is kept for the errors that
+        name it (:attr:`folders`)."""
         here = os.getcwd()
         stale = [r for r in targets if self._cwds.get(r.engine_id) != here]
         if stale:
             try:  # bounded: a rank still busy must not hold the cell here, past its own timeout and ladder
-                self._group.view(stale).apply_async(remote.chdir, here).get(timeout=self.config.timeout)
+                found = self._group.view(stale).apply_async(remote.follow_folder, here).get(
+                    timeout=self.config.timeout)
             except Exception as exc:
                 log.warning("the ranks' folder was not moved to %s: %s", here, exc)
                 return
             self._cwds.update((r.engine_id, here) for r in stale)
+            self._folders.update((r.engine_id, found_at["folder"])
+                                 for r, found_at in zip(stale, found, strict=True))
+
+    def folders(self, targets: list[RankInfo]) -> dict[int, tuple[str, str]]:
+        """rank -> (host, the folder it works in), for the ranks of ``targets`` whose folder is known."""
+        return {r.rank: (r.host, self._folders[r.engine_id]) for r in targets if r.engine_id in self._folders}
 
     def submit(self, code: str, *, ranks=None, timeout: float | None = None,
                on_output: OutputCallback | None = None) -> RunHandle:
@@ -581,8 +592,10 @@ class Session:
 
     # -- status ----------------------------------------------------------------------
     def group_state(self) -> str:
-        """The process group in one line: formed, aborted after a fault (the next cell re-forms it), or
-        broken by dead ranks (``%dist restart``). A script's ``destroy_process_group()`` keeps it formed.
+        """The process group in one line: formed, destroyed on some ranks (torch's own
+        ``destroy_process_group``: the next cell re-forms it), aborted after a fault (the next cell
+        re-forms it), or broken by dead ranks (``%dist restart``). A script's ``destroy_process_group()``
+        keeps it formed (the pool defers it).
 
         >>> s.group_state()      # doctest: +SKIP
         'process group: formed (backend gloo, world size 2)'
@@ -591,6 +604,11 @@ class Session:
         if dead:
             return (f"process group: broken, rank {format_ranks(sorted(dead))} dead; cells on the other "
                     "ranks run, `%dist restart` brings it back and re-forms the group")
+        if self._group is not None and self._beacons is not None and self._active is None:
+            self._group.heard_groups(self._beacons.latest)  # between cells only: a regroup changes them
+        if self._group is not None and self._group.destroyed:
+            return (f"process group: destroyed on rank {format_ranks(self._group.destroyed)} (torch's own "
+                    "destroy_process_group, not the pool's deferred one); the next cell re-forms it")
         if self._group is None or not self._group.ok:
             return "process group: aborted after a fault; the next cell re-forms it"
         return f"process group: formed (backend {self.backend}, world size {self.world_size})"

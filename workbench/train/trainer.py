@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from workbench import cell_targets
 from workbench.engine import agent, rendezvous
 from workbench.strategies.layout import device_of, layout_of
 from workbench.strategies.pipeline import Pipelined
@@ -257,6 +258,7 @@ class Trainer:
         """
         if elastic_mod.REPLAY["on"]:  # a new engine replays the setup: its state will come from a peer
             return RunResult()
+        self._check_every_rank()
         if self.elastic is not None:
             return self._run_elastic(steps)
         generation = rendezvous.generation()
@@ -273,6 +275,21 @@ class Trainer:
                     break
                 self._took(result, self._train_step())
         return result
+
+    def _check_every_rank(self) -> None:
+        """Every step is a collective over the whole group: in a cell sent to some ranks only the others
+        never come, and the ranks there would wait in their first collective until a timeout. Refused on
+        entry instead, on each rank of the cell alike (nothing is started, the group stays as it is)."""
+        cell = cell_targets.current_cell()
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if cell is None or len(cell[0]) >= world:
+            return
+        ranks, _ = cell
+        which = "elastic Trainer" if self.elastic is not None else "Trainer"
+        raise ValueError(f"the {which} (trainer.run) needs every rank: this cell runs on rank"
+                         f"{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} of the {world} in "
+                         "the process group, whose steps are collectives over all of them. Run it in a cell "
+                         "without --ranks.")
 
     def _agree(self, steps: int) -> int:
         """One all-reduce on every rank at every run: whether some rank's data ran out, and the fewest
