@@ -111,7 +111,7 @@ class Session:
         self._recovery: Recovery | None = None  # restart, scale, bring-back (once connected)
         self._idle: IdleRelease | None = None  # config.idle_release: stops a pool nobody uses
         self._cwds: dict[int, str] = {}  # engine id -> the notebook's folder it was last asked to follow
-        self._folders: dict[int, str] = {}  # engine id -> the folder it works in (where its host has ours)
+        self._folders: dict[int, tuple[str, str]] = {}  # engine id -> (its host, the folder it works in)
 
     # -- what it is ---------------------------------------------------------------------
     @property
@@ -531,12 +531,13 @@ class Session:
                 log.warning("the ranks' folder was not moved to %s: %s", here, exc)
                 return
             self._cwds.update((r.engine_id, here) for r in stale)
-            self._folders.update((r.engine_id, found_at["folder"])
+            self._folders.update((r.engine_id, (found_at["host"], found_at["folder"]))
                                  for r, found_at in zip(stale, found, strict=True))
 
     def folders(self, targets: list[RankInfo]) -> dict[int, tuple[str, str]]:
-        """rank -> (host, the folder it works in), for the ranks of ``targets`` whose folder is known."""
-        return {r.rank: (r.host, self._folders[r.engine_id]) for r in targets if r.engine_id in self._folders}
+        """rank -> (host, the folder it works in as it last followed the notebook's), for the ranks of
+        ``targets`` whose folder is known."""
+        return {r.rank: self._folders[r.engine_id] for r in targets if r.engine_id in self._folders}
 
     def submit(self, code: str, *, ranks=None, timeout: float | None = None,
                on_output: OutputCallback | None = None) -> RunHandle:
