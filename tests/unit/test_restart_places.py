@@ -51,7 +51,9 @@ def test_slurm_lost_ranks_go_back_to_their_job_and_node_while_it_holds_it():
 @pytest.mark.parametrize("state, nodes, why", [
     ("ENDED", [], "Slurm job 7 has ended, so the allocation no longer holds node gpu01 for rank 1"),
     ("RUNNING", ["gpu03"], "Slurm job 7 (running) no longer holds node gpu01 for rank 1"),
-    ("COMPLETING", ["gpu01"], "Slurm job 7 (completing) no longer holds node gpu01 for rank 1"),
+    ("COMPLETING", ["gpu01"], "Slurm job 7 has ended, so the allocation no longer holds node gpu01 for "
+                              "rank 1"),
+    ("SUSPENDED", ["gpu01"], "Slurm job 7 (suspended) no longer holds node gpu01 for rank 1"),
 ])
 def test_slurm_a_job_that_lost_the_node_is_one_sentence_offering_the_ranks_left(state, nodes, why):
     members = ranks(3)

@@ -26,6 +26,9 @@ from collections.abc import Callable
 from ipyparallel.cluster.launcher import ipengine_cmd_argv
 
 SQUEUE_TIMEOUT_S = 10
+# squeue's states of a job that is over or on its way out (a cancelled job shows COMPLETING for seconds)
+ENDED = {"ENDED", "COMPLETING", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+         "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
 def step_command(job: str, node: str, gpus_per_node: int | None = None) -> list[str]:
@@ -112,7 +115,7 @@ the 2 ranks left (`%dist scale 2`), or stop and start the pool.
         if job not in states:
             states[job] = held(job)
         state, nodes = states[job]
-        if state == "ENDED":
+        if state in ENDED:
             raise ValueError(f"Slurm job {job} has ended, so the allocation no longer holds node {node} for "
                              f"rank {r.rank}: {go_on(left)}")
         if state != "RUNNING" or node not in nodes:
