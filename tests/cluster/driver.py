@@ -389,6 +389,7 @@ def scenario_slurm_restart(ip, spec: dict) -> dict:
     """A 2-rank Slurm pool: rank 1 killed, `%dist restart` (a new step of the job on its node); then a
     third rank in a job of its own, that job cancelled, and `%dist restart` refused in one sentence."""
     from workbench import session
+    from workbench.pool.cluster import EnginePool
 
     run(ip, SLURM_START)
     s = session.current()
@@ -406,6 +407,9 @@ def scenario_slurm_restart(ip, spec: dict) -> dict:
     run(ip, STEP)
     out["steps_after"] = s.pull("step")
     out["kept"] = s.pull("kept", rank=0)
+    other = EnginePool.attach(s.pool.pool_id)  # as another notebook or the sidebar does, from the files
+    out["attached_jobs"] = other.jobs()
+    other.close()
     # a third rank in a job of its own; that job cancelled: its node is no longer the allocation's
     run(ip, "%dist scale 3")
     out["jobs_scaled"] = s.pool.jobs()

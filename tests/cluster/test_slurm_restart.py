@@ -11,6 +11,9 @@ at a step boundary. Every test: nothing of the pool left (processes in the box, 
 
 from __future__ import annotations
 
+import contextlib
+
+import psutil
 import pytest
 import torch
 
@@ -21,8 +24,13 @@ pytestmark = [pytest.mark.slow]
 
 
 def left_in_box(box, ns) -> list[str]:
-    """The processes in the box's namespace other than its Slurm daemons (none once the pool stopped)."""
-    return ns.wait_empty(keep={p.pid for p in box.procs.values()})
+    """The processes in the box's namespace other than its Slurm daemons and slurmctld's own helper
+    (``slurmscriptd``): none once the pool stopped."""
+    keep = {p.pid for p in box.procs.values()}
+    for pid in list(keep):
+        with contextlib.suppress(psutil.Error):
+            keep |= {c.pid for c in psutil.Process(pid).children() if c.name() == "slurmscriptd"}
+    return ns.wait_empty(keep=keep)
 
 
 @pytest.mark.timeout(420)
@@ -45,6 +53,7 @@ def test_slurm_restart_is_a_new_step_and_a_lost_allocation_is_one_sentence(slurm
     assert f"{job}.{steps_after[1][1]}" in result["squeue_steps"], result["squeue_steps"]
     assert result["sums"] == [3.0, 3.0]
     assert result["kept"] == [0, before[0]["pid"]], "rank 0 keeps its Python state"
+    assert result["attached_jobs"] == [job], "another process still attaches to the pool from its files"
 
     # the third rank's job cancelled: the allocation lost its node, one sentence, the ranks left offered
     third = result["third"]["slurm_job"]

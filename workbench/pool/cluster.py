@@ -611,13 +611,15 @@ class EnginePool:
 
 @contextlib.contextmanager
 def _engine_class(cluster: ipp.Cluster, launcher: type):
-    """``cluster`` starts its next engine set with ``launcher`` (then its own class again)."""
+    """``cluster`` starts its next engine set with ``launcher``, then has its own class again, also in its
+    cluster file (which names one class for every set: another process attaching reads the file)."""
     own = cluster.engine_launcher_class
     cluster.engine_launcher_class = launcher
     try:
         yield
     finally:
         cluster.engine_launcher_class = own
+        cluster.update_cluster_file()
 
 
 @contextlib.contextmanager
