@@ -399,7 +399,9 @@ def scenario_slurm_restart(ip, spec: dict) -> dict:
     out["steps_before"] = s.pull("step")
     os.kill(s.ranks[1].pid, 9)
     out["seen_dead"] = until_dead(s, 1)
+    t0 = time.perf_counter()
     out["restart"] = run(ip, "%dist restart")
+    out["restart_s"] = time.perf_counter() - t0
     out["ranks_restarted"] = [r.__dict__ for r in s.ranks]
     out["squeue_steps"] = squeue("-s", "-o", "%i %N")
     run(ip, ALL_REDUCE)

@@ -40,6 +40,8 @@ def test_slurm_restart_is_a_new_step_and_a_lost_allocation_is_one_sentence(slurm
     job = result["jobs"][0]
     before, after = result["ranks"], result["ranks_restarted"]
     assert result["seen_dead"], "the killed engine was not seen dead"
+    print(f"Slurm: %dist restart of a killed rank (a new step, its engine up, the group re-formed) took "
+          f"{result['restart_s']:.1f} s")
     assert "restarted rank 1" in result["restart"], result["restart"]
     # same rank, host, device and job; a new engine, in a step of its own
     keep = ("rank", "local_rank", "host", "device", "slurm_job", "slurm_node")
