@@ -342,8 +342,128 @@ def scenario_ssh_plain(ip, spec: dict) -> dict:
     return out
 
 
-SCENARIOS = {"slurm": scenario_slurm, "mpi": scenario_mpi, "ssh": scenario_ssh, "ssh_cut": scenario_ssh_cut,
-             "ssh_plain": scenario_ssh_plain}
+SLURM_START = "%dist start --launcher slurm -n 2 --interface lo --partition debug --time 10 --timeout 120"
+
+
+def cell_error(ip, cell: str) -> str:
+    """Run a cell that must fail; return what the notebook shows (the error's text)."""
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as cap:
+        result = ip.run_cell(cell)
+    if result.success:
+        raise RuntimeError(f"cell did not fail: {cell}\n{cap.stdout}")
+    shown = cap.stdout + cap.stderr
+    print(shown, flush=True)
+    return shown
+
+
+def squeue(*args: str) -> str:
+    return subprocess.run(["squeue", "-h", *args], capture_output=True, text=True).stdout.strip()
+
+
+def until_dead(s, rank: int, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while rank not in s.dead_ranks():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def until_gone(timeout: float = 30) -> tuple[str, str]:
+    """squeue's jobs and steps once Slurm has let go of them (or what is left after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while (squeue() or squeue("-s")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return squeue(), squeue("-s")
+
+
+STEP = """%%distributed
+import os
+step = [os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID"), os.getpid()]
+"""
+
+
+def scenario_slurm_restart(ip, spec: dict) -> dict:
+    """A 2-rank Slurm pool: rank 1 killed, `%dist restart` (a new step of the job on its node); then a
+    third rank in a job of its own, that job cancelled, and `%dist restart` refused in one sentence."""
+    from workbench import session
+    from workbench.pool.cluster import EnginePool
+
+    run(ip, SLURM_START)
+    s = session.current()
+    out: dict = {"jobs": s.pool.jobs(), "ranks": [r.__dict__ for r in s.ranks]}
+    run(ip, "%%distributed\nimport os\nkept = [rank, os.getpid()]")
+    run(ip, STEP)
+    out["steps_before"] = s.pull("step")
+    os.kill(s.ranks[1].pid, 9)
+    out["seen_dead"] = until_dead(s, 1)
+    t0 = time.perf_counter()
+    out["restart"] = run(ip, "%dist restart")
+    out["restart_s"] = time.perf_counter() - t0
+    out["ranks_restarted"] = [r.__dict__ for r in s.ranks]
+    out["squeue_steps"] = squeue("-s", "-o", "%i %N")
+    run(ip, ALL_REDUCE)
+    out["sums"] = [w["sum"] for w in s.pull("where")]
+    run(ip, STEP)
+    out["steps_after"] = s.pull("step")
+    out["kept"] = s.pull("kept", rank=0)
+    other = EnginePool.attach(s.pool.pool_id)  # as another notebook or the sidebar does, from the files
+    out["attached_jobs"] = other.jobs()
+    other.close()
+    # a third rank in a job of its own; that job cancelled: its node is no longer the allocation's
+    run(ip, "%dist scale 3")
+    out["jobs_scaled"] = s.pool.jobs()
+    third = s.ranks[2]
+    out["third"] = third.__dict__
+    subprocess.run(["scancel", third.slurm_job], check=True)
+    out["seen_dead_third"] = until_dead(s, 2)
+    out["refused"] = cell_error(ip, "%dist restart")
+    out["scaled_back"] = run(ip, "%dist scale 2")
+    run(ip, ALL_REDUCE)
+    out["sums_after"] = [w["sum"] for w in s.pull("where")]
+    out["kept_after"] = s.pull("kept", rank=0)
+    pids = s.pids()
+    run(ip, "%dist stop")
+    out["squeue_after_stop"], out["steps_after_stop"] = until_gone()
+    out["left"] = [p for p in pids if psutil.pid_exists(p)]
+    return out
+
+
+def scenario_slurm_replace(ip, spec: dict) -> dict:
+    """A 2-rank Slurm pool, an elastic run with ``ElasticConfig(replace=True)``, rank 1 killed mid-run:
+    its replacement starts by itself (a new step of the job) and joins at a step boundary."""
+    from workbench import session
+
+    run(ip, SLURM_START)
+    s = session.current()
+    out: dict = {"jobs": s.pool.jobs()}
+    run(ip, "%%distributed\n" + spec["setup"])
+    handle = s.submit(f"result = trainer.run(steps={spec['steps']})")
+    if not wait_for_step(s, spec["at_step"]):
+        raise RuntimeError("the run did not get going")
+    os.kill(s.ranks[1].pid, 9)
+    result = handle.wait(spec["wait"])
+    out["outcomes"] = sorted(r.outcome for r in result.ranks)
+    out["squeue_steps"] = squeue("-s", "-o", "%i %N")
+    out["world_size"] = s.world_size
+    out["steps"] = s.pull("trainer.step")
+    out["events"] = s.pull("trainer.elastic.events", rank=1)
+    out["step_log"] = s.pull("log.steps")
+    s.run("from workbench.train import full_state_dict\n"
+          "full = {k: v.tolist() for k, v in full_state_dict(trainer.model).items()}")
+    out["params"] = s.pull("full")
+    pids = s.pids()
+    run(ip, "%dist stop")
+    out["squeue_after_stop"], out["steps_after_stop"] = until_gone()
+    out["left"] = [p for p in pids if psutil.pid_exists(p)]
+    return out
+
+
+SCENARIOS = {"slurm": scenario_slurm, "slurm_restart": scenario_slurm_restart,
+             "slurm_replace": scenario_slurm_replace, "mpi": scenario_mpi, "ssh": scenario_ssh,
+             "ssh_cut": scenario_ssh_cut, "ssh_plain": scenario_ssh_plain}
 
 
 def main() -> None:

@@ -114,3 +114,25 @@ def test_scale_after_a_restart_keeps_every_rank_on_its_engine(pool):
     assert [t.item() for t in pool.pull("t")] == [3.0, 3.0, 3.0]
     pool.scale(2)
     assert [(r.rank, r.pid, r.device) for r in pool.ranks] == before
+
+
+def test_scale_to_the_survivors_goes_on_without_a_dead_rank(pool):
+    """`%dist scale N` up to the ranks left drops the dead ones (as Slurm's "allocation lost the node"
+    offers): the survivors are numbered again in order and keep engine, device and Python state."""
+    pool.scale(3)
+    pool.run("import os\nmine = [rank, os.getpid()]")
+    survivors = [(r.pid, r.device) for r in pool.ranks[1:]]
+    os.kill(pool.ranks[0].pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while 0 not in pool.dead_ranks():
+        assert time.monotonic() < deadline, "the dead rank was not seen"
+        time.sleep(0.05)
+    with pytest.raises(RankDiedError, match=r"rank 0 is dead: `%dist restart` brings it back, or "
+                                            r"`%dist scale 2` goes on with the 2 ranks left"):
+        pool.scale(3)
+    ranks = pool.scale(2)
+    assert [(r.rank, r.pid, r.device) for r in ranks] == [(i, pid, d) for i, (pid, d) in enumerate(survivors)]
+    assert pool.pull("mine") == [[1, survivors[0][0]], [2, survivors[1][0]]]  # state kept, old numbers
+    pool.run("import torch\nt = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)")
+    assert [t.item() for t in pool.pull("t")] == [3.0, 3.0]
+    assert pool.dead_ranks() == {}

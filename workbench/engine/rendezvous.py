@@ -31,10 +31,13 @@ _state: dict = {}
 
 
 def describe() -> dict:
-    """Host, pid, and the GPUs this engine sees (count and UUIDs, in its own CUDA order)."""
+    """Host, pid, the GPUs this engine sees (count and UUIDs, in its own CUDA order), and the Slurm job and
+    node it runs in (empty off Slurm): a lost rank's new engine starts as a step of that job, on that node."""
     gpus = torch.cuda.device_count()
     return {"host": socket.gethostname(), "pid": os.getpid(), "gpus": gpus,
-            "gpu_uuids": [_gpu_uuid(i) for i in range(gpus)]}
+            "gpu_uuids": [_gpu_uuid(i) for i in range(gpus)],
+            "slurm_job": os.environ.get("SLURM_JOB_ID", ""),
+            "slurm_node": os.environ.get("SLURMD_NODENAME", "")}
 
 
 def _gpu_uuid(index) -> str:

@@ -289,19 +289,44 @@ class EnginePool:
         """Start ``n`` more engines (to replace dead ones, or to grow) beside the ``alive`` ones still
         running; return their ids once registered. (``known_ids`` may hold dead engines: the controller
         drops an engine only after 10 s of missed heartbeats, so they do not count for the capacity.)
-        ``hosts``: on an ssh pool, how many on which host (see :meth:`place_replacements`)."""
+        ``hosts``: on an ssh pool, how many on which host (see :meth:`place_replacements`); on a Slurm
+        pool, how many in which ``(job, node)``, each a new step (see :mod:`workbench.pool.slurm_steps`)."""
         if self.launcher == "local":
             capacity.check_this_machine(alive + n, self.config.oversubscribe)
-        self._start_engine_set(n, hosts)
+        steps = self._start_steps(hosts) if self.launcher == "slurm" and hosts else []
+        if not steps:
+            self._start_engine_set(n, hosts)
         deadline = time.monotonic() + self.timeout
         while True:
             new = sorted(set(self.client.ids) - known_ids)
             if len(new) >= n:
                 return new[:n]
+            ended = [el for el in steps if el.state == "after"]
+            if len(ended) > len(new):  # srun refused or its step ended: it said why in the log
+                raise PoolStartError(f"{len(ended)} new Slurm step(s) ended before their engine registered; "
+                                     f"the pool's log ({self.log_file}) has what srun said.")
             if time.monotonic() > deadline:
                 raise PoolStartError(f"only {len(new)} of {n} new engines registered within "
                                      f"{self.timeout:g} s.")
             time.sleep(0.02)
+
+    def _start_steps(self, placement: dict[tuple[str, str], int]) -> list:
+        """Slurm pools: one new engine per ``srun`` step in each ``(job, node)`` of ``placement`` (see
+        :mod:`workbench.pool.slurm_steps`), through ipyparallel's local engine set launcher; returns
+        their launchers (the ``srun`` processes)."""
+        from workbench.pool import slurm_steps
+
+        started = []
+        for (job, node), n in placement.items():
+            kwargs = slurm_steps.step_set_kwargs(job, node, gpus_per_node=self.config.gpus_per_node,
+                                                 env=self.env, engine_args=ENGINE_ARGS,
+                                                 log=str(self.log_file or ""))
+            # the cluster has one engine launcher class (the sbatch one): the steps' set is a local one
+            with _engine_class(self.cluster, spawn.CancellableEngineSetLauncher):
+                set_id = self.cluster.start_engines_sync(n=n, **kwargs)
+            started += list(self.cluster.engines[set_id].launchers.values())
+            self._record()
+        return started
 
     def stop_engines(self, engine_ids: list[int]) -> None:
         """Shut down some engines (a shrink): their processes exit, the others keep running."""
@@ -582,6 +607,19 @@ class EnginePool:
             self.relay.close()
             self.relay = None
         self.cluster = None
+
+
+@contextlib.contextmanager
+def _engine_class(cluster: ipp.Cluster, launcher: type):
+    """``cluster`` starts its next engine set with ``launcher``, then has its own class again, also in its
+    cluster file (which names one class for every set: another process attaching reads the file)."""
+    own = cluster.engine_launcher_class
+    cluster.engine_launcher_class = launcher
+    try:
+        yield
+    finally:
+        cluster.engine_launcher_class = own
+        cluster.update_cluster_file()
 
 
 @contextlib.contextmanager

@@ -19,6 +19,8 @@ class EngineInfo:
     pid: int
     gpus: int = 0  # GPUs visible to the engine's process
     gpu_uuids: tuple[str, ...] = ()  # their UUIDs, in the engine's CUDA order (empty: unknown)
+    slurm_job: str = ""  # a Slurm pool: the job whose step runs the engine, and its node's Slurm name
+    slurm_node: str = ""
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class RankInfo:
     device: str  # "cpu" or "cuda:N" (N in the engine's own CUDA numbering)
     engine_id: int
     gpu_uuid: str | None = None  # the GPU's identity, whatever CUDA_VISIBLE_DEVICES each process has
+    slurm_job: str = ""  # a Slurm pool: the job (allocation) and node the rank's engine runs in
+    slurm_node: str = ""
 
     def label(self) -> str:
         return f"rank {self.rank} ({self.host}, {self.device})"
@@ -72,7 +76,8 @@ def extend_rank_map(ranks: list[RankInfo], engines: list[EngineInfo], *,
         for e in members:
             here = [r for r in out if r.host == host]
             device, uuid = _pick_gpu(e, here, share_gpus)
-            out.append(RankInfo(len(out), len(here), nodes[host], host, e.pid, device, e.engine_id, uuid))
+            out.append(RankInfo(len(out), len(here), nodes[host], host, e.pid, device, e.engine_id, uuid,
+                                e.slurm_job, e.slurm_node))
     return out
 
 
@@ -147,7 +152,8 @@ def remap_engines(ranks: list[RankInfo], engines: list[EngineInfo]) -> list[Rank
         if not free.get(r.host):
             raise ValueError(f"no new engine on host {r.host!r} for rank {r.rank}")
         e = free[r.host].pop(0)
-        out.append(replace(r, engine_id=e.engine_id, pid=e.pid))
+        out.append(replace(r, engine_id=e.engine_id, pid=e.pid, slurm_job=e.slurm_job,
+                           slurm_node=e.slurm_node))
     return out
 
 
@@ -171,7 +177,8 @@ def remap_moved(ranks: list[RankInfo], engines: list[EngineInfo], running: list[
     for r in ranks:
         if free.get(r.host):
             e = free[r.host].pop(0)
-            placed[r.rank] = replace(r, engine_id=e.engine_id, pid=e.pid)
+            placed[r.rank] = replace(r, engine_id=e.engine_id, pid=e.pid, slurm_job=e.slurm_job,
+                                     slurm_node=e.slurm_node)
             used.setdefault(r.host, set()).add(r.local_rank)
     left = sorted((e for es in free.values() for e in es), key=lambda e: e.engine_id)
     for r, e in zip([r for r in ranks if r.rank not in placed], left, strict=True):
@@ -182,7 +189,8 @@ def remap_moved(ranks: list[RankInfo], engines: list[EngineInfo], running: list[
         device = r.device if r.device == "cpu" else f"cuda:{local}"
         uuid = e.gpu_uuids[local] if device != "cpu" and local < len(e.gpu_uuids) else None
         placed[r.rank] = replace(r, host=e.host, local_rank=local, node_rank=node, device=device,
-                                 engine_id=e.engine_id, pid=e.pid, gpu_uuid=uuid)
+                                 engine_id=e.engine_id, pid=e.pid, gpu_uuid=uuid, slurm_job=e.slurm_job,
+                                 slurm_node=e.slurm_node)
     return [placed[r.rank] for r in ranks]
 
 

@@ -136,7 +136,8 @@ class ProcessGroup:
         """Host, pid and visible GPUs of each engine (they answer once ``import torch`` is done)."""
         view = self.pool.client[list(engine_ids)]
         infos = view.apply_async(remote.describe).get(timeout=self.config.timeout)
-        return [EngineInfo(eid, i["host"], i["pid"], i["gpus"], tuple(i.get("gpu_uuids", ())))
+        return [EngineInfo(eid, i["host"], i["pid"], i["gpus"], tuple(i.get("gpu_uuids", ())),
+                           i.get("slurm_job", ""), i.get("slurm_node", ""))
                 for eid, i in zip(view.targets, infos, strict=True)]
 
     def form(self) -> None:
@@ -204,6 +205,20 @@ class ProcessGroup:
         for info in remap_moved(old, engines, stay) if hosts else remap_engines(old, engines):
             ranks_now[info.rank] = info
         self.seat(ranks_now)
+
+    def drop(self, ranks: list[int]) -> None:
+        """Go on without these dead ranks: the others keep engine, host and device (their Python state is
+        on them) and are numbered again in order. Off this machine the dropped engines are fenced (a rank
+        found dead there may be only cut off)."""
+        old = [r for r in self.ranks if r.rank in set(ranks)]
+        if not self.local:
+            self.fenced += old
+            self.pool.fence([r.pid for r in old])
+        stay = [r for r in self.ranks if r.rank not in set(ranks)]
+        nodes: dict[str, int] = {}
+        for r in stay:
+            nodes.setdefault(r.host, len(nodes))
+        self.seat([replace(r, rank=i, node_rank=nodes[r.host]) for i, r in enumerate(stay)])
 
     def resize(self, n: int, progress, share_gpus: bool = False) -> bool:
         """Start or stop engines so there are ``n`` ranks; False: nothing to do.

@@ -2,26 +2,36 @@
 
 - ssh: on the lost rank's host when it answers over ssh, else on another host of the pool's list (the
   line that says so goes to ``progress``); see :mod:`workbench.pool.ssh_places`.
-- Slurm and MPI: one sentence that says why not, and what the ranks left can do.
+- Slurm: a new step of the lost rank's job on its node, while the job still holds it (else one sentence
+  that says so, and what the ranks left can do); see :mod:`workbench.pool.slurm_steps`.
+- MPI: one sentence: mpiexec cannot add a process to a running world; go on with the ranks left, or
+  stop and start the pool.
 
->>> group = type("G", (), {"config": type("C", (), {"launcher": "mpi"})(), "ranks": [1, 2]})()
->>> where_to_start(group, [3], print)  # doctest: +ELLIPSIS
+>>> from workbench.pool.rankmap import RankInfo
+>>> ranks = [RankInfo(i, i, 0, "n1", 100 + i, "cpu", i) for i in range(3)]
+>>> group = type("G", (), {"config": type("C", (), {"launcher": "mpi"})(), "ranks": ranks})()
+>>> where_to_start(group, ranks[2:], print)
 Traceback (most recent call last):
 ...
-ValueError: an MPI pool cannot start engines for lost ranks: mpiexec started every engine as one job ...
+ValueError: an MPI pool cannot start engines for lost ranks: mpiexec started every engine as one job and \
+cannot add a process to it; go on with the 2 ranks left (`%dist scale 2`), or stop and start the pool.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from workbench.pool import slurm_steps
 from workbench.pool.rankmap import RankInfo
 
 
 def where_to_start(group, lost: list[RankInfo], progress: Callable[[str], None]) -> dict[str, int] | None:
-    """``{host: engines}`` for the new engines of ``lost`` (None: a local pool, on this machine), or a
-    ValueError in one sentence where the pool's launcher cannot start them."""
-    launcher, left = group.config.launcher, len(group.ranks)
+    """``{host: engines}`` for the new engines of ``lost`` (None: a local pool, on this machine; Slurm:
+    ``{(job, node): engines}``), or a ValueError in one sentence where the pool's launcher cannot start
+    them."""
+    launcher = group.config.launcher
+    gone = {r.engine_id for r in lost}
+    left = sum(1 for r in group.ranks if r.engine_id not in gone)
     if launcher == "local":
         return None
     if launcher == "ssh":
@@ -29,10 +39,7 @@ def where_to_start(group, lost: list[RankInfo], progress: Callable[[str], None])
         for note in notes:
             progress(note)
         return placement
-    if launcher == "mpi":
-        raise ValueError("an MPI pool cannot start engines for lost ranks: mpiexec started every engine as "
-                         f"one job and cannot add to it. Go on with the {left} ranks left, or stop and start "
-                         "the pool.")
-    raise ValueError(f"a {launcher} pool cannot start engines for lost ranks yet (a new step inside the "
-                     f"allocation is not done): go on with the {left} ranks left, or stop and start the "
-                     "pool.")
+    if launcher == "slurm":
+        return slurm_steps.place(lost, left)
+    raise ValueError("an MPI pool cannot start engines for lost ranks: mpiexec started every engine as one "
+                     f"job and cannot add a process to it; {slurm_steps.go_on(left)}")

@@ -6,7 +6,9 @@ device, the pool grown or shrunk, and the group re-formed; or, while an elastic 
 (``%%distributed --async``), new engines set up by replaying the notebook's setup (:class:`Transcript`)
 and handed to the running cell, which lets them join at its next step boundary
 (:class:`~workbench.session.cell_elastic.ElasticWatch`). A Trainer with ``ElasticConfig(replace=True)``
-that loses a rank has it brought back here too (:meth:`Recovery.bring_back`).
+that loses a rank has it brought back here too (:meth:`Recovery.bring_back`). Off this machine the pool's
+launcher says where a new engine starts (:mod:`workbench.session.hosts_back`: an ssh host, a step of
+the Slurm job) or, in one sentence, why it cannot (MPI; a Slurm job that lost the node).
 
 It may import :mod:`workbench.pool` (rank maps, GPU fit), :mod:`workbench.remote` (the one door) and the
 errors; it holds no pool and no group of its own: the session hands it its rooms.
@@ -82,17 +84,23 @@ class Recovery:
         if running is not None:
             return scale_running(running, n, self.transcript, self.beacons, progress)
         with self._turn("a scale"):
-            dead = dict(self.health.dead)
-            if dead:
-                raise RankDiedError(f"rank {min(dead)} is dead: `%dist restart` it (or stop and start the "
-                                    "pool) before scaling.")
             t0 = time.perf_counter()
+            dead = sorted(self.health.dead)
+            if dead:  # to the survivors (or fewer): the dead ranks are left behind
+                left = len(self.group.ranks) - len(dead)
+                if n > left:
+                    raise RankDiedError(f"rank {format_ranks(dead)} is dead: `%dist restart` brings it back, "
+                                        f"or `%dist scale {left}` goes on with the {left} ranks left.")
+                progress(f"going on without rank {format_ranks(dead)}")
+                self.group.drop(dead)
             if n > len(self.group.ranks) and self.local:
                 check_gpu_fit(n, visible_gpu_count(), share=self.config.share_gpus)
             before = {r.engine_id for r in self.group.ranks}
-            if self.group.resize(n, progress, share_gpus=self.config.share_gpus):
+            resized = self.group.resize(n, progress, share_gpus=self.config.share_gpus)
+            if resized:
                 new = [r for r in self.group.ranks if r.engine_id not in before]
                 set_up(self.group, new, self.transcript, progress)
+            if resized or dead:
                 progress(f"re-forming the process group at world size {n}")
                 self._reform(t0)
         return list(self.group.ranks)
@@ -100,9 +108,9 @@ class Recovery:
     def bring_back(self, cell) -> None:
         """An elastic Trainer with ``replace=True`` lost a rank: start its replacement in the background,
         set up by replaying the setup; it joins the run at a step boundary, as ``%dist restart`` would."""
-        if self.config.launcher not in ("local", "ssh"):
-            cell.elastic.report(f"a {self.config.launcher} pool cannot start an engine by itself: the run "
-                                "goes on with the ranks it has")
+        if self.config.launcher == "mpi":
+            cell.elastic.report("an MPI pool cannot start an engine by itself (mpiexec cannot add a process "
+                                "to a running world): the run goes on with the ranks it has")
             return
         say = (lambda message: None) if self.local else cell.elastic.report  # ssh: which host, said
 
@@ -110,6 +118,8 @@ class Recovery:
             with self._bringing_back:
                 try:
                     restart_running(cell, self.transcript, self.beacons, say)
+                except ValueError as exc:  # the launcher cannot: the Slurm job lost the node, no host answers
+                    cell.elastic.report(f"the lost rank was not brought back: {exc}")
                 except Exception as exc:
                     cell.elastic.report(f"the lost rank was not brought back ({exc}); `%dist restart` "
                                         "tries again")
