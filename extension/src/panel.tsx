@@ -10,6 +10,7 @@ import {
   inWords,
   IPool,
   IRank,
+  keptBadge,
   poolHealth,
   PoolsModel,
   progressText,
@@ -204,6 +205,7 @@ function PoolCard(props: {
   const [showLog, setShowLog] = React.useState(false);
   const [showRanks, setShowRanks] = React.useState(false);
   const health = poolHealth(pool);
+  const kept = keptBadge(pool);
   const where = whereText(pool);
   const manyRanks = pool.ranks.length > RANKS_SHOWN;
   const canUse = actions.canUseInNotebook();
@@ -223,6 +225,11 @@ function PoolCard(props: {
         <span className="wb-Card-title" title={`pool id ${pool.id}`}>
           {pool.name ?? `pool ${pool.id}`}
         </span>
+        {kept && (
+          <span className="wb-Card-kept" title={kept.title}>
+            {kept.text}
+          </span>
+        )}
         <span className="wb-Card-status">
           {pool.state}
         </span>

@@ -32,12 +32,13 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def run_lab(tmp_path: Path, notebooks: dict[str, dict], install_kernel: str | tuple[str, ...] = (),
-            wrap: list[str] = (), extra_env: dict[str, str] | None = None):
+            wrap: list[str] = (), extra_env: dict[str, str] | None = None, start_s: float = 60):
     """JupyterLab with its own config, data, runtime, settings and pool-state dirs, serving ``notebooks``.
 
     ``install_kernel``: the workbench kernel specs to install for it (one name or several). ``wrap``: a
     command the server runs under (e.g. ``nsenter --net=...``: another network namespace, which this
-    process cannot reach, so readiness is read from the server's log); ``extra_env``: more environment.
+    process cannot reach, so readiness is read from the server's log); ``extra_env``: more environment;
+    ``start_s``: how long the server may take to answer (a bound, not a speed check).
 
     Yields ``{"base", "token", "state_dir", "work", "log"}``. On exit the server is stopped (it
     stops its kernels and the pools it started) and any pool left in its state dir is ended.

@@ -1,0 +1,160 @@
+"""A pool that outlives its kernel (issue 28): ``%dist start --keep`` in a real kernel of a real Jupyter
+server (JupyterLab in its own process, its kernels started through its REST API) hands the pool to the
+server; after a real kernel restart ``%dist attach`` takes it back with its ranks' state and process
+group; the idle release still ends it, and it stops with the server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.request
+
+import psutil
+import pytest
+from jupyter_client.blocking import BlockingKernelClient
+
+from tests.conftest import alive, output_hook, until
+from tests.ui.lab import run_lab
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def rest(lab: dict, method: str, path: str, body: dict | None = None) -> dict:
+    """One authenticated call to the server's REST API; its JSON answer."""
+    request = urllib.request.Request(f"{lab['base']}/{path}", method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Authorization": f"token {lab['token']}"})
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        text = reply.read()
+    return json.loads(text) if text else {}
+
+
+class Notebook:
+    """A notebook's kernel, started by the server (``/api/sessions``), driven over its connection file."""
+
+    def __init__(self, lab: dict, tmp_path, path: str = "keep.ipynb"):
+        self.lab = lab
+        session = rest(lab, "POST", "api/sessions",
+                       {"path": path, "type": "notebook", "kernel": {"name": "python3"}})
+        self.kernel_id = session["kernel"]["id"]
+        self.client = BlockingKernelClient(
+            connection_file=str(tmp_path / "runtime" / f"kernel-{self.kernel_id}.json"))
+        self.client.load_connection_file()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=90)
+
+    def run(self, code: str, timeout: float = 180) -> str:
+        """Run a cell; everything it showed (colours removed), its error included."""
+        out: list[str] = []
+        self.client.execute_interactive(code, timeout=timeout, output_hook=output_hook(out))
+        return ANSI.sub("", "".join(out))
+
+    def value(self, code: str, timeout: float = 180):
+        """The JSON a cell prints after ``VALUE``."""
+        text = self.run(code, timeout)
+        assert "VALUE" in text, text
+        return json.loads(text.split("VALUE", 1)[1].splitlines()[0])
+
+    def pid(self) -> int:
+        return self.value("import os, json; print('VALUE', os.getpid())")
+
+    def restart(self) -> None:
+        rest(self.lab, "POST", f"api/kernels/{self.kernel_id}/restart", {})
+        self.client.wait_for_ready(timeout=90)
+
+    def close(self) -> None:
+        self.client.stop_channels()
+
+
+def _tree() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _pool_processes(nb: Notebook) -> list[int]:
+    """Every process of the kernel's pool (controller, engines, zygote, lease) and the controller's."""
+    pids = nb.value("import json, workbench; print('VALUE', json.dumps(workbench.current().pids()))")
+    return pids + [c.pid for p in pids if psutil.pid_exists(p) for c in psutil.Process(p).children(True)]
+
+
+def test_a_kept_pool_outlives_a_kernel_restart_and_stops_with_the_server(tmp_path):
+    before, pids = _tree(), []
+    with run_lab(tmp_path, {}, start_s=240) as lab:
+        [server_pid] = [p for p in _tree() - before if "jupyterlab" in psutil.Process(p).cmdline()]
+        nb = Notebook(lab, tmp_path)
+        try:
+            kernel_pid = nb.pid()
+            out = nb.run("%load_ext workbench\n%dist start -n 2 --timeout 90 --keep")
+            assert "kept by the Jupyter server" in out, out
+            nb.run("import workbench\ns = workbench.current()\n"
+                   "s.run('import torch\\nmarker = 40 + rank\\nweights = torch.full((2,), float(rank))')")
+            pids = _pool_processes(nb)
+            assert len(alive(pids)) >= 5, pids  # the zygote, the controller, 2 engines, the lease
+            # the server owns the pool: none of its processes is the kernel's
+            kernel_tree = {kernel_pid, *(c.pid for c in psutil.Process(kernel_pid).children(True))}
+            assert not kernel_tree & set(pids)
+            [card] = rest(lab, "GET", "workbench/pools")["pools"]
+            assert card["kept"] is True and card["owner"] == {"kind": "server", "label": "kept by the server"}
+            assert {n["role"] for n in card["notebooks"]} == {"started", "attached"}  # the server, the kernel
+
+            nb.restart()
+            assert nb.pid() != kernel_pid
+            assert set(alive(pids)) == set(pids)  # not one process of the pool ended
+            out = nb.run("%load_ext workbench\n%dist attach")
+            assert f"attached to pool {card['name']}" in out, out
+            got = nb.value(
+                "import json, workbench\ns = workbench.current()\n"
+                "s.run('t = weights.clone() + 1\\ndist.all_reduce(t)\\ntotal = t.tolist()')\n"
+                "print('VALUE', json.dumps([s.pull('marker'), s.pull('total')]))")
+            assert got == [[40, 41], [[3.0, 3.0], [3.0, 3.0]]]  # the state from before; a collective works
+            state = rest(lab, "GET", f"workbench/pools/{card['id']}")["pool"]
+            assert state["id"] == card["id"] and state["state"] == "running"
+            assert psutil.Process(server_pid).is_running()
+        finally:
+            nb.close()
+    # the server is gone: every process of the kept pool went with it (and nothing else of the test's)
+    assert until(lambda: not alive(pids), timeout=30), f"left running: {alive(pids)}"
+    left = [p for p in _tree() - before if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert left == []
+    assert not list((tmp_path / "pool-state").glob("pool-*.json"))
+
+
+def test_the_idle_release_ends_a_kept_pool_that_cells_from_the_kernel_kept_busy(tmp_path):
+    before, pids = _tree(), []
+    with run_lab(tmp_path, {}, start_s=240) as lab:
+        nb = Notebook(lab, tmp_path)
+        try:
+            nb.run("%load_ext workbench\n%dist start -n 2 --timeout 90 --keep --idle-release 4")
+            pids = _pool_processes(nb)
+            # a cell of the kernel that runs longer than the idle release: the server hears it is in use
+            out = nb.run("%%distributed\nimport time\ntime.sleep(7)\nprint('slept', rank)")
+            assert "slept 1" in out, out
+            assert rest(lab, "GET", "workbench/pools")["pools"][0]["state"] == "running"
+            # then nobody uses it: the server's idle release stops it
+            assert until(lambda: not alive(pids), timeout=60), f"left running: {alive(pids)}"
+            out = nb.run("%%distributed\nprint(rank)")
+            assert "was stopped (by its idle release" in out, out
+            assert rest(lab, "GET", "workbench/pools")["pools"] == []
+        finally:
+            nb.close()
+    left = [p for p in _tree() - before if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert left == []
+
+
+@pytest.mark.timeout(60)
+def test_keep_outside_a_jupyter_server_says_why_and_starts_nothing(ipshell, monkeypatch, tmp_path):
+    from IPython.core.error import UsageError
+
+    monkeypatch.delenv("JPY_PARENT_PID", raising=False)
+    monkeypatch.setenv("WORKBENCH_STATE_DIR", str(tmp_path / "pool-state"))
+    before, cwd = _tree(), sorted(os.listdir())
+    with pytest.raises(UsageError) as err:
+        ipshell.run_line_magic("dist", "start -n 2 --keep")
+    message = str(err.value)
+    assert message.startswith("cannot keep the pool: this kernel was not started by a Jupyter server")
+    assert message.count(". ") == 0 and message.endswith("from the JupyterLab panel.")  # one sentence
+    assert _tree() - before == set() and sorted(os.listdir()) == cwd
+    assert not list((tmp_path / "pool-state").glob("pool-*"))
