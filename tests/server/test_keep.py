@@ -44,7 +44,8 @@ class Notebook:
         self.client = BlockingKernelClient(
             connection_file=str(tmp_path / "runtime" / f"kernel-{self.kernel_id}.json"))
         self.client.load_connection_file()
-        self.client.start_channels()
+        # no heartbeat: on a loaded machine a missed beat (1 s) reads as "Kernel died"; the timeouts bound it
+        self.client.start_channels(hb=False)
         self.client.wait_for_ready(timeout=90)
 
     def run(self, code: str, timeout: float = 180) -> str:
@@ -119,7 +120,7 @@ def test_a_kept_pool_outlives_a_kernel_restart_and_stops_with_the_server(tmp_pat
     assert until(lambda: not alive(pids), timeout=30), f"left running: {alive(pids)}"
     left = [p for p in _tree() - before if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     assert left == []
-    assert not list((tmp_path / "pool-state").glob("pool-*.json"))
+    assert not (tmp_path / "pool-state" / f"pool-{card['id']}.json").exists()  # its state file went too
 
 
 def test_the_idle_release_ends_a_kept_pool_that_cells_from_the_kernel_kept_busy(tmp_path):
@@ -130,9 +131,9 @@ def test_the_idle_release_ends_a_kept_pool_that_cells_from_the_kernel_kept_busy(
             nb.run("%load_ext workbench\n%dist start -n 2 --timeout 90 --keep --idle-release 4")
             pids = _pool_processes(nb)
             # a cell of the kernel that runs longer than the idle release: the server hears it is in use
+            # (had its timer fired, the ranks would have been ended under the cell)
             out = nb.run("%%distributed\nimport time\ntime.sleep(7)\nprint('slept', rank)")
-            assert "slept 1" in out, out
-            assert rest(lab, "GET", "workbench/pools")["pools"][0]["state"] == "running"
+            assert "slept 0" in out and "slept 1" in out and "Error" not in out, out
             # then nobody uses it: the server's idle release stops it
             assert until(lambda: not alive(pids), timeout=60), f"left running: {alive(pids)}"
             out = nb.run("%%distributed\nprint(rank)")

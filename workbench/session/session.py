@@ -343,9 +343,9 @@ class Session:
         if pool is None:
             pass
         elif end_pool:
-            pool.stop(grace=0.5)  # an engine with torch._dynamo takes ~3 s to exit: its state is thrown away
-            if note:
+            if note:  # first: a notebook that finds the pool gone at once is told who stopped it
                 sharing.note_stopped(pool.pool_id, pool.name, by or sharing.this_notebook())
+            pool.stop(grace=0.5)  # an engine with torch._dynamo takes ~3 s to exit: its state is thrown away
         else:
             pool.close()
         if _current is self:
