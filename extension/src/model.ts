@@ -67,7 +67,7 @@ export function keptBadge(pool: IPool): { text: string; title: string } | null {
   }
   const name = pool.name ?? pool.id;
   return {
-    text: 'kept',
+    text: 'kept by the server',
     title:
       "Kept by the Jupyter server: it outlives the notebook's kernel; after a restart " +
       `\`%dist attach ${name}\` takes it back. It stops with the server, or at its idle release.`

@@ -6,76 +6,22 @@ group; the idle release still ends it, and it stops with the server.
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import urllib.request
 
 import psutil
 import pytest
-from jupyter_client.blocking import BlockingKernelClient
 
-from tests.conftest import alive, output_hook, until
-from tests.ui.lab import run_lab
+from tests.conftest import alive, until
+from tests.ui.lab import Notebook, rest, run_lab
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
-
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def rest(lab: dict, method: str, path: str, body: dict | None = None) -> dict:
-    """One authenticated call to the server's REST API; its JSON answer."""
-    request = urllib.request.Request(f"{lab['base']}/{path}", method=method,
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Authorization": f"token {lab['token']}"})
-    with urllib.request.urlopen(request, timeout=120) as reply:
-        text = reply.read()
-    return json.loads(text) if text else {}
-
-
-class Notebook:
-    """A notebook's kernel, started by the server (``/api/sessions``), driven over its connection file."""
-
-    def __init__(self, lab: dict, tmp_path, path: str = "keep.ipynb"):
-        self.lab = lab
-        session = rest(lab, "POST", "api/sessions",
-                       {"path": path, "type": "notebook", "kernel": {"name": "python3"}})
-        self.kernel_id = session["kernel"]["id"]
-        self.client = BlockingKernelClient(
-            connection_file=str(tmp_path / "runtime" / f"kernel-{self.kernel_id}.json"))
-        self.client.load_connection_file()
-        # no heartbeat: on a loaded machine a missed beat (1 s) reads as "Kernel died"; the timeouts bound it
-        self.client.start_channels(hb=False)
-        self.client.wait_for_ready(timeout=90)
-
-    def run(self, code: str, timeout: float = 180) -> str:
-        """Run a cell; everything it showed (colours removed), its error included."""
-        out: list[str] = []
-        self.client.execute_interactive(code, timeout=timeout, output_hook=output_hook(out))
-        return ANSI.sub("", "".join(out))
-
-    def value(self, code: str, timeout: float = 180):
-        """The JSON a cell prints after ``VALUE``."""
-        text = self.run(code, timeout)
-        assert "VALUE" in text, text
-        return json.loads(text.split("VALUE", 1)[1].splitlines()[0])
-
-    def pid(self) -> int:
-        return self.value("import os, json; print('VALUE', os.getpid())")
-
-    def restart(self) -> None:
-        rest(self.lab, "POST", f"api/kernels/{self.kernel_id}/restart", {})
-        self.client.wait_for_ready(timeout=90)
-
-    def close(self) -> None:
-        self.client.stop_channels()
 
 
 def _tree() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-def _pool_processes(nb: Notebook) -> list[int]:
+def pool_processes(nb: Notebook) -> list[int]:
     """Every process of the kernel's pool (controller, engines, zygote, lease) and the controller's."""
     pids = nb.value("import json, workbench; print('VALUE', json.dumps(workbench.current().pids()))")
     return pids + [c.pid for p in pids if psutil.pid_exists(p) for c in psutil.Process(p).children(True)]
@@ -92,7 +38,7 @@ def test_a_kept_pool_outlives_a_kernel_restart_and_stops_with_the_server(tmp_pat
             assert "kept by the Jupyter server" in out, out
             nb.run("import workbench\ns = workbench.current()\n"
                    "s.run('import torch\\nmarker = 40 + rank\\nweights = torch.full((2,), float(rank))')")
-            pids = _pool_processes(nb)
+            pids = pool_processes(nb)
             assert len(alive(pids)) >= 5, pids  # the zygote, the controller, 2 engines, the lease
             # the server owns the pool: none of its processes is the kernel's
             kernel_tree = {kernel_pid, *(c.pid for c in psutil.Process(kernel_pid).children(True))}
@@ -129,7 +75,7 @@ def test_the_idle_release_ends_a_kept_pool_that_cells_from_the_kernel_kept_busy(
         nb = Notebook(lab, tmp_path)
         try:
             nb.run("%load_ext workbench\n%dist start -n 2 --timeout 90 --keep --idle-release 4")
-            pids = _pool_processes(nb)
+            pids = pool_processes(nb)
             # a cell of the kernel that runs longer than the idle release: the server hears it is in use
             # (had its timer fired, the ranks would have been ended under the cell)
             out = nb.run("%%distributed\nimport time\ntime.sleep(7)\nprint('slept', rank)")

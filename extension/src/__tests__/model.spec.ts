@@ -513,7 +513,7 @@ describe('keptBadge', () => {
     const badge = keptBadge(
       pool({ kept: true, owner: { kind: 'server', label: 'kept by the server' } })
     );
-    expect(badge?.text).toBe('kept');
+    expect(badge?.text).toBe('kept by the server');
     expect(badge?.title).toContain('`%dist attach pool-glad-heron` takes it back');
     expect(badge?.title).toContain('stops with the server');
   });
