@@ -6,6 +6,7 @@ group; the idle release still ends it, and it stops with the server.
 
 from __future__ import annotations
 
+import json
 import os
 
 import psutil
@@ -19,6 +20,15 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 def _tree() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _listens(pid: int, url: str) -> bool:
+    """Whether process ``pid`` has a socket bound to ``url`` (``ipc://PATH`` or ``tcp://HOST:PORT``)."""
+    kind, _, where = url.partition("://")
+    if kind == "ipc":
+        return any(c.laddr == where for c in psutil.Process(pid).net_connections(kind="unix"))
+    port = int(where.rsplit(":", 1)[1])
+    return any(c.laddr and c.laddr.port == port for c in psutil.Process(pid).net_connections(kind="tcp"))
 
 
 def pool_processes(nb: Notebook) -> list[int]:
@@ -105,3 +115,30 @@ def test_keep_outside_a_jupyter_server_says_why_and_starts_nothing(ipshell, monk
     assert message.count(". ") == 0 and message.endswith("from the JupyterLab panel.")  # one sentence
     assert _tree() - before == set() and sorted(os.listdir()) == cwd
     assert not list((tmp_path / "pool-state").glob("pool-*"))
+
+
+def test_stop_all_from_the_notebook_has_the_server_stop_its_kept_pool(tmp_path):
+    before, pids = _tree(), []
+    with run_lab(tmp_path, {}, start_s=240) as lab:
+        nb = Notebook(lab, tmp_path)
+        try:
+            nb.run("%load_ext workbench\n%dist start -n 2 --timeout 90 --keep")
+            pids = pool_processes(nb)
+            [card] = rest(lab, "GET", "workbench/pools")["pools"]
+            state = json.loads((tmp_path / "pool-state" / f"pool-{card['id']}.json").read_text())
+            [server_pid] = [p for p in _tree() - before if "jupyterlab" in psutil.Process(p).cmdline()]
+            assert _listens(server_pid, state["channel"]["up"])  # the side channel lives in the server
+            out = nb.run("%dist stop")
+            assert "the Jupyter server keeps it" in out and set(alive(pids)) == set(pids), out
+            out = nb.run("%dist attach\n%dist stop --all")
+            assert f"stopped pool {card['name']} (2 ranks)" in out, out
+            assert alive(pids) == []
+            assert rest(lab, "GET", "workbench/pools")["pools"] == []
+            note = json.loads((tmp_path / "pool-state" / f"pool-{card['id']}.stopped.json").read_text())
+            assert note["by"] == "keep.ipynb"  # who stopped it, not "the JupyterLab panel"
+            # the server stopped it itself: its session of the pool closed, the side channel with it
+            assert not _listens(server_pid, state["channel"]["up"])
+        finally:
+            nb.close()
+    left = [p for p in _tree() - before if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert left == []
