@@ -26,6 +26,21 @@ def alive(pids: list[int]) -> list[int]:
     return out
 
 
+def output_hook(out: list[str]):
+    """An ``output_hook`` for jupyter_client's ``execute_interactive``: what a cell shows as text (streams,
+    results, displays, an error's traceback) appended to ``out``."""
+    def hook(msg):
+        c = msg["content"]
+        if msg["msg_type"] == "stream":
+            out.append(c["text"])
+        elif msg["msg_type"] in ("execute_result", "display_data"):
+            out.append(c["data"].get("text/plain", "") + "\n")
+        elif msg["msg_type"] == "error":
+            out.append("\n".join(c["traceback"]) + "\n")
+
+    return hook
+
+
 def run_cell(ip, cell: str):
     """Run a cell in the real IPython shell, as a notebook would: (its result, all it showed as text)."""
     from IPython.utils.capture import capture_output

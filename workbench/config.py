@@ -50,6 +50,11 @@ class PoolConfig:
     A local pool larger than the machine holds (more ranks than 4 per core, or than the available memory
     at about 330 MiB per rank) is refused before anything starts; ``oversubscribe=True`` starts it anyway.
 
+    ``keep=True``: the Jupyter server this kernel runs under starts and holds the pool, as it holds a pool
+    started from its panel; this kernel attaches to it. The pool outlives a kernel restart (``%dist
+    attach`` takes it back with its process group and the ranks' state) and stops with the server, or at
+    its idle release. Outside a Jupyter server the start is refused before anything runs.
+
     >>> PoolConfig(n=2).backend
     'auto'
     >>> PoolConfig(launcher="slurm", nodes=2, gpus_per_node=4).engines
@@ -91,6 +96,8 @@ class PoolConfig:
         "seconds one collective may wait before the backend gives up (default: 15 minutes)"))
     share_gpus: bool = field(default=False, metadata=_about(
         "let more ranks than GPUs share them (over gloo) instead of refusing"))
+    keep: bool = field(default=False, metadata=_about(
+        "hand the pool to the Jupyter server: it outlives this kernel (`%dist attach` takes it back)"))
     launcher_options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False, metadata=_about(
         "JSON object passed as it is to ipyparallel's engine launcher, e.g. '{\"ssh_args\": [\"-q\"]}'"))
 

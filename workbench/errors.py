@@ -48,6 +48,13 @@ class PoolGone(WorkbenchError, ValueError):
     """The pool this notebook drove was stopped elsewhere (another notebook, the panel, its lease)."""
 
 
+class CannotKeep(WorkbenchError, ValueError):
+    """``keep=True`` (``%dist start --keep``) where no Jupyter server can take the pool; nothing was started.
+
+    The message says why (no server started this kernel, it takes no token, it refused) and what to do.
+    """
+
+
 class RankDiedError(WorkbenchError):
     """A rank's engine is gone; ``%dist restart`` brings it back."""
 

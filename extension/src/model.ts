@@ -30,6 +30,8 @@ export interface IPool {
   backend: string | null;
   created: number;
   owner: { kind: 'server' | 'kernel' | 'process'; label: string };
+  /** Handed to this server by a notebook (`%dist start --keep`): it outlives that notebook's kernel. */
+  kept?: boolean;
   /** What people call it (`%dist attach NAME`); null while a panel start has no id yet. */
   name: string | null;
   /** Who drives it now: the notebook (or the panel) that started it first, then the attached ones. */
@@ -56,6 +58,20 @@ export function attachSource(attach: string, kernelNames: (string | null | undef
     .split('\n')
     .filter(line => !line.startsWith('%load_ext'))
     .join('\n');
+}
+
+/** The card's mark on a pool the server keeps for a notebook (`%dist start --keep`), and why; else null. */
+export function keptBadge(pool: IPool): { text: string; title: string } | null {
+  if (!pool.kept) {
+    return null;
+  }
+  const name = pool.name ?? pool.id;
+  return {
+    text: 'kept by the server',
+    title:
+      "Kept by the Jupyter server: it outlives the notebook's kernel; after a restart " +
+      `\`%dist attach ${name}\` takes it back. It stops with the server, or at its idle release.`
+  };
 }
 
 /** The notebooks attached to a pool (beside the one that started it): `attached: a.ipynb, b.ipynb`. */

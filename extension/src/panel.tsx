@@ -10,6 +10,7 @@ import {
   inWords,
   IPool,
   IRank,
+  keptBadge,
   poolHealth,
   PoolsModel,
   progressText,
@@ -182,8 +183,9 @@ function countsText(pool: IPool): string {
   return rankSummary(pool.ranks) + backend;
 }
 
-/** Where a pool runs and whose it is: `local on vm · started from the panel`. */
-function whereText(pool: IPool): string {
+/** Where a pool runs and whose it is: `local on vm · started from the panel` (`local on vm · ` where the
+ * kept mark says whose it is). */
+function whereText(pool: IPool, kept: boolean): string {
   const hosts = [...new Set(pool.ranks.map(r => r.host))];
   const where =
     hosts.length === 1
@@ -191,7 +193,7 @@ function whereText(pool: IPool): string {
       : hosts.length > 1
         ? `${pool.launcher} on ${hosts.length} hosts`
         : pool.launcher;
-  return `${where} · ${pool.owner.label}`;
+  return kept ? `${where} · ` : `${where} · ${pool.owner.label}`;
 }
 
 /** A pool: name, state and counts on a few lines; its ranks below (behind an expander past 4). */
@@ -204,7 +206,8 @@ function PoolCard(props: {
   const [showLog, setShowLog] = React.useState(false);
   const [showRanks, setShowRanks] = React.useState(false);
   const health = poolHealth(pool);
-  const where = whereText(pool);
+  const kept = keptBadge(pool);
+  const where = whereText(pool, !!kept);
   const manyRanks = pool.ranks.length > RANKS_SHOWN;
   const canUse = actions.canUseInNotebook();
   return (
@@ -258,8 +261,12 @@ function PoolCard(props: {
       {pool.state === 'running' && (
         <div className="wb-Card-meta wb-Card-counts">{countsText(pool)}</div>
       )}
-      <div className="wb-Card-meta" title={where}>
+      <div className="wb-Card-meta" title={kept ? kept.title : where}>
         {where}
+        {kept && (
+          // on the line that says whose it is: the title keeps the card's width for the name
+          <span className="wb-Card-kept">{kept.text}</span>
+        )}
       </div>
       {attachedText(pool) && (
         <div className="wb-Card-meta wb-Card-notebooks" title={attachedText(pool)}>

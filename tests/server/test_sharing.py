@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.conftest import alive
+from tests.conftest import alive, output_hook
 from tests.server.conftest import wait_for
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -44,18 +44,8 @@ class Notebook:
 
     async def run(self, code: str, timeout: float = 120) -> tuple[str, str]:
         """Run a cell; ``(status, everything it showed)``, colours removed."""
-        out = []
-
-        def hook(msg):
-            c = msg["content"]
-            if msg["msg_type"] == "stream":
-                out.append(c["text"])
-            elif msg["msg_type"] in ("execute_result", "display_data"):
-                out.append(c["data"].get("text/plain", "") + "\n")
-            elif msg["msg_type"] == "error":
-                out.append("\n".join(c["traceback"]) + "\n")
-
-        reply = await self.client.execute_interactive(code, timeout=timeout, output_hook=hook)
+        out: list[str] = []
+        reply = await self.client.execute_interactive(code, timeout=timeout, output_hook=output_hook(out))
         return reply["content"]["status"], ANSI.sub("", "".join(out))
 
     async def close(self) -> None:

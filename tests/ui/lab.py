@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -15,11 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import output_hook
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
 ]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                     reason="needs Debian's chromium: apt-get install chromium")
 
@@ -32,12 +36,13 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def run_lab(tmp_path: Path, notebooks: dict[str, dict], install_kernel: str | tuple[str, ...] = (),
-            wrap: list[str] = (), extra_env: dict[str, str] | None = None):
+            wrap: list[str] = (), extra_env: dict[str, str] | None = None, start_s: float = 60):
     """JupyterLab with its own config, data, runtime, settings and pool-state dirs, serving ``notebooks``.
 
     ``install_kernel``: the workbench kernel specs to install for it (one name or several). ``wrap``: a
     command the server runs under (e.g. ``nsenter --net=...``: another network namespace, which this
-    process cannot reach, so readiness is read from the server's log); ``extra_env``: more environment.
+    process cannot reach, so readiness is read from the server's log); ``extra_env``: more environment;
+    ``start_s``: how long the server may take to answer (a bound, not a speed check).
 
     Yields ``{"base", "token", "state_dir", "work", "log"}``. On exit the server is stopped (it
     stops its kernels and the pools it started) and any pool left in its state dir is ended.
@@ -113,3 +118,53 @@ def open_notebook(page, lab: dict, name: str) -> None:
     except PlaywrightTimeout:
         pass
     expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(timeout=90_000)
+
+
+def rest(lab: dict, method: str, path: str, body: dict | None = None) -> dict:
+    """One authenticated call to the server's REST API; its JSON answer."""
+    request = urllib.request.Request(f"{lab['base']}/{path}", method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Authorization": f"token {lab['token']}"})
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        text = reply.read()
+    return json.loads(text) if text else {}
+
+
+class Notebook:
+    """A notebook's kernel, started by the server (``/api/sessions``), driven over its connection file."""
+
+    def __init__(self, lab: dict, tmp_path, path: str = "keep.ipynb"):
+        from jupyter_client.blocking import BlockingKernelClient
+
+        self.lab = lab
+        session = rest(lab, "POST", "api/sessions",
+                       {"path": path, "type": "notebook", "kernel": {"name": "python3"}})
+        self.kernel_id = session["kernel"]["id"]
+        self.client = BlockingKernelClient(
+            connection_file=str(tmp_path / "runtime" / f"kernel-{self.kernel_id}.json"))
+        self.client.load_connection_file()
+        # no heartbeat: on a loaded machine a missed beat (1 s) reads as "Kernel died"; the timeouts bound it
+        self.client.start_channels(hb=False)
+        self.client.wait_for_ready(timeout=90)
+
+    def run(self, code: str, timeout: float = 180) -> str:
+        """Run a cell; everything it showed (colours removed), its error included."""
+        out: list[str] = []
+        self.client.execute_interactive(code, timeout=timeout, output_hook=output_hook(out))
+        return ANSI.sub("", "".join(out))
+
+    def value(self, code: str, timeout: float = 180):
+        """The JSON a cell prints after ``VALUE``."""
+        text = self.run(code, timeout)
+        assert "VALUE" in text, text
+        return json.loads(text.split("VALUE", 1)[1].splitlines()[0])
+
+    def pid(self) -> int:
+        return self.value("import os, json; print('VALUE', os.getpid())")
+
+    def restart(self) -> None:
+        rest(self.lab, "POST", f"api/kernels/{self.kernel_id}/restart", {})
+        self.client.wait_for_ready(timeout=90)
+
+    def close(self) -> None:
+        self.client.stop_channels()

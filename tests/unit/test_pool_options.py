@@ -33,6 +33,7 @@ SAMPLES = {
     "name": ("team-a", {}),
     "collective_timeout": (20.0, {}),
     "share_gpus": (True, {}),
+    "keep": (True, {}),
     "launcher_options": ({"delay": 0}, {"launcher": "mpi"}),
 }
 

@@ -85,7 +85,9 @@ class DistributedMagics(Magics):
             s.start(progress=progress)
         except ValueError as exc:  # e.g. loopback with engines on other machines: nothing was started
             raise UsageError(str(exc)) from None
-        print(f"pool {s.name} ({s.pool_id}): {s.world_size} ranks, backend {s.backend}")
+        print(f"pool {s.name} ({s.pool_id}): {s.world_size} ranks, backend {s.backend}"
+              + (f"; kept by the Jupyter server: it outlives this kernel, `%dist attach {s.name}` takes it "
+                 "back after a restart" if s.config.keep else ""))
         print(format_table(s.status(), STATUS_COLUMNS))
 
     def _dist_attach(self, args):
@@ -129,8 +131,11 @@ class DistributedMagics(Magics):
         n, name = s.world_size, s.name
         others = [c["notebook"] for c in s.notebooks() if c["pid"] != os.getpid()]
         if s.attached and not args.everyone:
+            kept = s.config.keep
             s.detach()
-            print(f"detached from pool {name}; it keeps running"
+            print(f"detached from pool {name}; "
+                  + (f"the Jupyter server keeps it (`%dist attach {name}` takes it back)" if kept else
+                     "it keeps running")
                   + (f" for {', '.join(others)}" if others else "")
                   + ". `%dist stop --all` stops it for everyone (the JupyterLab sidebar's Stop asks first).")
             return

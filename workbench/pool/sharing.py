@@ -118,6 +118,7 @@ class CellLock:
     def __init__(self, pool_id: str):
         self.path = pool_state.state_dir() / f"pool-{pool_id}.lock"
         self._fd: int | None = None
+        self._seen: int | None = None  # the record's mtime at the last look of used()
 
     @contextlib.contextmanager
     def held(self, waiting=lambda who: None, what: str = "a cell"):
@@ -144,6 +145,21 @@ class CellLock:
         finally:
             os.close(fd)  # closing releases the flock
 
+    def used(self) -> bool:
+        """Whether any notebook holds the lock now, or took it since the last call (a cell ran meanwhile).
+
+        What the owner's idle release asks, so cells from attached notebooks count as use (a kept pool is
+        used from a kernel, its owner is the Jupyter server). Read from the outside only: the record's
+        mtime (each holder writes it) and the kernel's table of flocks, never by taking the lock (a
+        notebook trying it at that moment would be told the pool is busy).
+        """
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        taken, self._seen = st.st_mtime_ns != self._seen, st.st_mtime_ns
+        return taken or _flocked(st)
+
     def holder(self) -> str | None:
         """Who holds the lock, as "<notebook>" (None if nobody says)."""
         try:
@@ -151,6 +167,21 @@ class CellLock:
         except (OSError, ValueError):
             return None
         return info.get("notebook") if isinstance(info, dict) else None
+
+
+def _flocked(st: os.stat_result) -> bool:
+    """Whether a process holds a flock on the file ``st`` describes (Linux's ``/proc/locks``).
+
+    >>> import tempfile; f = tempfile.NamedTemporaryFile(); fcntl.flock(f, fcntl.LOCK_EX)
+    >>> _flocked(os.stat(f.name)), fcntl.flock(f, fcntl.LOCK_UN), _flocked(os.stat(f.name))
+    (True, None, False)
+    """
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            return any(len(p) > 5 and p[1] == "FLOCK" and p[5] == where for p in map(str.split, f))
+    except OSError:
+        return False
 
 
 # -- who stopped it ------------------------------------------------------------------------------

@@ -98,7 +98,8 @@ def config_of(state: dict) -> PoolConfig:
     >>> config_of({"n": 4, "config": PoolConfig(n=2, launcher="mpi", name="team-a").to_dict()})
     PoolConfig(n=4, launcher='mpi', backend='auto', timeout=60.0, address='127.0.0.1', interface=None, \
 nodes=None, gpus_per_node=None, partition=None, time=None, account=None, hosts=(), idle_release=None, \
-oversubscribe=False, name='team-a', collective_timeout=None, share_gpus=False, launcher_options={})
+oversubscribe=False, name='team-a', collective_timeout=None, share_gpus=False, keep=False, \
+launcher_options={})
     """
     config = PoolConfig.from_dict(state.get("config") or {
         # a state file from before it carried the config: what it has

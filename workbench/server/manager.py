@@ -241,8 +241,10 @@ class PoolManager:
             phase = "running"
 
         owner_pid = (state or {}).get("owner", {}).get("pid")
+        # handed over by a notebook (`%dist start --keep`): it outlives that notebook's kernel
+        kept = bool(rec.config.keep if rec is not None else (state or {}).get("config", {}).get("keep"))
         if rec is not None or owner_pid == os.getpid():
-            owner = {"kind": "server", "label": "started from the panel"}
+            owner = {"kind": "server", "label": "kept by the server" if kept else "started from the panel"}
         elif owner_pid in owners:
             owner = {"kind": "kernel", "label": owners[owner_pid]}
         else:
@@ -282,6 +284,7 @@ class PoolManager:
             "backend": (state or {}).get("backend"),
             "created": (state or {}).get("created") or (rec.created if rec else time.time()),
             "owner": owner,
+            "kept": kept,
             "name": (state or {}).get("name") or (rec.config.name if rec is not None else None),
             "notebooks": await self._run(self._notebooks, pool_id, owners) if state is not None else [],
             "ranks": rows,
@@ -360,7 +363,7 @@ class PoolManager:
         from workbench.session import Session
 
         try:
-            rec.session = Session(rec.config, pool_id=rec.known_id)
+            rec.session = Session(rec.config, pool_id=rec.known_id, kept_here=True)
             await self._run(lambda: rec.session.start(progress=rec.progress))
         except Exception as exc:  # the real error goes on the card
             if rec.phase == "stopping":  # cancelled while starting: nothing to show

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from workbench import remote
 from workbench.config import PoolConfig
 from workbench.errors import NoPoolError, PoolStartError, RankDiedError
-from workbench.pool import netif, sharing
+from workbench.pool import keeper, netif, sharing
 from workbench.pool import state as pool_state
 from workbench.pool.cluster import EnginePool, interrupts_held
 from workbench.pool.devices import check_gpu_fit, visible_gpu_count
@@ -84,6 +84,8 @@ class Session:
     """A pool of engines joined into one torch.distributed process group.
 
     ``pool_id``: start the pool under this id (a pool started again keeps its id and name).
+    ``kept_here``: this process is the Jupyter server that keeps pools (its manager's sessions): a
+    ``keep=True`` config starts here, not handed over again.
 
     >>> s = Session(n=2, timeout=30)     # doctest: +SKIP
     >>> s.start(progress=print)          # doctest: +SKIP
@@ -93,12 +95,14 @@ class Session:
     >>> s.stop()                         # doctest: +SKIP
     """
 
-    def __init__(self, config: PoolConfig | None = None, *, pool_id: str | None = None, **kwargs):
+    def __init__(self, config: PoolConfig | None = None, *, pool_id: str | None = None,
+                 kept_here: bool = False, **kwargs):
         self.config = netif.resolve(config or PoolConfig(**kwargs))  # --interface -> its address
         self.start_seconds: float | None = None
         self.metrics = None  # the kernel-side metrics collector (workbench.metrics), once connected
         self.notify: Callable[[str], None] = lambda text: print(text, flush=True)  # "pool busy ..."
         self._pool_id = pool_id
+        self._kept_here = kept_here
         self._pool: EnginePool | None = None
         self._group: ProcessGroup | None = None
         self._health: Health | None = None
@@ -173,9 +177,15 @@ class Session:
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self, progress: Callable[[str], None] = lambda msg: None) -> Session:
-        """Start the engines and form the process group; returns self once every rank is ready."""
+        """Start the engines and form the process group; returns self once every rank is ready.
+
+        With ``keep=True`` the Jupyter server this kernel runs under starts the pool and keeps it (it
+        outlives the kernel); this session attaches to it (:mod:`workbench.pool.keeper`).
+        """
         if self.running:
             raise ValueError("this session is already running: stop it first, or use it as it is.")
+        if self.config.keep and not self._kept_here:
+            return self._start_kept(progress)
         t0 = time.perf_counter()
         gpus = visible_gpu_count() if self.local else 0
         n = default_engines(self.config, gpus)
@@ -204,9 +214,23 @@ class Session:
         progress(f"ready: {n} ranks, backend {self.backend}, {self.start_seconds:.1f} s")
         if self.config.idle_release:
             self._idle = IdleRelease(self.config.idle_release, warn=self._idle_warning,
-                                     release=self._idle_stop, busy=self._busy.locked)
+                                     release=self._idle_stop, busy=self._in_use)
         use(self)
         return self
+
+    def _start_kept(self, progress: Callable[[str], None]) -> Session:
+        """The server starts the pool as one of its own (its idle release applies there); then attach."""
+        t0 = time.perf_counter()
+        self._take(EnginePool.attach(keeper.hand_over(self.config, progress)))
+        self.start_seconds = time.perf_counter() - t0
+        progress(f"ready: {self.world_size} ranks, backend {self.backend}, {self.start_seconds:.1f} s; kept "
+                 f"by the Jupyter server (after a kernel restart: `%dist attach {self.name}`)")
+        return self
+
+    def _in_use(self) -> bool:
+        """For the idle release: a cell of this session runs, or any notebook's cell ran since the last look
+        (attached notebooks too: a kept pool's owner is the Jupyter server, its cells come from kernels)."""
+        return self._busy.locked() or (self._shared is not None and self._shared.lock.used())
 
     def _engine_env(self, n: int) -> dict[str, str]:
         if not self.local:
@@ -223,8 +247,12 @@ class Session:
         >>> s = Session.attach("pool-glad-heron")      # doctest: +SKIP
         """
         pool = EnginePool.attach(ref)
+        return cls(pool_state.config_of(pool.state))._take(pool)
+
+    def _take(self, pool: EnginePool) -> Session:
+        """Drive ``pool``, attached: its ranks, process group and state as they are."""
         state = pool.state
-        self = cls(pool_state.config_of(state))
+        self.config = pool_state.config_of(state)
         if len(state.get("ranks", [])) != state["n"]:
             pool.client.close()
             raise PoolStartError(f"pool {pool.name} has not finished starting: try again in a moment.")
@@ -286,12 +314,18 @@ class Session:
         """End this session: the pool stops (nothing of it is left running) when this session started it
         or ``everyone`` is asked for; an attached session only detaches, the pool runs on for the others.
 
-        ``by``: who stopped it, said to the notebooks still attached (default: this notebook).
+        ``by``: who stopped it, said to the notebooks still attached (default: this notebook). A kept pool
+        is stopped by the Jupyter server that keeps it (its side channel and idle timer live there); at
+        the kernel's exit this session only detaches.
         """
         pool = self._pool
         if pool is None:
             return
         end = everyone or not pool.attached
+        if end and pool.attached and self.config.keep and keeper.stop_kept(pool.pool_id):
+            self._close(end_pool=False)
+            sharing.note_stopped(pool.pool_id, pool.name, by or sharing.this_notebook())  # not "the panel"
+            return
         self._close(end_pool=end, by=by)
 
     def detach(self) -> None:
@@ -310,9 +344,9 @@ class Session:
         if pool is None:
             pass
         elif end_pool:
-            pool.stop(grace=0.5)  # an engine with torch._dynamo takes ~3 s to exit: its state is thrown away
-            if note:
+            if note:  # first: a notebook that finds the pool gone at once is told who stopped it
                 sharing.note_stopped(pool.pool_id, pool.name, by or sharing.this_notebook())
+            pool.stop(grace=0.5)  # an engine with torch._dynamo takes ~3 s to exit: its state is thrown away
         else:
             pool.close()
         if _current is self:

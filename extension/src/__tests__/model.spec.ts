@@ -12,6 +12,7 @@ import {
   IStartOptions,
   inWords,
   IWorkbenchAPI,
+  keptBadge,
   MAX_BACKOFF_MS,
   poolHealth,
   PoolsModel,
@@ -504,5 +505,21 @@ describe('attachSource', () => {
   it('gives any other kernel the load line too', () => {
     expect(attachSource(attach, ['python3', 'workbench-cpu'])).toBe(attach);
     expect(attachSource(attach, [undefined, undefined, undefined])).toBe(attach);
+  });
+});
+
+describe('keptBadge', () => {
+  it('marks a pool the server keeps for a notebook, saying how to take it back', () => {
+    const badge = keptBadge(
+      pool({ kept: true, owner: { kind: 'server', label: 'kept by the server' } })
+    );
+    expect(badge?.text).toBe('kept by the server');
+    expect(badge?.title).toContain('`%dist attach pool-glad-heron` takes it back');
+    expect(badge?.title).toContain('stops with the server');
+  });
+
+  it('leaves other pools unmarked (and servers that do not say)', () => {
+    expect(keptBadge(pool({ kept: false }))).toBeNull();
+    expect(keptBadge(pool())).toBeNull();
   });
 });
