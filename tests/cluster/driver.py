@@ -246,9 +246,10 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
 
     opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"], "remote_python": spec["python"]}
     config = PoolConfig(launcher="ssh", hosts=spec["hosts"], n=spec["n"], interface=spec["interface"],
-                        timeout=60, launcher_options=opts)
+                        timeout=spec.get("timeout", 60), launcher_options=opts)
+    t0 = time.perf_counter()
     s = Session(config).start(progress=lambda m: print(m, flush=True))
-    out: dict = {"ranks": [[r.rank, r.host, r.pid] for r in s.ranks]}
+    out: dict = {"ranks": [[r.rank, r.host, r.pid] for r in s.ranks], "start_s": time.perf_counter() - t0}
     if spec.get("plain_cell"):  # a plain cell across every host first
         run(ip, ALL_REDUCE)
         out["sums"] = sorted({w["sum"] for w in s.pull("where")})

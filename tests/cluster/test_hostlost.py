@@ -174,10 +174,12 @@ def test_32_ranks_on_four_hosts_every_engine_of_one_host_killed_the_run_goes_on(
     engine_hosts = ["n1", "n2", "n3", "n4"]
     n3, _ = five_hosts["n3"]
     spec = cut_spec(five_hosts, workdir, engine_hosts=engine_hosts, n=32, cut="n3", steps=steps,
-                    at_step=at_step, setup=ddp_setup(), plain_cell=True, kill_host="n3", wait=400)
+                    at_step=at_step, setup=ddp_setup(), plain_cell=True, kill_host="n3", wait=400,
+                    timeout=600)  # the pool's start and rendezvous: 32 engines over ssh on 2 cores
     del spec["port"]  # killed, not cut
     result = infra.run_driver(five_hosts["head"][0], "ssh_cut", spec, timeout=1400, hostname="head",
                               workdir=workdir)
+    print(f"32 ranks on 4 hosts over ssh ready in {result['start_s']:.0f} s")
     assert [r[1] for r in result["ranks"]] == [h for h in engine_hosts for _ in range(8)]
     assert result["sums"] == [sum(range(1, 33))], result["sums"]  # the plain cell, across the 4 hosts
     assert "cell_error" not in result, result["cell_error"]
