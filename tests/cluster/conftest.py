@@ -7,6 +7,7 @@ what it started, by pid, and deletes its namespaces, also when the test fails.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import shutil
 
@@ -60,19 +61,20 @@ def lo_host(namespaces_ok):
         ns.delete()
 
 
-@pytest.fixture
-def three_hosts(namespaces_ok, workdir):
-    """head (10.77.0.1, runs the kernel and controller), n1 (10.77.0.11) and n2 (10.77.0.12) on one
-    bridge, each with its interface named wb0 and its own hostname; sshd on n1 and n2."""
+@contextlib.contextmanager
+def ssh_hosts(workdir, engine_hosts: int, subnet: str):
+    """head (``SUBNET.1``, runs the kernel and controller) and ``engine_hosts`` hosts n1, n2...
+    (``SUBNET.11``, ``.12``...) on one bridge, each with its interface named wb0 and its own hostname,
+    sshd on each but head. Stops every sshd and deletes every namespace, also when the test fails."""
     need("ssh", "sshd", "ssh-keygen", "scp")
     tag = f"wb{secrets.token_hex(2)}"
     hosts = {}
     sshds = []
     try:
-        hosts = infra.make_hosts(tag, ["head", "n1", "n2"])
-        for name in ("n1", "n2"):
-            ns, address = hosts[name]
-            sshds.append(infra.Sshd(ns, address, workdir, hostname=name).start())
+        hosts = infra.make_hosts(tag, ["head", *(f"n{i}" for i in range(1, engine_hosts + 1))], subnet)
+        for name, (ns, address) in hosts.items():
+            if name != "head":
+                sshds.append(infra.Sshd(ns, address, workdir, hostname=name).start())
         for sshd in sshds:
             sshd.wait(hosts["head"][0])
         yield hosts
@@ -81,3 +83,26 @@ def three_hosts(namespaces_ok, workdir):
             sshd.stop()
         for ns, _ in hosts.values():
             ns.delete()
+
+
+# Each fixture its own subnet: the bridges are private to their namespaces anyway, but an address in a log
+# then says which test it came from.
+@pytest.fixture
+def three_hosts(namespaces_ok, workdir):
+    """head (10.77.0.1), n1 (10.77.0.11) and n2 (10.77.0.12); see :func:`ssh_hosts`."""
+    with ssh_hosts(workdir, 2, "10.77.0") as hosts:
+        yield hosts
+
+
+@pytest.fixture
+def four_hosts(namespaces_ok, workdir):
+    """head (10.77.3.1) and n1-n3 (10.77.3.11-13); see :func:`ssh_hosts`."""
+    with ssh_hosts(workdir, 3, "10.77.3") as hosts:
+        yield hosts
+
+
+@pytest.fixture
+def five_hosts(namespaces_ok, workdir):
+    """head (10.77.4.1) and n1-n4 (10.77.4.11-14); see :func:`ssh_hosts`."""
+    with ssh_hosts(workdir, 4, "10.77.4") as hosts:
+        yield hosts

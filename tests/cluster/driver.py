@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -224,21 +225,49 @@ def netns_left(name: str, keep: list[int]) -> list[int]:
     return [int(p) for p in out.split() if int(p) not in keep]
 
 
+def second_cut_when_planned(s, port: str, timeout: float = 30) -> float | None:
+    """Cut ``port`` as soon as the kernel has planned the regroup after the first cut (its fault is
+    recorded when the plan goes out), so that host is lost while the regroup waits for it."""
+    deadline = time.monotonic() + timeout
+    while not s.faults and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if not s.faults:
+        return None
+    link(port, "down")
+    return time.time()
+
+
 def scenario_ssh_cut(ip, spec: dict) -> dict:
-    """4 ranks on 2 hosts over ssh, an elastic DDP run, and one host's link cut mid-run; then restored."""
+    """Ranks on several hosts over ssh (``plain_cell``: an all_reduce cell first), an elastic run, and one
+    host's link cut mid-run (``kill_host``: its engines killed instead; ``second``: another host's link cut
+    once the regroup is planned); then ``%dist restart`` (unless ``restart`` is false) and the
+    links restored: the cut-off engines fence themselves."""
     from workbench import PoolConfig, Session
 
     opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"], "remote_python": spec["python"]}
     config = PoolConfig(launcher="ssh", hosts=spec["hosts"], n=spec["n"], interface=spec["interface"],
-                        timeout=60, launcher_options=opts)
+                        timeout=spec.get("timeout", 60), launcher_options=opts)
+    t0 = time.perf_counter()
     s = Session(config).start(progress=lambda m: print(m, flush=True))
-    out: dict = {"ranks": [[r.rank, r.host, r.pid] for r in s.ranks]}
+    out: dict = {"ranks": [[r.rank, r.host, r.pid] for r in s.ranks], "start_s": time.perf_counter() - t0}
+    if spec.get("plain_cell"):  # a plain cell across every host first
+        run(ip, ALL_REDUCE)
+        out["sums"] = sorted({w["sum"] for w in s.pull("where")})
+    cut = {spec["netns"]: (spec["port"], spec["keep"])} if "port" in spec else {}
+    if spec.get("second"):
+        cut[spec["second"]["netns"]] = (spec["second"]["port"], spec["second"]["keep"])
     run(ip, "%%distributed\n" + spec["setup"])
     handle = s.submit(f"result = trainer.run(steps={spec['steps']})")
     if not wait_for_step(s, spec["at_step"]):
         raise RuntimeError("the run did not get going")
     t_cut = time.time()
-    link(spec["port"], "down")
+    if "kill_host" in spec:  # kill -9 every engine of that host (they run in this pid namespace)
+        for r in [r for r in s.ranks if r.host == spec["kill_host"]]:
+            os.kill(r.pid, signal.SIGKILL)
+    else:
+        link(spec["port"], "down")
+    if spec.get("second"):
+        out["t_second_cut"] = second_cut_when_planned(s, spec["second"]["port"])
     try:
         result = handle.wait(spec["wait"])
         out["outcomes"] = [[r.rank.rank, r.rank.host, r.outcome] for r in result.ranks]
@@ -260,24 +289,26 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
     except Exception as exc:
         out["after_error"] = f"{type(exc).__name__}: {exc}"
     # the cut host does not answer: the lost ranks come back on the other host, set up by the replay
-    try:
-        out["restart_output"] = run(ip, "%dist restart")
-        out["ranks_restarted"] = [[r.rank, r.host, r.pid] for r in s.ranks]
-        s.run("t = torch.ones(1)\ndist.all_reduce(t)")
-        out["all_reduce_restarted"] = [t.item() for t in s.pull("t")]
-    except Exception as exc:
-        out["restart_error"] = f"{type(exc).__name__}: {exc}"
-    link(spec["port"], "up")
+    if spec.get("restart", True):
+        try:
+            out["restart_output"] = run(ip, "%dist restart")
+            out["ranks_restarted"] = [[r.rank, r.host, r.pid] for r in s.ranks]
+            s.run("t = torch.ones(1)\ndist.all_reduce(t)")
+            out["all_reduce_restarted"] = [t.item() for t in s.pull("t")]
+        except Exception as exc:
+            out["restart_error"] = f"{type(exc).__name__}: {exc}"
+    for port, _ in cut.values():
+        link(port, "up")
     t_up = time.monotonic()
-    left = netns_left(spec["netns"], spec["keep"])
-    while left and time.monotonic() - t_up < spec["fence_wait"]:
+    left = {name: netns_left(name, keep) for name, (_, keep) in cut.items()}
+    while any(left.values()) and time.monotonic() - t_up < spec["fence_wait"]:
         time.sleep(0.2)
-        left = netns_left(spec["netns"], spec["keep"])
+        left = {name: netns_left(name, keep) for name, (_, keep) in cut.items()}
     out["fenced_s"] = time.monotonic() - t_up
     out["fence_heard"] = {f"{h}:{p}": s._beacons.heard_since_fenced(h, p) for h, p in s._beacons.fenced}
     fencer = getattr(s.pool, "_fencer", None)
     out["fence_ssh"] = dict(fencer.fenced) if fencer is not None else {}
-    out["left_on_cut_host"] = left
+    out["left_on_cut_host"] = [p for pids in left.values() for p in pids]
     out["status_after"] = s.status()
     printed = io.StringIO()
     with contextlib.redirect_stderr(printed), contextlib.redirect_stdout(printed):

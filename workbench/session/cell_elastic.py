@@ -23,6 +23,7 @@ What runs on the engines: :mod:`workbench.engine.rendezvous` (``regroup``) and
 from __future__ import annotations
 
 import collections
+import dataclasses
 import signal
 import threading
 import time
@@ -141,24 +142,30 @@ class ElasticWatch:
             return False
         step = self._step(stay)
         group, health = self.cell.group, self.cell.health
+        before = self.recovering if self.recovering is not None and self.recovering["fault"] else None
+        # a loss while the regroup after another one forms: the ranks are named as the group that last
+        # formed numbered them (the user's numbers), not as the plan that never formed did
+        formed = before["formed"] if before else {r.engine_id: r.rank for r in group.ranks}
+        named = [dataclasses.replace(r, rank=formed.get(r.engine_id, r.rank)) for r in infos]
         # the ranks fill in {step}, the last step they completed together (the kernel's beacons lag);
         # the fault record gets it once they have regrouped (_check_recovered)
-        text = loss_text(infos, group.ranks, how, step="{step}", left=len(stay),
+        text = loss_text(named, group.ranks, how, step="{step}", left=len(stay),
                          fsdp=bool(settings.get("fsdp")))
         if detect_s is None and health.beacons is not None:  # how long it was silent before we knew
             detect_s = round(max(min(health.beacons.silent_for(r.rank), 3600.0) for r in infos), 3)
-        event = health.record(kind, infos[0], text.replace(" after step {step}", ""), detect_s, 0.0)
-        plan = group.regroup(stay, lost=infos, abort=True, text=text,
+        event = health.record(kind, named[0], text.replace(" after step {step}", ""), detect_s, 0.0)
+        lost_ranks = sorted({*(before["lost"] if before else []), *(r.rank for r in named)})
+        plan = group.regroup(stay, lost=infos, abort=True, text=text, lost_ranks=lost_ranks,
                              beats=health.beacons.latest if health.beacons else None)
         for r in infos:
             self.dropped[r.engine_id] = how
         self._renumber()
         self.on_regroup()
         self.faults.append(event)
-        before = self.recovering if self.recovering is not None and self.recovering["fault"] else None
         earlier = [*before["events"], (before["fault"], before["text"])] if before else []  # one regroup
         self.recovering = {"since": time.monotonic(), "generation": plan["generation"], "step": step,
-                           "fault": event, "text": text, "events": earlier, "left": len(stay)}
+                           "fault": event, "text": text, "events": earlier, "left": len(stay),
+                           "formed": formed, "lost": lost_ranks}
         # "continuing" once it has (_check_recovered)
         self.report(text.replace(" after step {step}", "").replace("; continuing on", "; regrouping on"))
         if settings.get("replace") and self.bring_back is not None:

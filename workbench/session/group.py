@@ -260,20 +260,23 @@ class ProcessGroup:
         self.form()
 
     def regroup(self, stay: list[RankInfo], join: list[RankInfo] = (), leave: list[RankInfo] = (), *,
-                lost: list[RankInfo] = (), abort: bool, text: str, beats: dict | None = None) -> dict:
+                lost: list[RankInfo] = (), abort: bool, text: str, beats: dict | None = None,
+                lost_ranks: list[int] | None = None) -> dict:
         """Tell the engines of an elastic run to form a new group: ``stay`` (in their new rank order),
         then ``join``; ``leave`` end their run. ``abort``: a rank was lost, so the old group is aborted
         at once (``beats``: the ranks' latest beacons, for where their gloo listens); a planned change
         waits for the step boundary instead. The engines form the group themselves
         (:func:`workbench.engine.rendezvous.regroup`); this group holds the new rank map at once. Returns
-        the plan (the joining engines get it through ipyparallel).
+        the plan (the joining engines get it through ipyparallel). ``lost_ranks``: the numbers the plan
+        gives the lost ranks (default theirs; a re-plan names them as the last group formed numbered them).
         """
         members = [*stay, *join]
         host = stay[0]
+        lost_ranks = [r.rank for r in lost] if lost_ranks is None else list(lost_ranks)
         plan = {"generation": self.generation + 1, "members": [[r.host, r.pid] for r in members],
                 "stay": len(stay), "leaving": [[r.host, r.pid] for r in leave],
                 "host": [host.host, host.pid], "store": self.standby[host.engine_id],
-                "lost": [r.rank for r in lost], "joined": list(range(len(stay), len(members))), "text": text}
+                "lost": lost_ranks, "joined": list(range(len(stay), len(members))), "text": text}
         self.command("regroup", [*stay, *leave], plan=plan, abort=abort, peers=self.peers(beats))
         self.lost += list(lost)
         self.fenced += list(lost)
