@@ -48,8 +48,10 @@ def one(n: int, reps: int) -> dict:
     s.start()
     out: dict = {"n": n, "ready_s": round(time.perf_counter() - t0, 2), "load_start": load_now(), "kills": []}
     try:
-        s.run("import torch, time")
         for rep in range(reps):
+            # the group whole first: a cell after a fault re-forms it, and a kill landing in that (seconds
+            # at 32 ranks) would time the re-form, not the abort
+            s.run("import torch, time")
             out["kills"].append(kill_once(s, (n // 2 + 1 + rep) % n))
             s.restart()
     finally:
@@ -80,16 +82,20 @@ def kill_once(s, victim: int) -> dict:
     pid = s.ranks[victim].pid
     s._health.add_listener(named)
     s._group.command = timed
-    threading.Timer(2.0, kill).start()
+    timer = threading.Timer(2.0, kill)
+    timer.start()
     err = None
     try:
         s.run(LOOP)
     except RankError as exc:
         err = exc
     ended = time.time()
+    timer.join()
     s._group.command = send
     s._health.remove_listener(named)
     at = marks["kill"]
+    if ended < at:  # the cell ended before the kill: nothing to time
+        return {"victim": victim, "error": f"the cell ended before the kill: {str(err)[:300]}"}
     beats = s._beacons.latest
     others = [r for r in range(len(s.ranks)) if r != victim]
     aborted = [beats[r]["aborted_at"] - at for r in others if (beats.get(r) or {}).get("aborted_at")]

@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         from bench import summary
         from bench.table import load, scale_table
 
-        tables = "\n".join(scale_table(load(args.out)["scale"]))
+        tables = "\n".join(scale_table(load(args.out)["scale"])[2:])  # under the README's own heading
         if not summary.write_readme(tables, markers=summary.SCALE_MARKERS):
             print("README.md has no bench:scale markers: its scale tables were not updated", file=sys.stderr)
     if failed:

@@ -10,12 +10,15 @@ from bench.common import RESULTS, fmt
 
 
 def load(folder: Path) -> dict:
+    """The records of :mod:`bench.run` in ``folder`` (files of another shape, e.g. a one-off's, skipped)."""
     out = {}
     for f in sorted(folder.glob("*.json")):
         try:
-            out[f.stem] = json.loads(f.read_text())
+            rec = json.loads(f.read_text())
         except ValueError:
-            pass
+            continue
+        if isinstance(rec.get("load_average"), dict) and "data" in rec:
+            out[f.stem] = rec
     return out
 
 
@@ -344,6 +347,9 @@ def faults_table(rec) -> list[str]:
         "|" + " --- |" * 8,
     ]
     for i, k in enumerate(kill.get("kills", []), 1):
+        if "error" in k:
+            out.append(f"| {i} (rank {k['victim']}) | {k['error'][:160]} |" + " |" * 6)
+            continue
         ab, rel = k["aborted_s"] or {}, k["released_s"] or {}
         out.append(
             f"| {i} (rank {k['victim']}) | {fmt(k['named_s'])} | {fmt(k['abort_sent_s'])} | "
