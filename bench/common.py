@@ -187,6 +187,14 @@ def shell():
     return ip
 
 
+def print_json(data: dict, out: str | None = None) -> None:
+    """Print ``data`` as JSON (a benchmark's command line), and write it to ``out`` too if given."""
+    text = json.dumps(data, indent=1)
+    if out:
+        Path(out).write_text(text + "\n")
+    print(text)
+
+
 def write_json(name: str, data: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

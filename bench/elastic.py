@@ -36,13 +36,14 @@ trainer = loop.build("mlp", data_world={ranks}, elastic=True, callbacks=[taken])
 """
 
 
-def run(reps: int = 2, ranks: int = 3, steps: int = 120) -> dict:
+def run(reps: int = 2, ranks: int = 3, steps: int = 120, oversubscribe: bool = False) -> dict:
+    """``oversubscribe``: more ranks than cores (the 32-rank run of :mod:`bench.faults_at_scale`)."""
     from workbench import Session
     from workbench.pool.watch import BeaconReceiver
 
     out: dict[str, list[float]] = {"kill_to_step_s": [], "restart_s": []}
     lost, doubled, notes = [], [], []
-    s = Session(n=ranks, timeout=120).start()
+    s = Session(n=ranks, timeout=120 + 4 * ranks, oversubscribe=oversubscribe).start()
     beacons = BeaconReceiver(s.pool.channel)
     try:
         s.run(SETUP.format(bench=str(BENCH), ranks=ranks))
@@ -55,12 +56,12 @@ def run(reps: int = 2, ranks: int = 3, steps: int = 120) -> dict:
             handle = s.submit(f"trainer.run(steps={steps})")
             if not _under_way(s, beacons, random.randrange(5, 15)):
                 notes.append("the run did not get going")
-                handle.wait(300)
+                handle.wait(300 + 10 * ranks)
                 continue
             t_kill = time.time()
             os.kill(s.ranks[victim].pid, signal.SIGKILL)
             try:
-                result = handle.wait(300)
+                result = handle.wait(300 + 10 * ranks)
             except Exception as exc:
                 notes.append(f"the cell failed after the kill: {str(exc)[:200]}")
                 continue

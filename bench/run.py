@@ -21,7 +21,8 @@ from pathlib import Path
 
 from bench.common import ANCHOR_PINS, ANCHORS_PY, RESULTS, load_now, machine, versions
 
-SECTIONS = ("cells", "ready", "training", "dashboard", "allreduce", "memory", "recovery", "elastic", "scale")
+SECTIONS = ("cells", "ready", "training", "dashboard", "allreduce", "memory", "recovery", "elastic", "scale",
+            "faults")
 FULL = {
     "cells_runs": 200,
     "ready_reps": 3,
@@ -33,8 +34,11 @@ FULL = {
     "ar_rounds": 3,
     "recovery_reps": 2,
     "elastic_reps": 3,
-    "scale_sizes": (2, 4, 8, 16, 32),
+    "scale_sizes": (2, 4, 8, 16, 32, 64),
     "scale_rounds": 3,
+    "faults_ranks": 32,
+    "faults_reps": 3,
+    "faults_elastic_reps": 2,
 }
 QUICK = {
     "cells_runs": 4,
@@ -49,6 +53,9 @@ QUICK = {
     "elastic_reps": 1,
     "scale_sizes": (2,),
     "scale_rounds": 1,
+    "faults_ranks": 4,
+    "faults_reps": 1,
+    "faults_elastic_reps": 0,
 }
 
 
@@ -119,7 +126,7 @@ def main(argv=None) -> int:
         (args.out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
         print(f"   {time.time() - t0:.0f} s", flush=True)
 
-    from bench import cells, dashboard_overhead, elastic, ready, recovery, scale, training
+    from bench import cells, dashboard_overhead, elastic, faults_at_scale, ready, recovery, scale, training
 
     section(
         "cells",
@@ -145,6 +152,8 @@ def main(argv=None) -> int:
     section("recovery", lambda: recovery.run(reps=p["recovery_reps"]))
     section("elastic", lambda: elastic.run(reps=p["elastic_reps"]))
     section("scale", lambda: scale.run(p["scale_sizes"], rounds=p["scale_rounds"]))
+    section("faults",
+            lambda: faults_at_scale.run(p["faults_ranks"], p["faults_reps"], p["faults_elastic_reps"]))
     from bench.table import render
 
     table = render(args.out)
@@ -156,6 +165,13 @@ def main(argv=None) -> int:
         if not summary.write_readme(summary.render(args.out)):
             print("README.md has no bench:summary markers: its Performance table was not updated",
                   file=sys.stderr)
+    if "scale" in only and args.out.resolve() == RESULTS.resolve():  # the sweep's tables, also from --only
+        from bench import summary
+        from bench.table import load, scale_table
+
+        tables = "\n".join(scale_table(load(args.out)["scale"])[2:])  # under the README's own heading
+        if not summary.write_readme(tables, markers=summary.SCALE_MARKERS):
+            print("README.md has no bench:scale markers: its scale tables were not updated", file=sys.stderr)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -9,9 +9,14 @@ Each N runs in a fresh process (an IPython shell, as :mod:`bench.cells`), starte
 - settled cells, in alternating blocks on the same engines: ``%%distributed`` vs ``%%px`` for
   ``x = 1`` and for ``print(rank)``, ``Session.pull`` vs ``DirectView.pull``; wall time per cell (median),
   the kernel's CPU per cell (``getrusage``) and the pool's CPU per cell, per block;
-- the kernel's resident memory at the end.
+- the kernel's resident memory at the end;
+- then, in the same process, a bare ``ipyparallel.Cluster(n=N)`` (what a user of ``%%px`` starts): its
+  ready time (every engine registered; it forms no process group) and its first 10 ``%%px`` cells,
+  beside ours (``ipp_ready_s``, ``ipp_first_cells_ms``).
 
-    python -m bench.scale                       # N = 2, 4, 8, 16, 32
+64 ranks run only where the machine has the memory (``MEMORY_PER_RANK_MIB`` a rank, one pool at a time).
+
+    python -m bench.scale                       # N = 2, 4, 8, 16, 32, 64
     python -m bench.scale --n 2,8,32 --out /tmp/scale.json
 """
 
@@ -25,9 +30,13 @@ import statistics
 import sys
 import time
 
-from bench.common import ROOT, load_now, run_json, summary
+import psutil
 
-SIZES = (2, 4, 8, 16, 32)
+from bench.common import ROOT, load_now, print_json, run_json, summary
+
+SIZES = (2, 4, 8, 16, 32, 64)
+MEMORY_PER_RANK_MIB = 150  # a rank's share of its pool (PSS 142 MiB with its zygote); the bare ipyparallel
+# engines (~60 MiB each) start only after our pool stopped
 FIRST_CELLS = 10
 SETTLE_S = 30.0  # "settled": this long after the start (the issue's measure)
 IDLE_S = 6.0
@@ -129,8 +138,33 @@ def one(n: int, rounds: int, block: int) -> dict:
         out["kernel_maxrss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     finally:
         cell("%dist stop")()
+    out.update(_bare_ipyparallel(n, cell))
     out["load_end"] = load_now()
     return out
+
+
+def _bare_ipyparallel(n: int, cell) -> dict:
+    """A plain ``ipyparallel.Cluster`` of ``n`` engines: ready, then its first cells through ``%%px``."""
+    import ipyparallel as ipp
+
+    t0 = time.perf_counter()
+    cluster = ipp.Cluster(n=n)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    try:
+        rc = cluster.start_and_connect_sync()
+        rc.wait_for_engines(n, timeout=120 + 4 * n)
+        ready = time.perf_counter() - t0
+        view = rc[:]
+        view.block = True
+        view.activate()
+        first = _block(cell("%%px\nx = 1"), FIRST_CELLS, [])
+        rc.close()
+    finally:
+        started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        cluster.stop_cluster_sync()
+        psutil.wait_procs(started, timeout=30)  # ipyparallel's stop signals them; they end meanwhile
+    return {"ipp_ready_s": round(ready, 3), "ipp_first_cells_ms": summary(first["walls"], 1e3, 1),
+            "ipp_first_cells_kernel_cpu_ms": round(first["kernel"] * 1e3, 1)}
 
 
 def _rss() -> int:
@@ -142,6 +176,11 @@ def run(sizes=SIZES, rounds: int = 3, block: int = 10) -> dict:
     """Every size in a fresh process, smallest first."""
     out = {}
     for n in sizes:
+        need = n * MEMORY_PER_RANK_MIB * 2**20
+        if n >= 64 and psutil.virtual_memory().available < need:
+            out[str(n)] = {"skipped": f"{psutil.virtual_memory().available / 2**30:.1f} GiB available, "
+                                      f"{need / 2**30:.1f} GiB wanted"}
+            continue
         print(f"   scale: {n} ranks", flush=True)
         out[str(n)] = run_json(
             [sys.executable, "-m", "bench.scale", "--one", str(n), "--rounds", str(rounds),
@@ -163,11 +202,7 @@ def main(argv=None) -> int:
         print(json.dumps(one(args.one, args.rounds, args.block)), flush=True)
         return 0
     data = run([int(x) for x in args.n.split(",")], args.rounds, args.block)
-    text = json.dumps(data, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    print_json(data, args.out)
     return 0
 
 

@@ -16,6 +16,7 @@ from bench.table import load
 
 README = ROOT / "README.md"
 BEGIN, END = "<!-- bench:summary -->", "<!-- /bench:summary -->"
+SCALE_MARKERS = ("<!-- bench:scale -->", "<!-- /bench:scale -->")  # the scale sweep's tables
 
 
 def _med(s: dict | None, unit: str = "") -> str:
@@ -125,13 +126,18 @@ def render(folder: Path = RESULTS) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_readme(table: str, readme: Path = README) -> bool:
-    """Put ``table`` between the markers in ``readme``; False when the markers are missing."""
+def write_readme(table: str, readme: Path = README, markers: tuple[str, str] = (BEGIN, END)) -> bool:
+    """Put ``table`` between the ``markers`` in ``readme``; False when the markers are missing.
+
+    >>> write_readme("| a |\n", Path("README.md"), SCALE_MARKERS)   # doctest: +SKIP
+    True
+    """
+    begin, end = markers
     text = readme.read_text()
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     if not pattern.search(text):
         return False
-    readme.write_text(pattern.sub(lambda _: f"{BEGIN}\n{table}{END}", text))
+    readme.write_text(pattern.sub(lambda _: f"{begin}\n{table}{end}", text))
     return True
 
 

@@ -10,12 +10,15 @@ from bench.common import RESULTS, fmt
 
 
 def load(folder: Path) -> dict:
+    """The records of :mod:`bench.run` in ``folder`` (files of another shape, e.g. a one-off's, skipped)."""
     out = {}
     for f in sorted(folder.glob("*.json")):
         try:
-            out[f.stem] = json.loads(f.read_text())
+            rec = json.loads(f.read_text())
         except ValueError:
-            pass
+            continue
+        if isinstance(rec.get("load_average"), dict) and "data" in rec:
+            out[f.stem] = rec
     return out
 
 
@@ -74,6 +77,8 @@ def render(folder: Path = RESULTS) -> str:
         lines += _elastic(r["elastic"], r.get("recovery"))
     if "scale" in r:
         lines += scale_table(r["scale"])
+    if "faults" in r:
+        lines += faults_table(r["faults"])
     return "\n".join(lines) + "\n"
 
 
@@ -83,9 +88,8 @@ def _anchor_versions(rec) -> str:
 
 
 def _error(rec) -> list[str]:
-    return (
-        [f"_failed: {rec['data']['error'].strip().splitlines()[-1]}_", ""] if "error" in rec["data"] else []
-    )
+    data = rec.get("data", rec)  # a record of bench.run, or a benchmark's own result
+    return [f"_failed: {data['error'].strip().splitlines()[-1]}_", ""] if "error" in data else []
 
 
 def _cells(rec) -> list[str]:
@@ -270,31 +274,95 @@ def _elastic(rec, recovery) -> list[str]:
 
 
 def scale_table(rec) -> list[str]:
-    """The scale sweep (:mod:`bench.scale`): a row per pool size, ours beside ``%%px`` on the same
-    engines."""
+    """The scale sweep (:mod:`bench.scale`): a row per pool size. First cells: ours beside a bare
+    ``ipyparallel.Cluster`` started in the same process; settled cells: ours beside ``%%px`` on the same
+    engines, in alternating blocks."""
     d = rec["data"] if "data" in rec else rec
+    sizes = d.get("sizes") or {}
+    load = rec.get("load_average") or {}
     out = [
-        "## Scale: N ranks on this machine (cold start, `--oversubscribe`), ours vs `%%px` on the same "
-        "engines",
+        "## Scale: N ranks on this machine (cold start, `--oversubscribe`)",
         "",
-        "| ranks | ready s | first 10 cells ms | settled cell ms: ours / %%px | kernel CPU per cell ms: "
-        "ours / %%px | pool CPU per cell ms: ours / %%px | print on every rank ms: ours / %%px | pull ms: "
-        "ours / DirectView | idle pool CPU % of a core | kernel RSS MiB | load |",
-        "|" + " --- |" * 11,
+        f"Load average over the sweep: {load.get('start', ['?'])[0]} -> {load.get('end', ['?'])[0]} (per "
+        "size in the last column); the ratios within one size are what count.",
+        "",
+        "First cells: ours vs a bare `ipyparallel.Cluster` (which forms no process group).",
+        "",
+        "| ranks | ready s: ours / ipyparallel | first 10 cells ms: ours / `%%px` | first-cell kernel CPU "
+        "ms: ours / `%%px` | kernel RSS MiB | load |",
+        "|" + " --- |" * 6,
     ] + _error(rec)
-    for n, row in (d.get("sizes") or {}).items():
-        if "error" in row:
-            out.append(f"| {n} | failed: {row['error'][:120]} |" + " |" * 9)
+    for n, row in sizes.items():
+        if "skipped" in row or "error" in row:
+            out.append(f"| {n} | {'skipped' if 'skipped' in row else 'failed'}: "
+                       f"{(row.get('skipped') or row.get('error'))[:160]} |" + " |" * 4)
             continue
-        t, pr, pl = row["trivial_ours"], row["trivial_ipp"], row["print_ours"]
+        ipp_first = (row.get("ipp_first_cells_ms") or {}).get("median")
         out.append(
-            f"| {n} | {fmt(row['ready_s'])} | {_mmm(row['first_cells_ms'])} | {fmt(t['ms']['median'])} / "
-            f"{fmt(pr['ms']['median'])} | {fmt(t['kernel_cpu_ms'])} / {fmt(pr['kernel_cpu_ms'])} | "
-            f"{fmt(t['pool_cpu_ms'])} / {fmt(pr['pool_cpu_ms'])} | {fmt(pl['ms']['median'])} / "
-            f"{fmt(row['print_ipp']['ms']['median'])} | {fmt(row['pull_ours']['ms']['median'])} / "
-            f"{fmt(row['pull_ipp']['ms']['median'])} | {fmt(row['idle_pool_cpu_pct'])} | "
-            f"{fmt(row['kernel_rss_mib'])} | {row['load_start'][0]}->{row['load_end'][0]} |"
-        )
+            f"| {n} | {fmt(row['ready_s'])} / {fmt(row.get('ipp_ready_s'))} | "
+            f"{fmt(row['first_cells_ms']['median'])} / {fmt(ipp_first)} | "
+            f"{fmt(row['first_cells_kernel_cpu_ms'])} / {fmt(row.get('ipp_first_cells_kernel_cpu_ms'))} | "
+            f"{fmt(row['kernel_rss_mib'])} | {row['load_start'][0]}->{row['load_end'][0]} |")
+    out += [
+        "",
+        "Settled cells (30 s after the start): ours vs `%%px` on the same engines; kernel CPU from "
+        "`getrusage`, every thread of the kernel's process.",
+        "",
+        "| ranks | trivial cell ms: ours / `%%px` | kernel CPU per cell ms: ours / `%%px` (ratio) | print "
+        "on every rank ms: ours / `%%px` | its kernel CPU ms (ratio) | pull ms: ours / DirectView | pool "
+        "CPU per cell ms: ours / `%%px` | idle pool CPU % of a core |",
+        "|" + " --- |" * 8,
+    ]
+    for n, row in sizes.items():
+        if "skipped" in row or "error" in row:
+            continue
+        t, tp, p, pp = row["trivial_ours"], row["trivial_ipp"], row["print_ours"], row["print_ipp"]
+        out.append(
+            f"| {n} | {fmt(t['ms']['median'])} / {fmt(tp['ms']['median'])} | {fmt(t['kernel_cpu_ms'])} / "
+            f"{fmt(tp['kernel_cpu_ms'])} ({_ratio(t['kernel_cpu_ms'], tp['kernel_cpu_ms'])}) | "
+            f"{fmt(p['ms']['median'])} / {fmt(pp['ms']['median'])} | {fmt(p['kernel_cpu_ms'])} / "
+            f"{fmt(pp['kernel_cpu_ms'])} ({_ratio(p['kernel_cpu_ms'], pp['kernel_cpu_ms'])}) | "
+            f"{fmt(row['pull_ours']['ms']['median'])} / {fmt(row['pull_ipp']['ms']['median'])} | "
+            f"{fmt(t['pool_cpu_ms'])} / {fmt(tp['pool_cpu_ms'])} | {fmt(row['idle_pool_cpu_pct'])} |")
+    return out + [""]
+
+
+def _ratio(ours, theirs) -> str:
+    return f"{ours / theirs:.2f}x" if ours is not None and theirs else "-"
+
+
+def faults_table(rec) -> list[str]:
+    """A rank killed at scale (:mod:`bench.faults_at_scale`): a row per kill, then the elastic run."""
+    d = rec["data"] if "data" in rec else rec
+    kill = d.get("kill") or {}
+    out = [f"## A rank killed in a {kill.get('n', '?')}-rank pool", ""] + _error(rec)
+    if "error" in kill:
+        return out + [f"failed: {kill['error'][:300]}", ""]
+    out += [
+        "Seconds after the `kill -9`, the machine's clock on both sides; aborted/released: median / max "
+        "over the other ranks.",
+        "",
+        "| kill | named | abort sent | others aborted | others released | cell raised | one rank named "
+        "| load |",
+        "|" + " --- |" * 8,
+    ]
+    for i, k in enumerate(kill.get("kills", []), 1):
+        if "error" in k:
+            out.append(f"| {i} (rank {k['victim']}) | {k['error'][:160]} |" + " |" * 6)
+            continue
+        ab, rel = k["aborted_s"] or {}, k["released_s"] or {}
+        out.append(
+            f"| {i} (rank {k['victim']}) | {fmt(k['named_s'])} | {fmt(k['abort_sent_s'])} | "
+            f"{fmt(ab.get('median'))} / {fmt(ab.get('max'))} | {fmt(rel.get('median'))} / "
+            f"{fmt(rel.get('max'))} | {fmt(k['cell_s'])} | {'yes' if k['one_rank_named'] else 'no'} | "
+            f"{k['load'][0]} |")
+    el = d.get("elastic")
+    if el:
+        out += ["", f"Elastic Trainer, {el['ranks']} ranks: kill -> next completed step "
+                f"{_mmm(el['kill_to_step_s'])} s over {el['kill_to_step_s'].get('n')} kills; samples lost "
+                f"{el['samples_lost']}, doubled {el['samples_doubled']}; load {el['load'][0][0]} -> "
+                f"{el['load'][1][0]}."
+                + (f" Notes: {'; '.join(el['notes'])}" if el["notes"] else "")]
     return out + [""]
 
 

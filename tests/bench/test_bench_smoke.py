@@ -169,3 +169,22 @@ def test_summary_fills_the_readme_table_between_its_markers(tmp_path):
     assert summary.write_readme(table, readme)
     assert readme.read_text() == f"# x\n{summary.BEGIN}\n{table}{summary.END}\nafter\n"
     assert not summary.write_readme(table, tmp_path / "memory.json")
+
+
+def test_scale_sweep_and_a_kill_at_scale_render_their_tables(tmp_path):
+    """The sweep beside a bare ipyparallel cluster, and the kill's timeline, at smoke sizes."""
+    from bench import faults_at_scale, scale
+    from bench.table import faults_table, scale_table
+
+    sweep = scale.run((2,), rounds=1, block=2)
+    row = sweep["sizes"]["2"]
+    assert "error" not in row and row["leftover"] == 0, row
+    assert row["ipp_ready_s"] > 0 and _has_summary(row["ipp_first_cells_ms"])
+    assert row["trivial_ours"]["kernel_cpu_ms"] > 0 and row["trivial_ipp"]["kernel_cpu_ms"] > 0
+    table = "\n".join(scale_table(sweep))
+    assert "| 2 | " in table and "x) |" in table, table
+    kills = faults_at_scale.run(n=4, reps=1, elastic_reps=0)
+    kill = kills["kill"]["kills"][0]
+    assert kills["kill"]["leftover"] == 0 and kill["one_rank_named"], kill
+    assert 0 <= kill["named_s"] <= kill["cell_s"] and kill["released_s"]["max"] <= kill["cell_s"]
+    assert "| 1 (rank 3) |" in "\n".join(faults_table(kills))

@@ -112,6 +112,9 @@ def test_forks_a_controller_and_an_engine_and_ends_them_with_itself(tmp_path, gr
             client.wait_for_engines(1, timeout=60)
             assert client[0].apply_sync(os.getpid) == engine
             assert client[0].apply_sync(os.getenv, "WB_CHILD_ONLY") == "yes"
+            # formatting a collective's traceback was done once in the zygote, not at the first fault in
+            # each forked engine at once (pygments' Python lexer compiled, the files split)
+            assert client[0].apply_sync(_lexer_ready)
         finally:
             client.close()
         assert {controller, engine} <= {p.pid for p in reap.tagged(pool_id)}
@@ -145,3 +148,10 @@ def test_a_preload_that_fails_is_not_retried_while_idle_and_a_request_says_why(t
         zygote.close()
     assert until(lambda: not (tree(group) - before), 20)
     assert zygote.proc.wait(timeout=5) == 0
+
+
+def _lexer_ready() -> bool:
+    """In the engine, before any error: whether pygments' Python lexer has its rules compiled."""
+    from pygments.lexers.python import PythonLexer
+
+    return "_tokens" in PythonLexer.__dict__

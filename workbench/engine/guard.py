@@ -200,20 +200,73 @@ def _endpoints_if_changed() -> list | None:
 
 
 # -- abort and severing --------------------------------------------------------------------------------
-def _connections():
+def _connections() -> list[tuple[int, str, tuple, tuple | None]]:
+    """This process's TCP sockets, ``(fd, status, laddr, raddr)``: "LISTEN", "ESTABLISHED" or "NONE".
+
+    Read from this process's own descriptors (a few syscalls each), not from the machine's
+    ``/proc/net/tcp`` as psutil does: with N ranks on a host that table has ~N² gloo pairs, and every
+    rank aborting at once parsed all of it twice (15 ms a time at 32 ranks, 1,650 lines).
+    """
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:  # no /proc (not Linux): psutil's way
+        return _psutil_connections()
+    found = []
+    for name in names:
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+        except OSError:
+            continue  # closed meanwhile (or the listing's own descriptor)
+        conn = _describe(int(name))
+        if conn is not None:
+            found.append(conn)
+    return found
+
+
+def _describe(fd: int) -> tuple[int, str, tuple, tuple | None] | None:
+    """``(fd, status, laddr, raddr)`` of the TCP socket ``fd`` (looked at through a duplicate); None if it is
+    no TCP socket (any more)."""
+    import socket
+
+    try:
+        copy = os.dup(fd)
+    except OSError:
+        return None
+    try:
+        sock = socket.socket(fileno=copy)
+    except OSError:
+        os.close(copy)
+        return None
+    try:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+            return None
+        laddr = tuple(sock.getsockname()[:2])
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            return fd, "LISTEN", laddr, None
+        try:
+            return fd, "ESTABLISHED", laddr, tuple(sock.getpeername()[:2])
+        except OSError:  # not connected
+            return fd, "NONE", laddr, None
+    except OSError:
+        return None
+    finally:
+        sock.close()  # the duplicate only
+
+
+def _psutil_connections() -> list[tuple[int, str, tuple, tuple | None]]:
     import psutil
 
     try:
-        return psutil.Process().net_connections("tcp")
+        conns = psutil.Process().net_connections("tcp")
     except OSError:  # a socket closed while psutil read /proc: once more
-        return psutil.Process().net_connections("tcp")
+        conns = psutil.Process().net_connections("tcp")
+    return [(c.fd, c.status, tuple(c.laddr), tuple(c.raddr) if c.raddr else None) for c in conns]
 
 
 def listening() -> list[tuple[str, int]]:
     """The (address, port) this process listens on."""
-    import psutil
-
-    return sorted({(c.laddr.ip, c.laddr.port) for c in _connections() if c.status == psutil.CONN_LISTEN})
+    return sorted({laddr for _, status, laddr, _ in _connections() if status == "LISTEN"})
 
 
 def not_gloo(ports: Iterable[int]) -> None:
@@ -280,7 +333,7 @@ def abort(peers: Iterable = ()) -> int | None:
 def _sever(own, peers) -> int:
     import socket
 
-    conns = [(c.fd, c.status, tuple(c.laddr), tuple(c.raddr) if c.raddr else None) for c in _connections()]
+    conns = _connections()
     where = {fd: (laddr, raddr) for fd, _, laddr, raddr in conns}
     cut = 0
     for fd in to_sever(conns, own, peers):

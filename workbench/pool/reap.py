@@ -46,7 +46,10 @@ def pool_processes(pool_id: str | None, records: list[dict]) -> list[psutil.Proc
     procs = {p.pid: p for p in tagged(pool_id)} if pool_id else {}
     for rec in records:
         if process_alive(rec) and rec["pid"] not in procs and rec["pid"] != os.getpid():
-            procs[rec["pid"]] = psutil.Process(rec["pid"])
+            try:
+                procs[rec["pid"]] = psutil.Process(rec["pid"])
+            except psutil.NoSuchProcess:  # it ended since the look (seen in a 16-rank `%dist stop`)
+                pass
     for proc in list(procs.values()):
         try:
             procs.update((c.pid, c) for c in proc.children(recursive=True))

@@ -32,6 +32,7 @@ class BeaconReceiver:
         self._sock = wire.subscriber(self._ctx, channel["out"], wire.BEACON)
         self.latest: dict[int, dict] = {}
         self.seen: dict[int, float] = {}  # kernel clock, so skew across nodes does not matter
+        self.trainers: set[int] = set()  # ranks whose latest beacon shows a Trainer running (O(1) to ask)
         self.bad = 0  # messages dropped: forged, malformed or too large
         self._last: dict[int, tuple[str, int]] = {}  # rank -> (publisher, sequence) of its newest beacon
         self._generation: dict[int, int] = {}  # rank -> the newest process group a beacon of it came from
@@ -78,6 +79,10 @@ class BeaconReceiver:
         self._last[rank], self._generation[rank] = (pub, seq), generation
         self.latest[rank] = beat
         self.seen[rank] = time.monotonic()
+        if (beat.get("trainer") or {}).get("running"):
+            self.trainers.add(rank)
+        else:
+            self.trainers.discard(rank)
         return True
 
     def _heard_fenced(self, engine: tuple[str, int]) -> None:

@@ -170,6 +170,8 @@ def _preload(role: str, loaded: set[str]) -> None:
         # torch's files in every fault's traceback, before the first engine is forked (~0.5 s here once,
         # not 0.5 s in each of 31 ranks at the first fault); the trainer's once idle
         agent.parse_traceback_sources(only_loaded=role == "engine")
+        if role == "engine":  # and the rest of formatting such a traceback, once (not in each rank at once)
+            agent.format_a_collective_traceback()
     loaded.add(role)
     gc.collect()
     gc.freeze()  # what is loaded now stays put: the children's garbage collections do not copy its pages

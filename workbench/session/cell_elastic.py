@@ -94,6 +94,10 @@ class ElasticWatch:
     def tick(self) -> None:
         """From the cell's wait loop: notice a regroup that completed, or a rank that hangs; carry out
         the changes asked for from other threads (``%dist restart``, ``%dist scale``)."""
+        beacons = self.cell.health.beacons
+        if self.recovering is None and self.settings is None and not self.requests \
+                and (beacons is None or not beacons.trainers):
+            return  # no Trainer runs anywhere: nothing to watch (O(1), not a look at every rank's beacon)
         if self.recovering is not None:
             self._check_recovered()
         elif self.active() is not None:

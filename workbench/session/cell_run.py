@@ -49,6 +49,9 @@ OutputCallback = Callable[[int, str, Any], None]
 # and keeps its Python state; the signals are for ranks that are not in a collective, and SIGTERM and
 # SIGKILL only for those that ignored everything gentler.
 AFTER_FAILURE = ((0.3, "abort"), (0.8, "sigint"), (3.0, "sigterm"), (5.0, "sigkill"))
+# After a death the abort goes at once: the root cause is known, and the 0.3 s above (for the other
+# ranks' own errors to come first) would only keep the others waiting.
+AFTER_DEATH = ((0.0, "abort"), *AFTER_FAILURE[1:])
 # After a timeout or a second Ctrl-C the ranks running Python are interrupted first.
 AFTER_INTERRUPT = ((0.0, "sigint"), (0.3, "abort"), (3.0, "sigterm"), (5.0, "sigkill"))
 # Ctrl-C while a Trainer runs on every rank asks it to stop at the next step boundary; the ladder above
@@ -66,6 +69,10 @@ FINISHING_GRACE_S = 10.0
 OUTPUT_AFTER_FAULT_S = 1.0
 # The wait loop wakes on output, on a death and at least this often (the dashboard's tick, the ladder).
 TICK_S = 0.05
+# The ranks' messages the wait loop acts on (output to hand on, an error to judge). Their busy and idle
+# status and the echo of the code (3 of a trivial cell's 5 messages per rank) wake nothing: woken by
+# each, the loop's pass over all N ranks ran ~3N times per cell; the cell's end wakes it once.
+WAKING = frozenset({"stream", "error", "display_data", "update_display_data", "execute_result"})
 
 
 def soft_stop(grace: float) -> tuple:
@@ -110,7 +117,7 @@ class CellRun:
         wake = self._wake
         self.relay.attach(self.children, CellOutput(log_dir=None, pool_id=self.health.pool_id))
         for _, child in self.children:
-            child.iopub_callbacks.append(lambda msg: wake.set())
+            child.iopub_callbacks.append(lambda msg: msg["header"]["msg_type"] in WAKING and wake.set())
         ar.add_done_callback(lambda f: wake.set())
         self.health.add_listener(wake.set)
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
@@ -260,7 +267,7 @@ class CellRun:
         if lost:  # a whole host gone (off this machine) is named as such: one fault
             text = death_text(lost, self.group.ranks, dead) if not self.group.local else \
                 f"rank {lost[0].rank} {how}"
-            self._start_fault(now, "died", lost[0], text, AFTER_FAILURE)
+            self._start_fault(now, "died", lost[0], text, AFTER_DEATH)
             self.health.announce(r.rank for r in lost)  # one fault: never "died while idle" after it
             return
         for r, c in self.children:

@@ -36,6 +36,8 @@ from workbench.pool.rankmap import (
     remap_moved,
 )
 
+VIEWS_KEPT = 16  # views kept, one per set of engines (a notebook uses a few: all, one rank, a subset)
+
 
 class ProcessGroup:
     """One torch.distributed group over a pool's engines, seen from the kernel.
@@ -62,6 +64,7 @@ class ProcessGroup:
         # destroy_process_group, which a library may hold: not the pool's deferred one)
         self._commands = None  # a PUSH socket up the pool's side channel, made on first use
         self._commands_lock = threading.Lock()
+        self._views: dict[tuple[int, ...], object] = {}  # engine ids -> their DirectView (see view())
 
     @property
     def local(self) -> bool:
@@ -123,14 +126,24 @@ class ProcessGroup:
             self.mark_destroyed(gone)
 
     def view(self, targets: list[RankInfo]):
-        """An ipyparallel view on the engines of ``targets``."""
+        """An ipyparallel view on the engines of ``targets`` (one per set of engines, made once: a new
+        DirectView per cell was a third of our kernel-side cost of a trivial cell beyond ipyparallel's;
+        nobody changes a view's flags, every caller passes ``block``)."""
+        ids = tuple(r.engine_id for r in targets)
+        known = self._views.get(ids)
+        if known is not None and known.client is self.pool.client and set(ids) <= set(self.pool.client.ids):
+            return known
         try:
-            return self.pool.client[[r.engine_id for r in targets]]
+            view = self.pool.client[list(ids)]
         except (KeyError, IndexError):  # the controller dropped an engine: it is gone
             known = set(self.pool.client.ids)
             lost = next(r for r in targets if r.engine_id not in known)
             raise RankDiedError(f"{lost.label()} is gone (its engine left the controller): `%dist restart` "
                                 "brings it back.") from None
+        if len(self._views) >= VIEWS_KEPT:
+            self._views.clear()
+        self._views[ids] = view
+        return view
 
     def describe(self, engine_ids) -> list[EngineInfo]:
         """Host, pid and visible GPUs of each engine (they answer once ``import torch`` is done)."""
