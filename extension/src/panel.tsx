@@ -12,8 +12,11 @@ import {
   IRank,
   poolHealth,
   PoolsModel,
+  poolStatusText,
   progressText,
+  rankCounts,
   RANKS_SHOWN,
+  ranksInOrder,
   rankSummary
 } from './model';
 
@@ -121,6 +124,8 @@ function PoolsView(props: {
               key={pool.request_id ?? pool.id}
               pool={pool}
               busy={model.busy.has(pool.id)}
+              expanded={model.isExpanded(pool.id)}
+              onExpand={open => model.setExpanded(pool.id, open)}
               actions={actions}
             />
           ))}
@@ -173,18 +178,15 @@ function StartButtons(props: {
   );
 }
 
-/** The counts of a running pool and what it runs on: `5 ranks · 1 failed · 4 idle · gloo, no GPU`. */
-function countsText(pool: IPool): string {
-  // non-breaking: "gloo, no GPU" wraps as one piece
-  const backend = pool.backend
+/** What a running pool runs on: ` · gloo, no GPU` (non-breaking: it wraps as one piece). */
+function backendText(pool: IPool): string {
+  return pool.backend
     ? ` · ${pool.backend}${pool.gpu_detected ? '' : ',\u00a0no\u00a0GPU'}`
     : '';
-  return rankSummary(pool.ranks) + backend;
 }
 
 /** Where a pool runs and whose it is: `local on vm · started from the panel`. */
-function whereText(pool: IPool): string {
-  const hosts = [...new Set(pool.ranks.map(r => r.host))];
+function whereText(pool: IPool, hosts: string[]): string {
   const where =
     hosts.length === 1
       ? `${pool.launcher} on ${hosts[0]}`
@@ -198,13 +200,19 @@ function whereText(pool: IPool): string {
 function PoolCard(props: {
   pool: IPool;
   busy: boolean;
+  expanded: boolean;
+  onExpand: (open: boolean) => void;
   actions: IPanelActions;
 }): JSX.Element {
   const { pool, busy, actions } = props;
   const [showLog, setShowLog] = React.useState(false);
-  const [showRanks, setShowRanks] = React.useState(false);
-  const health = poolHealth(pool);
-  const where = whereText(pool);
+  const showRanks = props.expanded;
+  // what the card says about its ranks, worked out once per listing (one pass over them each)
+  const counts = rankCounts(pool.ranks);
+  const hosts = [...new Set(pool.ranks.map(r => r.host))];
+  const health = poolHealth(pool, counts);
+  const where = whereText(pool, hosts);
+  const summary = rankSummary(pool.ranks, counts);
   const manyRanks = pool.ranks.length > RANKS_SHOWN;
   const canUse = actions.canUseInNotebook();
   return (
@@ -223,8 +231,11 @@ function PoolCard(props: {
         <span className="wb-Card-title" title={`pool id ${pool.id}`}>
           {pool.name ?? `pool ${pool.id}`}
         </span>
-        <span className="wb-Card-status">
-          {pool.state}
+        <span
+          className={`wb-Card-status wb-mod-${health}`}
+          title={health === 'degraded' ? poolStatusText(pool) : undefined}
+        >
+          {health}
         </span>
         {pool.state === 'running' && (
           <button
@@ -255,8 +266,22 @@ function PoolCard(props: {
           </button>
         )}
       </div>
-      {pool.state === 'running' && (
-        <div className="wb-Card-meta wb-Card-counts">{countsText(pool)}</div>
+      {pool.state === 'running' && !manyRanks && (
+        <div className="wb-Card-meta wb-Card-counts">{summary + backendText(pool)}</div>
+      )}
+      {pool.state === 'running' && manyRanks && (
+        // many ranks: the counts are the expander, the table of every rank behind it
+        <button
+          className="wb-Card-meta wb-Card-counts wb-Expander"
+          aria-expanded={showRanks}
+          title={showRanks ? 'Hide the ranks' : 'Show every rank, the failed ones first'}
+          onClick={() => props.onExpand(!showRanks)}
+        >
+          <span className="wb-Expander-caret" aria-hidden="true">
+            {showRanks ? '▾' : '▸'}
+          </span>
+          {summary + backendText(pool)}
+        </button>
       )}
       <div className="wb-Card-meta" title={where}>
         {where}
@@ -319,21 +344,9 @@ function PoolCard(props: {
         </div>
       )}
 
-      {pool.ranks.length > 0 && pool.state !== 'failed' && manyRanks && (
-        <button
-          className="wb-Expander"
-          aria-expanded={showRanks}
-          onClick={() => setShowRanks(!showRanks)}
-        >
-          <span className="wb-Expander-caret" aria-hidden="true">
-            {showRanks ? '▾' : '▸'}
-          </span>
-          {showRanks ? 'Hide ranks' : `Show ${pool.ranks.length} ranks`}
-        </button>
-      )}
       {pool.ranks.length > 0 &&
         pool.state !== 'failed' &&
-        (!manyRanks || showRanks) && <RankTable pool={pool} />}
+        (!manyRanks || showRanks) && <RankTable pool={pool} manyHosts={hosts.length > 1} />}
 
       {(pool.state === 'starting' ||
         (pool.state === 'stopping' && pool.ranks.length === 0)) && (
@@ -384,11 +397,10 @@ function PoolCard(props: {
 }
 
 /** The ranks: GPU figures where there are GPUs, else the engine's CPU and memory. */
-function RankTable(props: { pool: IPool }): JSX.Element {
-  const { pool } = props;
+function RankTable(props: { pool: IPool; manyHosts: boolean }): JSX.Element {
+  const { pool, manyHosts } = props;
   const gpu = pool.gpu_detected;
-  // one host: it is named above the table, and the columns keep their room
-  const manyHosts = new Set(pool.ranks.map(r => r.host)).size > 1;
+  // (one host: it is named above the table, and the columns keep their room)
   return (
     <table className="wb-Ranks">
       <thead>
@@ -410,7 +422,7 @@ function RankTable(props: { pool: IPool }): JSX.Element {
         </tr>
       </thead>
       <tbody>
-        {pool.ranks.map((r: IRank) => (
+        {ranksInOrder(pool.ranks).map((r: IRank) => (
           <tr
             key={r.rank}
             className={`wb-Rank wb-mod-${r.state}`}
