@@ -214,6 +214,18 @@ function PoolCard(props: {
   const where = whereText(pool, hosts);
   const summary = rankSummary(pool.ranks, counts);
   const manyRanks = pool.ranks.length > RANKS_SHOWN;
+  // a running card's state word leads its counts line: the header keeps its room for the whole name
+  const countsLine = (
+    <>
+      <span
+        className={`wb-Card-status wb-mod-${health}`}
+        title={health === 'degraded' ? poolStatusText(pool) : undefined}
+      >
+        {health}
+      </span>
+      {` · ${summary}${backendText(pool)}`}
+    </>
+  );
   const canUse = actions.canUseInNotebook();
   return (
     <section
@@ -231,12 +243,9 @@ function PoolCard(props: {
         <span className="wb-Card-title" title={`pool id ${pool.id}`}>
           {pool.name ?? `pool ${pool.id}`}
         </span>
-        <span
-          className={`wb-Card-status wb-mod-${health}`}
-          title={health === 'degraded' ? poolStatusText(pool) : undefined}
-        >
-          {health}
-        </span>
+        {pool.state !== 'running' && (
+          <span className={`wb-Card-status wb-mod-${health}`}>{health}</span>
+        )}
         {pool.state === 'running' && (
           <button
             className="wb-DashboardButton"
@@ -267,7 +276,7 @@ function PoolCard(props: {
         )}
       </div>
       {pool.state === 'running' && !manyRanks && (
-        <div className="wb-Card-meta wb-Card-counts">{summary + backendText(pool)}</div>
+        <div className="wb-Card-meta wb-Card-counts">{countsLine}</div>
       )}
       {pool.state === 'running' && manyRanks && (
         // many ranks: the counts are the expander, the table of every rank behind it
@@ -280,7 +289,7 @@ function PoolCard(props: {
           <span className="wb-Expander-caret" aria-hidden="true">
             {showRanks ? '▾' : '▸'}
           </span>
-          {summary + backendText(pool)}
+          <span>{countsLine}</span>
         </button>
       )}
       <div className="wb-Card-meta" title={where}>

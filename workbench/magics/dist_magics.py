@@ -135,7 +135,7 @@ class DistributedMagics(Magics):
                   + ". `%dist stop --all` stops it for everyone (the JupyterLab sidebar's Stop asks first).")
             return
         s.stop(everyone=True)
-        print(f"stopped pool {name} ({n} ranks); no process of it is left."
+        print(f"stopped pool {name} ({ranks_text(n)}); no process of it is left."
               + (f" It was also driven by {', '.join(others)}: they are told at their next cell." if others
                  else ""))
 
@@ -156,9 +156,9 @@ class DistributedMagics(Magics):
             s.scale(args.n, progress=print)
         except ValueError as exc:  # e.g. more ranks than this machine holds: nothing was started
             raise UsageError(str(exc)) from None
-        print(f"scaled from {before} to {s.world_size} ranks; the process group is re-formed "
+        print(f"scaled from {before} to {ranks_text(s.world_size)}; the process group is re-formed "
               "(resume training from its checkpoint at the new world size).")
-        print(f"── the outputs above this line come from the world of {before} ranks ──")
+        print(f"── the outputs above this line come from the world of {ranks_text(before)} ──")
         print(format_table(s.status(), STATUS_COLUMNS))
 
     def _dist_check(self, args):

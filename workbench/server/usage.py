@@ -73,6 +73,8 @@ class UsageSampler:
             self._procs.pop(pid, None)
             out["alive"] = False
             return out
+        if not out["alive"]:  # a zombie's figures are its last ones: a dead rank shows none
+            return {"alive": False, **dict.fromkeys(_FIGURES)}
         if device.startswith("cuda") and gpu_uuid:
             out.update(self._gpu(gpu_uuid))
         return out
