@@ -338,6 +338,8 @@ export function elapsedSeconds(created: number, now: number = Date.now()): numbe
 /** Polling periods: fast while visible and healthy, backing off on errors. */
 export const POLL_MS = 1500;
 export const MAX_BACKOFF_MS = 30000;
+/** After a notebook's cell ended: the look after the first one, once the pool's books caught up. */
+export const SETTLE_MS = 500;
 
 /**
  * The pools of this server, refreshed by polling while the panel is visible.
@@ -427,6 +429,9 @@ export class PoolsModel {
     if (!this._visible) {
       return;
     }
+    // and once more soon after: the controller's books (which ranks are busy) and the pool's state
+    // file (which ranks are left) catch up with the kernel a moment after its cell ended
+    this._settle = true;
     if (this._inFlight) {
       this._again = true;
       return;
@@ -563,10 +568,12 @@ export class PoolsModel {
 
   private _schedule(): void {
     if (this._visible && this._timer === null) {
+      const delay = this._settle && this._error === null ? SETTLE_MS : this._delay;
+      this._settle = false;
       this._timer = setTimeout(() => {
         this._timer = null;
         void this.refresh();
-      }, this._delay);
+      }, delay);
     }
   }
 
@@ -589,6 +596,7 @@ export class PoolsModel {
   private _expanded = new Set<string>();
   private _inFlight = false;
   private _again = false;
+  private _settle = false;
   private _changed = new Signal<this, void>(this);
 }
 

@@ -13,6 +13,7 @@ import {
   inWords,
   IWorkbenchAPI,
   MAX_BACKOFF_MS,
+  SETTLE_MS,
   poolHealth,
   PoolsModel,
   rankCounts,
@@ -469,6 +470,10 @@ describe('PoolsModel', () => {
     await looking;
     await flush();
     expect(api.calls.length - before).toBe(2);
+    // and once more soon after, when the controller's books have caught up ("2 busy" after the cell)
+    api.pools = [pool({ ranks: [rank(0, 'idle'), rank(1, 'failed')] })];
+    await jest.advanceTimersByTimeAsync(SETTLE_MS);
+    expect(poolStatusText(model.pools[0])).toBe('running · 1 of 2 ranks failed');
     model.dispose();
   });
 
