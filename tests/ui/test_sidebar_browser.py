@@ -227,7 +227,7 @@ def test_start_use_and_stop_a_pool_from_the_sidebar(lab, tmp_path):
             browser.close()
     # nothing of the pool was left in the notebook folder
     assert sorted(f.name for f in lab["work"].iterdir() if f.name != ".ipynb_checkpoints") == [
-        "distributed.ipynb"]
+        "distributed.ipynb", "elastic.ipynb"]
     shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)
 
 
