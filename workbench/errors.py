@@ -36,7 +36,7 @@ class NoPoolError(WorkbenchError, ValueError):
     """
 
     def __init__(self, what: str = "this", running=()):
-        offer = "; ".join(f"`%dist attach {name}` ({n} ranks)" for name, n in running)
+        offer = "; ".join(f"`%dist attach {name}` ({n} rank{'s' * (n != 1)})" for name, n in running)
         super().__init__(
             f"{what} needs a running pool: start one with `%dist start -n 2`"
             + (f", or attach to a running one: {offer}." if offer else

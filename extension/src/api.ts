@@ -27,9 +27,13 @@ export class WorkbenchAPI implements IWorkbenchAPI, IDashboardSource {
     ).interfaces;
   }
 
-  async list(): Promise<IPool[]> {
-    return (await requestAPI<{ pools: IPool[] }>('pools', {}, this._settings))
-      .pools;
+  async list(countOnly: string[] = []): Promise<IPool[]> {
+    const query = countOnly.length
+      ? URLExt.objectToQueryString({ count_only: countOnly.join(',') })
+      : '';
+    return (
+      await requestAPI<{ pools: IPool[] }>(`pools${query}`, {}, this._settings)
+    ).pools;
   }
 
   async start(options: IStartOptions): Promise<IPool> {

@@ -154,6 +154,17 @@ const plugin: JupyterFrontEndPlugin<void> = {
     restorer?.add(panel, 'workbench-pools');
     // "Use in notebook" depends on whether a notebook is open.
     tracker?.currentChanged.connect(() => panel.update());
+    // a notebook whose kernel finished a cell may have started, used or stopped a pool: the panel
+    // looks at once instead of showing the pool as it was until its next poll
+    tracker?.widgetAdded.connect((_, notebook) => {
+      let last = notebook.sessionContext.kernelDisplayStatus;
+      notebook.sessionContext.statusChanged.connect((_, status) => {
+        if (status === 'idle' && last !== 'idle') {
+          model.notebookChanged();
+        }
+        last = status;
+      });
+    });
 
     app.commands.addCommand(OPEN_DASHBOARD, {
       label: args => `Open the dashboard of pool ${args.label ?? args.id}`,

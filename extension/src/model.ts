@@ -217,6 +217,11 @@ export function inWords(message: string): string {
     // a switch is a box in the dialog: ticked, not added
     .replace(/\badd (--oversubscribe)\b/g, 'tick $1')
     .replace(/(^|[\s(;:,])gpus-per-node\b/g, `$1${FIELD_LABELS.gpus_per_node}`)
+    // a field named as the code spells it, where a sentence begins: "n must be at least 1" -> Engines
+    .replace(
+      /(^|[.;:]\s+)(n|nodes|timeout|time|partition|account|hosts|interface)(?= (?:must|is|should)\b)/g,
+      (_, before: string, name: keyof IStartOptions) => `${before}${FIELD_LABELS[name]}`
+    )
     .replace(
       /(^|[\s(;:,])(--[a-z][a-z-]*|-n)(?:[ =]([^\s(]+))?/g,
       (whole, before: string, flag: string, value: string | undefined) => {
@@ -237,12 +242,29 @@ export function inWords(message: string): string {
     );
 }
 
+/** How many ranks are in each state, counted in one pass over the ranks. */
+export type RankCounts = Record<IRank['state'], number>;
+
+export function rankCounts(ranks: IRank[]): RankCounts {
+  const counts: RankCounts = { failed: 0, busy: 0, idle: 0, starting: 0, unknown: 0 };
+  for (const r of ranks) {
+    counts[r.state] = (counts[r.state] ?? 0) + 1;
+  }
+  return counts;
+}
+
 /** The colour of a card's dot: amber for a running pool with a failed rank. */
-export function poolHealth(pool: IPool): IPool['state'] | 'degraded' {
-  if (pool.state === 'running' && pool.ranks.some(r => r.state === 'failed')) {
+export function poolHealth(pool: IPool, counts: RankCounts = rankCounts(pool.ranks)): IPool['state'] | 'degraded' {
+  if (pool.state === 'running' && counts.failed > 0) {
     return 'degraded';
   }
   return pool.state;
+}
+
+/** The ranks as the table lists them: failed ones first (what people look for), then by rank. */
+export function ranksInOrder(ranks: IRank[]): IRank[] {
+  const failed = ranks.filter(r => r.state === 'failed');
+  return failed.length ? [...failed, ...ranks.filter(r => r.state !== 'failed')] : ranks;
 }
 
 /** Up to this many ranks the table shows at once; more sit behind an expander. */
@@ -252,7 +274,8 @@ export const RANKS_SHOWN = 4;
 export interface IWorkbenchAPI {
   info(): Promise<IInfo>;
   interfaces(): Promise<IInterface[]>;
-  list(): Promise<IPool[]>;
+  /** The pools; those `countOnly` names without per-rank CPU, memory and GPU figures (only states). */
+  list(countOnly?: string[]): Promise<IPool[]>;
   start(options: IStartOptions): Promise<IPool>;
   stop(id: string): Promise<void>;
   restart(id: string): Promise<IPool>;
@@ -268,7 +291,7 @@ export function poolStatusText(pool: IPool): string {
     case 'failed':
       return 'failed to start';
     default: {
-      const failed = pool.ranks.filter(r => r.state === 'failed').length;
+      const failed = rankCounts(pool.ranks).failed;
       return failed > 0 ? `running · ${failed} of ${pool.n} ranks failed` : 'running';
     }
   }
@@ -281,23 +304,26 @@ export function progressText(pool: IPool): string {
   return poolStatusText(pool) + (says ? ` · ${step}` : '');
 }
 
-/** `2 ranks · 1 busy · 1 idle`, counting the ranks in each state (in a fixed order). */
-export function rankSummary(ranks: IRank[]): string {
-  const order: IRank['state'][] = [
-    'failed',
-    'busy',
-    'idle',
-    'starting',
-    'unknown'
-  ];
-  const parts = [`${ranks.length} rank${ranks.length === 1 ? '' : 's'}`];
-  for (const state of order) {
-    const count = ranks.filter(r => r.state === state).length;
-    if (count > 0) {
-      parts.push(`${count} ${state}`);
-    }
+/** `1 rank` or `64 ranks`. */
+export function ranksWord(n: number): string {
+  return `${n} rank${n === 1 ? '' : 's'}`;
+}
+
+/**
+ * The ranks summed up: `64 ranks: 63 idle, 1 failed`, `2 ranks: all busy`, `1 rank: idle`
+ * (the states in a fixed order, the failed ones last, where the eye ends).
+ */
+export function rankSummary(ranks: IRank[], counts: RankCounts = rankCounts(ranks)): string {
+  const order: IRank['state'][] = ['busy', 'idle', 'starting', 'unknown', 'failed'];
+  const present = order.filter(state => counts[state] > 0);
+  if (present.length === 0) {
+    return ranksWord(ranks.length);
   }
-  return parts.join(' · ');
+  if (present.length === 1) {
+    const all = ranks.length === 1 ? '' : 'all ';
+    return `${ranksWord(ranks.length)}: ${all}${present[0]}`;
+  }
+  return `${ranksWord(ranks.length)}: ${present.map(state => `${counts[state]} ${state}`).join(', ')}`;
 }
 
 /** `1.5 GiB`, `512 MiB`, or `–` where there is no figure. */
@@ -328,6 +354,8 @@ export function elapsedSeconds(created: number, now: number = Date.now()): numbe
 /** Polling periods: fast while visible and healthy, backing off on errors. */
 export const POLL_MS = 1500;
 export const MAX_BACKOFF_MS = 30000;
+/** After a notebook's cell ended: the look after the first one, once the pool's books caught up. */
+export const SETTLE_MS = 500;
 
 /**
  * The pools of this server, refreshed by polling while the panel is visible.
@@ -379,6 +407,54 @@ export class PoolsModel {
     return this._busy;
   }
 
+  /** Whether the rank table of pool `id` is open (its expander; small pools show theirs always). */
+  isExpanded(id: string): boolean {
+    return this._expanded.has(id);
+  }
+
+  /** Open or close a pool's rank table; an opened one gets its figures at once. */
+  setExpanded(id: string, open: boolean): void {
+    if (open) {
+      this._expanded.add(id);
+    } else {
+      this._expanded.delete(id);
+    }
+    this._changed.emit();
+    if (open && this._visible) {
+      void this.refresh();
+    }
+  }
+
+  /**
+   * The pools whose ranks the panel only counts (more than `RANKS_SHOWN`, expander closed): the
+   * server need not measure each of their ranks for a table nobody sees. A pool not listed yet
+   * is measured.
+   */
+  countOnly(): string[] {
+    return this._pools
+      .filter(p => p.ranks.length > RANKS_SHOWN && !this._expanded.has(p.id))
+      .map(p => p.id);
+  }
+
+  /**
+   * A notebook finished running something (its kernel went idle): it may have started, stopped or
+   * used a pool, so look now rather than at the next poll. Calls that come while a look is on
+   * the way make one more look after it, not one each.
+   */
+  notebookChanged(): void {
+    if (!this._visible) {
+      return;
+    }
+    // and once more soon after: the controller's books (which ranks are busy) and the pool's state
+    // file (which ranks are left) catch up with the kernel a moment after its cell ended
+    this._settle = true;
+    if (this._inFlight) {
+      this._again = true;
+      return;
+    }
+    void this.refresh();
+  }
+
   /** Show or hide: polling runs only while visible. */
   setVisible(visible: boolean): void {
     if (visible === this._visible) {
@@ -395,11 +471,12 @@ export class PoolsModel {
   /** Fetch the pools now (and the dialog info once), then schedule the next poll. */
   async refresh(): Promise<void> {
     this._cancel();
+    this._inFlight = true;
     try {
       if (this._info === null) {
         this._info = await this.api.info();
       }
-      this._pools = await this.api.list();
+      this._pools = await this.api.list(this.countOnly());
       this._loaded = true;
       this._error = null;
       this._delay = this._pollMs;
@@ -410,7 +487,12 @@ export class PoolsModel {
         Math.max(this._pollMs, this._delay * 2)
       );
     }
+    this._inFlight = false;
     this._changed.emit();
+    if (this._again && this._visible) {
+      this._again = false;
+      return this.refresh();
+    }
     this._schedule();
   }
 
@@ -502,10 +584,12 @@ export class PoolsModel {
 
   private _schedule(): void {
     if (this._visible && this._timer === null) {
+      const delay = this._settle && this._error === null ? SETTLE_MS : this._delay;
+      this._settle = false;
       this._timer = setTimeout(() => {
         this._timer = null;
         void this.refresh();
-      }, this._delay);
+      }, delay);
     }
   }
 
@@ -525,6 +609,10 @@ export class PoolsModel {
   private _delay = 0;
   private _timer: ReturnType<typeof setTimeout> | null = null;
   private _busy = new Set<string>();
+  private _expanded = new Set<string>();
+  private _inFlight = false;
+  private _again = false;
+  private _settle = false;
   private _changed = new Signal<this, void>(this);
 }
 

@@ -13,8 +13,11 @@ import {
   keptBadge,
   poolHealth,
   PoolsModel,
+  poolStatusText,
   progressText,
+  rankCounts,
   RANKS_SHOWN,
+  ranksInOrder,
   rankSummary
 } from './model';
 
@@ -122,6 +125,8 @@ function PoolsView(props: {
               key={pool.request_id ?? pool.id}
               pool={pool}
               busy={model.busy.has(pool.id)}
+              expanded={model.isExpanded(pool.id)}
+              onExpand={open => model.setExpanded(pool.id, open)}
               actions={actions}
             />
           ))}
@@ -174,19 +179,16 @@ function StartButtons(props: {
   );
 }
 
-/** The counts of a running pool and what it runs on: `5 ranks · 1 failed · 4 idle · gloo, no GPU`. */
-function countsText(pool: IPool): string {
-  // non-breaking: "gloo, no GPU" wraps as one piece
-  const backend = pool.backend
+/** What a running pool runs on: ` · gloo, no GPU` (non-breaking: it wraps as one piece). */
+function backendText(pool: IPool): string {
+  return pool.backend
     ? ` · ${pool.backend}${pool.gpu_detected ? '' : ',\u00a0no\u00a0GPU'}`
     : '';
-  return rankSummary(pool.ranks) + backend;
 }
 
 /** Where a pool runs and whose it is: `local on vm · started from the panel` (`local on vm · ` where the
  * kept mark says whose it is). */
-function whereText(pool: IPool, kept: boolean): string {
-  const hosts = [...new Set(pool.ranks.map(r => r.host))];
+function whereText(pool: IPool, hosts: string[], kept: boolean): string {
   const where =
     hosts.length === 1
       ? `${pool.launcher} on ${hosts[0]}`
@@ -200,15 +202,33 @@ function whereText(pool: IPool, kept: boolean): string {
 function PoolCard(props: {
   pool: IPool;
   busy: boolean;
+  expanded: boolean;
+  onExpand: (open: boolean) => void;
   actions: IPanelActions;
 }): JSX.Element {
   const { pool, busy, actions } = props;
   const [showLog, setShowLog] = React.useState(false);
-  const [showRanks, setShowRanks] = React.useState(false);
-  const health = poolHealth(pool);
+  const showRanks = props.expanded;
+  // what the card says about its ranks, worked out once per listing (one pass over them each)
+  const counts = rankCounts(pool.ranks);
+  const hosts = [...new Set(pool.ranks.map(r => r.host))];
+  const health = poolHealth(pool, counts);
   const kept = keptBadge(pool);
-  const where = whereText(pool, !!kept);
+  const where = whereText(pool, hosts, !!kept);
+  const summary = rankSummary(pool.ranks, counts);
   const manyRanks = pool.ranks.length > RANKS_SHOWN;
+  // a running card's state word leads its counts line: the header keeps its room for the whole name
+  const countsLine = (
+    <>
+      <span
+        className={`wb-Card-status wb-mod-${health}`}
+        title={health === 'degraded' ? poolStatusText(pool) : undefined}
+      >
+        {health}
+      </span>
+      {` · ${summary}${backendText(pool)}`}
+    </>
+  );
   const canUse = actions.canUseInNotebook();
   return (
     <section
@@ -226,9 +246,9 @@ function PoolCard(props: {
         <span className="wb-Card-title" title={`pool id ${pool.id}`}>
           {pool.name ?? `pool ${pool.id}`}
         </span>
-        <span className="wb-Card-status">
-          {pool.state}
-        </span>
+        {pool.state !== 'running' && (
+          <span className={`wb-Card-status wb-mod-${health}`}>{health}</span>
+        )}
         {pool.state === 'running' && (
           <button
             className="wb-DashboardButton"
@@ -258,8 +278,22 @@ function PoolCard(props: {
           </button>
         )}
       </div>
-      {pool.state === 'running' && (
-        <div className="wb-Card-meta wb-Card-counts">{countsText(pool)}</div>
+      {pool.state === 'running' && !manyRanks && (
+        <div className="wb-Card-meta wb-Card-counts">{countsLine}</div>
+      )}
+      {pool.state === 'running' && manyRanks && (
+        // many ranks: the counts are the expander, the table of every rank behind it
+        <button
+          className="wb-Card-meta wb-Card-counts wb-Expander"
+          aria-expanded={showRanks}
+          title={showRanks ? 'Hide the ranks' : 'Show every rank, the failed ones first'}
+          onClick={() => props.onExpand(!showRanks)}
+        >
+          <span className="wb-Expander-caret" aria-hidden="true">
+            {showRanks ? '▾' : '▸'}
+          </span>
+          <span>{countsLine}</span>
+        </button>
       )}
       <div className="wb-Card-meta" title={kept ? kept.title : where}>
         {where}
@@ -326,21 +360,9 @@ function PoolCard(props: {
         </div>
       )}
 
-      {pool.ranks.length > 0 && pool.state !== 'failed' && manyRanks && (
-        <button
-          className="wb-Expander"
-          aria-expanded={showRanks}
-          onClick={() => setShowRanks(!showRanks)}
-        >
-          <span className="wb-Expander-caret" aria-hidden="true">
-            {showRanks ? '▾' : '▸'}
-          </span>
-          {showRanks ? 'Hide ranks' : `Show ${pool.ranks.length} ranks`}
-        </button>
-      )}
       {pool.ranks.length > 0 &&
         pool.state !== 'failed' &&
-        (!manyRanks || showRanks) && <RankTable pool={pool} />}
+        (!manyRanks || showRanks) && <RankTable pool={pool} manyHosts={hosts.length > 1} />}
 
       {(pool.state === 'starting' ||
         (pool.state === 'stopping' && pool.ranks.length === 0)) && (
@@ -391,11 +413,10 @@ function PoolCard(props: {
 }
 
 /** The ranks: GPU figures where there are GPUs, else the engine's CPU and memory. */
-function RankTable(props: { pool: IPool }): JSX.Element {
-  const { pool } = props;
+function RankTable(props: { pool: IPool; manyHosts: boolean }): JSX.Element {
+  const { pool, manyHosts } = props;
   const gpu = pool.gpu_detected;
-  // one host: it is named above the table, and the columns keep their room
-  const manyHosts = new Set(pool.ranks.map(r => r.host)).size > 1;
+  // (one host: it is named above the table, and the columns keep their room)
   return (
     <table className="wb-Ranks">
       <thead>
@@ -417,7 +438,7 @@ function RankTable(props: { pool: IPool }): JSX.Element {
         </tr>
       </thead>
       <tbody>
-        {pool.ranks.map((r: IRank) => (
+        {ranksInOrder(pool.ranks).map((r: IRank) => (
           <tr
             key={r.rank}
             className={`wb-Rank wb-mod-${r.state}`}

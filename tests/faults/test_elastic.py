@@ -201,6 +201,9 @@ def test_a_rank_killed_mid_run_is_routed_around_and_no_sample_is_lost(four):
     assert len(went_on_from) == 1 and went_on_from.pop() >= at_step
     assert fault.first_failure == events[0][-1]["text"] == (
         f"rank {victim} died after step {events[0][-1]['step']}; continuing on 3 ranks"), fault.first_failure
+    # the lost rank's tab says how it went and when (issue 24 item 9: it said "(no output)")
+    gone = next(r for r in result.ranks if r.outcome == "lost")
+    assert gone.lost.startswith(f"rank {victim} died after step {events[0][-1]['step']} ("), gone.lost
     check_every_sample_once(four.pull("log.steps"), steps)
     for got in final_params(four):
         torch.testing.assert_close(got, reference(steps))

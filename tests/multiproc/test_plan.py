@@ -30,7 +30,7 @@ def test_plan_errors_list_every_factor(options, words):
 
 def test_shard_rejects_bad_degrees_without_touching_a_process_group():
     assert not dist.is_initialized()
-    with pytest.raises(ValueError, match="dp=3 x tp=1 x pp=1 = 3, but the world has 1 ranks"):
+    with pytest.raises(ValueError, match="dp=3 x tp=1 x pp=1 = 3, but the world has 1 rank:"):
         shard(make("mlp"), dp=3)
     assert not dist.is_initialized()
 

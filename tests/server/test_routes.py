@@ -135,6 +135,8 @@ async def test_start_list_restart_stop_a_real_pool(api):
     assert code == 202
     pending = body["pool"]
     assert pending["state"] == "starting" and pending["n"] == 2
+    # named from the click on (issue 24 item 8: the title went new-455b3e8d -> 039a0a93 -> pool-brisk-tapir)
+    assert pending["name"].startswith("pool-"), pending
 
     # the pending pool shows at once, counting up; then it runs with 2 ranks
     code, body, _ = await api("GET", "pools")
@@ -146,8 +148,15 @@ async def test_start_list_restart_stop_a_real_pool(api):
     assert all(r["memory_bytes"] > 0 and r["cpu_percent"] is not None for r in pool["ranks"])
     assert pool["gpu_detected"] is False and pool["backend"] == "gloo"
     assert pool["attach"] == f"%load_ext workbench\n%dist attach {pool['name']}"
-    assert pool["name"].startswith("pool-")
+    assert pool["name"] == pending["name"]
+    assert pool["created"] == pending["created"]  # the start's clock did not go back to 0 s
     assert pool["owner"]["kind"] == "server"
+
+    # a big pool's table closed: the panel only counts its ranks, and nothing measures each (issue 25)
+    code, body, _ = await api("GET", "pools", params={"count_only": pool["id"]})
+    counted = body["pools"][0]["ranks"]
+    assert [r["state"] for r in counted] == [r["state"] for r in pool["ranks"]]
+    assert all(r["cpu_percent"] is None and r["memory_bytes"] is None for r in counted), counted
 
     # never the key, nor where it is kept
     from workbench.pool import state as pool_state
@@ -227,6 +236,7 @@ async def test_a_failed_start_keeps_the_real_error_until_dismissed(api):
     assert re.match(r"only \d of 2 engines registered within 0\.001 s", failed["error"]), failed["error"]
     assert failed["options"] == {"n": 2, "launcher": "local", "backend": "auto", "timeout": 0.001}
     assert failed["ranks"] == [] and failed["attach"] is None
+    assert failed["name"].startswith("pool-")  # a failed start has its name too (issue 24 item 9)
     assert any("starting" in line for line in failed["log"])
     code, body, _ = await api("DELETE", "pools", failed["id"])
     assert code == 200

@@ -8,14 +8,17 @@ One server and one browser page for the module; each test leaves the page as it 
 - the panel is open again after a page reload;
 - the Advanced dialog has each launcher's fields, checks them before anything starts and says what is
   wrong in the dialog's own words;
-- a failed start says what failed in words, and Retry reopens the dialog with the values it had.
-Screenshots go to build/ui/.
+- a failed start says what failed in words, and Retry reopens the dialog with the values it had;
+- a failed Slurm or ssh start says what sbatch or ssh said (a failing one first on the server's PATH);
+- the card shows the whole name, "degraded" beside the amber dot, a big pool's counts as its expander.
+Screenshots go to build/ui/ (the issue's items as 24-<item>-<what>.png).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -50,10 +53,24 @@ def _pools(lab) -> list[dict]:
     return _api(lab, "GET", "workbench/pools")[1]["pools"]
 
 
+# what a failing sbatch and ssh say (the server finds these first on its PATH; the real ones stay untouched)
+FAILING = {
+    "sbatch": 'echo "sbatch: error: invalid partition specified: nosuch7 (a test)" >&2\nexit 1\n',
+    "ssh": 'echo "ssh: Could not resolve hostname nohost7 (a test)" >&2\nexit 255\n',
+}
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("panel")
-    with run_lab(tmp, {}, install_kernel=("workbench-cpu", "workbench-gpu")) as server:
+    fake_bin = tmp / "fake-bin"
+    fake_bin.mkdir()
+    for command, script in FAILING.items():
+        (fake_bin / command).write_text("#!/bin/sh\n" + script)
+        (fake_bin / command).chmod(0o755)
+    path = f"{fake_bin}{os.pathsep}{os.environ['PATH']}"
+    kernels = ("workbench-cpu", "workbench-gpu")
+    with run_lab(tmp, {}, install_kernel=kernels, extra_env={"PATH": path}) as server:
         server["tmp"] = tmp
         yield server
 
@@ -182,35 +199,53 @@ def test_a_card_is_compact_expands_and_turns_amber_when_a_rank_dies(page, lab, b
     card = panel.locator(f'.wb-Card[data-pool-id="{big_pool["id"]}"]')
     expect(card).to_have_attribute("data-state", "running", timeout=30_000)
     expect(card.locator(".wb-Card-status")).to_have_text("running")
-    expect(card.locator(".wb-Card-meta").first).to_contain_text(f"{BIG} ranks")
-    # 5 ranks: the table waits behind an expander; the card is a few lines
+    # the whole name (issue 24 item 9: it was cut to "pool-brisk-t…"), as `%dist attach` takes it
+    title = card.locator(".wb-Card-title")
+    expect(title).to_have_text(big_pool["name"])
+    assert title.evaluate("t => t.scrollWidth <= t.clientWidth && t.getClientRects().length > 0")
+    assert "…" not in title.inner_text()
+    # 5 ranks: summed up on the counts line, which is the expander; the table waits behind it (issue 25)
+    counts = card.locator("button.wb-Card-counts")
+    expect(counts).to_contain_text(f"running · {BIG} ranks: all idle", timeout=30_000)
+    expect(counts).to_have_attribute("aria-expanded", "false")
     expect(card.locator(".wb-Ranks")).to_have_count(0)
-    expander = card.get_by_role("button", name=f"Show {BIG} ranks")
-    expect(expander).to_be_visible()
     _shot(page, "sidebar-card-compact.png")
+    _shot(page, "24-9-full-name.png")
     assert card.bounding_box()["height"] < 130, card.bounding_box()
     # no notebook is open: "Use in notebook" is disabled and looks it
     use = card.get_by_role("button", name="Use in notebook")
     expect(use).to_be_disabled()
     assert float(use.evaluate("b => getComputedStyle(b).opacity")) <= 0.6
     assert _no_overflow(page) == []
+    # a closed table: the panel asks the server for their states only, not each rank's figures (issue 25)
+    with page.expect_request(lambda r: f"count_only={big_pool['id']}" in r.url, timeout=15_000):
+        pass
 
-    expander.click()
+    counts.click()
     expect(card.locator(".wb-Ranks tbody tr")).to_have_count(BIG)
-    expect(card.get_by_role("button", name="Hide ranks")).to_be_visible()
+    expect(counts).to_have_attribute("aria-expanded", "true")
+    # open: the figures come (the server measures the ranks of an open table)
+    cpu = card.locator(".wb-Ranks tbody tr").first.locator("td").nth(3)
+    expect(cpu).to_have_text(re.compile(r"^\d+%$"), timeout=10_000)
     assert _no_overflow(page) == []
     _shot(page, "sidebar-card-expanded.png")
 
-    # a rank dies: the dot turns amber, the counts say so
-    victim = big_pool["ranks"][-1]["pid"]
-    os.kill(victim, signal.SIGKILL)
+    # a rank dies: the dot turns amber, the word beside it says so, the counts too, the failed rank first
+    victim = big_pool["ranks"][-1]
+    os.kill(victim["pid"], signal.SIGKILL)
     expect(card).to_have_attribute("data-health", "degraded", timeout=30_000)
-    expect(card.locator(".wb-Card-meta").first).to_contain_text("1 failed")
+    expect(card.locator(".wb-Card-status")).to_have_text("degraded")  # was "running" (issue 24 item 9)
+    expect(card.locator(".wb-Card-counts")).to_contain_text(f"{BIG} ranks: {BIG - 1} idle, 1 failed")
     dot = card.locator(".wb-Dot")
     assert dot.evaluate("d => getComputedStyle(d).backgroundColor") == _warn_colour(page)
     expect(card.locator(".wb-Rank.wb-mod-failed")).to_have_count(1)
+    expect(card.locator(".wb-Ranks tbody tr").first.locator("td").first).to_have_text(str(victim["rank"]))
     assert _no_overflow(page) == []
     _shot(page, "sidebar-card-amber.png")
+    _shot(page, "24-9-degraded.png")
+    counts.click()  # closed again: the summary alone
+    expect(card.locator(".wb-Ranks")).to_have_count(0)
+    _shot(page, "25-big-pool-summary.png")
 
 
 @pytest.mark.timeout(120)
@@ -233,6 +268,20 @@ def test_the_panel_is_open_again_after_a_reload(page, lab):
 
 def _field(form, name: str):
     return form.locator(f'[name="{name}"]')
+
+
+def _shown_whole(locator) -> bool:
+    """Whether an element of a dialog is read whole: inside the dialog body's visible box, the body not
+    scrolled past anything, and nothing cut inside the element itself."""
+    return locator.evaluate("""el => {
+        const box = el.getBoundingClientRect();
+        const body = el.closest('.jp-Dialog-body');
+        const seen = body.getBoundingClientRect();
+        return box.height > 0 && box.top >= seen.top - 1 && box.bottom <= seen.bottom + 1
+            && box.left >= seen.left - 1 && box.right <= seen.right + 1
+            && body.scrollHeight <= body.clientHeight + 1
+            && el.scrollWidth <= el.clientWidth + 1 && el.scrollHeight <= el.clientHeight + 1;
+    }""")
 
 
 def _visible_fields(form) -> set[str]:
@@ -264,6 +313,10 @@ def test_the_slurm_dialog_has_its_fields_and_checks_them_before_starting(page, l
     _field(form, "time").fill("2 hours")
     _field(form, "interface").select_option("lo")
     _shot(page, "dialog-slurm-fields.png")
+    # the help line below the fields is read whole (issue 24 item 9: it was clipped)
+    hint = form.locator(".wb-StartForm-hint")
+    expect(hint).to_contain_text("Interface: where engines on other machines reach this server's pool.")
+    assert _shown_whole(hint), hint.bounding_box()
 
     # a bad value: the dialog says what is wrong, with the values kept; nothing starts
     page.locator(".jp-Dialog").get_by_role("button", name="Start").click()
@@ -275,6 +328,10 @@ def test_the_slurm_dialog_has_its_fields_and_checks_them_before_starting(page, l
     expect(_field(form, "launcher")).to_have_value("slurm")
     assert [p["id"] for p in _pools(lab)] == before
     _shot(page, "dialog-slurm-bad-time.png")
+    # with the server's sentence above the fields too
+    hint = page.locator(".jp-Dialog .wb-StartForm-hint")
+    assert _shown_whole(hint), hint.bounding_box()
+    _shot(page, "24-9-slurm-dialog-hint.png")
 
     # loopback for engines on other machines: said with the dialog's field names, no command-line flag
     _field(form, "time").fill("10")
@@ -310,6 +367,14 @@ def test_a_failed_start_says_it_in_words_and_retry_reopens_the_dialog(page, lab)
     panel.get_by_role("button", name="Advanced…").click()
     form = page.locator(".jp-Dialog .wb-StartForm")
     assert _visible_fields(form) == {"launcher", "n", "oversubscribe", "backend", "timeout"}
+    # no engine: said with the field's own name (issue 24 item 9: "n must be at least 1" under "Engines")
+    _field(form, "n").fill("0")
+    page.locator(".jp-Dialog").get_by_role("button", name="Start").click()
+    error = page.locator(".jp-Dialog .wb-StartForm-error")
+    expect(error).to_contain_text("Engines must be at least 1 (got 0)")
+    assert "n must" not in error.inner_text()
+    _shot(page, "24-9-engines-in-words.png")
+    form = page.locator(".jp-Dialog .wb-StartForm")
     # more ranks than the machine holds: refused in the dialog, naming the box that allows it
     _field(form, "n").fill("100000")
     page.locator(".jp-Dialog").get_by_role("button", name="Start").click()
@@ -346,3 +411,38 @@ def test_a_failed_start_says_it_in_words_and_retry_reopens_the_dialog(page, lab)
     expect(failed).to_have_count(1, timeout=60_000)
     failed.get_by_role("button", name="Dismiss").click()
     expect(failed).to_have_count(0, timeout=10_000)
+
+
+@pytest.mark.timeout(240)
+def test_failed_slurm_and_ssh_starts_say_what_sbatch_and_ssh_said(page, lab):
+    """Issue 24 items 1 and 4, on the card: sbatch's own words with Slurm's advice; which host ssh could
+    not reach and what ssh said. The failed card keeps the pool's name (item 9)."""
+    from playwright.sync_api import expect
+
+    _no_dialog(page)
+    panel = page.locator("#workbench-pools")
+    cases = [
+        ("slurm", {"n": "2", "partition": "nosuch7"}, ["invalid partition specified: nosuch7", "sinfo"],
+         "24-1-slurm-failed-start.png"),
+        ("ssh", {"hosts": "nohost7"}, ["ssh could not reach nohost7", "Could not resolve hostname nohost7"],
+         "24-4-ssh-failed-start.png"),
+    ]
+    for launcher, values, says, shot in cases:
+        panel.get_by_role("button", name="Advanced…").click()
+        form = page.locator(".jp-Dialog .wb-StartForm")
+        _field(form, "launcher").select_option(launcher)
+        for name, value in values.items():
+            _field(form, name).fill(value)
+        _field(form, "interface").select_option("lo")
+        _field(form, "timeout").fill("30")
+        page.locator(".jp-Dialog").get_by_role("button", name="Start").click()
+        failed = panel.locator(".wb-Card[data-state=failed]")
+        expect(failed).to_have_count(1, timeout=90_000)
+        for words in says:
+            expect(failed.locator(".wb-Error-text")).to_contain_text(words)
+        expect(failed.locator(".wb-Card-title")).to_have_text(re.compile(r"^pool-[a-z]+-[a-z]+$"))
+        expect(failed.locator(".wb-Card-status")).to_have_text("failed")
+        assert _no_overflow(page) == []
+        _shot(page, shot)
+        failed.get_by_role("button", name="Dismiss").click()
+        expect(failed).to_have_count(0, timeout=10_000)

@@ -81,3 +81,17 @@ def test_per_rank_view_at_64_ranks_puts_the_failing_rank_first_and_counts_the_re
     assert page[first_label:].startswith('<label class="wb-fail"') and "rank 17 ✗" in page
     assert page.index("rank 17 ✗") < page.index(">rank 0<")  # the failing tab before rank 0's
     assert 'checked><label class="wb-fail"' in page  # and selected
+
+
+def test_a_lost_ranks_tab_says_how_it_went_and_when_not_no_output():
+    """Issue 24 item 9: an elastic run's lost rank had a tab saying "(no output)"."""
+    from types import SimpleNamespace as R
+
+    from workbench.magics.rank_tabs import rank_tabs
+
+    ok = R(rank=R(rank=0), outcome="ok", stdout="", stderr="", error=None)
+    gone = R(rank=R(rank=1), outcome="lost", stdout="", stderr="", error=None,
+             lost="rank 1 died after step 100 (12:03:04)")
+    page = rank_tabs(R(ranks=[ok, gone]), world_size=2)["text/html"]
+    assert "rank 1 died after step 100 (12:03:04); the run went on without it" in page
+    assert page.count("(no output)") == 1  # rank 0's, which printed nothing

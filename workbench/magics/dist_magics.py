@@ -19,7 +19,7 @@ from workbench.errors import CellInterrupted, CellTimeout, NoPoolError, RankErro
 from workbench.magics import rank_tabs, spread
 from workbench.magics.args import parse_cell, parse_dist, pool_config_options
 from workbench.magics.output import LineMerger, hold_for, print_stream
-from workbench.session import Session, format_ranks
+from workbench.session import Session, format_ranks, ranks_text
 from workbench.tables import format_table
 
 STATUS_COLUMNS = ["rank", "host", "pid", "device", "state"]
@@ -66,8 +66,8 @@ class DistributedMagics(Magics):
     def _dist_start(self, args):
         s = session_mod.current_or_none()
         if s is not None:
-            raise UsageError(f"pool {s.name} ({s.world_size} ranks) is already running in this notebook: "
-                             "`%dist stop` it first.")
+            raise UsageError(f"pool {s.name} ({ranks_text(s.world_size)}) is already running in this "
+                             "notebook: `%dist stop` it first.")
         try:
             config = PoolConfig(**pool_config_options(args))
             s = Session(config)  # resolves --interface: a wrong name is a usage error too
@@ -85,7 +85,7 @@ class DistributedMagics(Magics):
             s.start(progress=progress)
         except ValueError as exc:  # e.g. loopback with engines on other machines: nothing was started
             raise UsageError(str(exc)) from None
-        print(f"pool {s.name} ({s.pool_id}): {s.world_size} ranks, backend {s.backend}"
+        print(f"pool {s.name} ({s.pool_id}): {ranks_text(s.world_size)}, backend {s.backend}"
               + (f"; kept by the Jupyter server: it outlives this kernel, `%dist attach {s.name}` takes it "
                  "back after a restart" if s.config.keep else ""))
         print(format_table(s.status(), STATUS_COLUMNS))
@@ -105,7 +105,7 @@ class DistributedMagics(Magics):
             s = Session.attach(ref)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        print(f"attached to pool {s.name} ({s.pool_id}): {s.world_size} ranks, backend {s.backend}; "
+        print(f"attached to pool {s.name} ({s.pool_id}): {ranks_text(s.world_size)}, backend {s.backend}; "
               + _notebooks(s))
         print(format_table(s.status(), STATUS_COLUMNS))
 
@@ -114,11 +114,11 @@ class DistributedMagics(Magics):
         if s is None:
             running = session_mod.running_pools()
             print("this notebook drives no pool: start one with `%dist start -n 2`"
-                  + "".join(f"\n  or `%dist attach {st.get('name') or st['id']}` ({st['n']} ranks)"
+                  + "".join(f"\n  or `%dist attach {st.get('name') or st['id']}` ({ranks_text(st['n'])})"
                             for st in running))
             return
         rows = s.status()
-        print(f"pool {s.name} ({s.pool_id}): {s.world_size} ranks, backend {s.backend}, launcher "
+        print(f"pool {s.name} ({s.pool_id}): {ranks_text(s.world_size)}, backend {s.backend}, launcher "
               f"{s.config.launcher}; {_notebooks(s)}")
         print(format_table(rows, STATUS_COLUMNS))
         print(s.group_state())
@@ -140,7 +140,7 @@ class DistributedMagics(Magics):
                   + ". `%dist stop --all` stops it for everyone (the JupyterLab sidebar's Stop asks first).")
             return
         s.stop(everyone=True)
-        print(f"stopped pool {name} ({n} ranks); no process of it is left."
+        print(f"stopped pool {name} ({ranks_text(n)}); no process of it is left."
               + (f" It was also driven by {', '.join(others)}: they are told at their next cell." if others
                  else ""))
 
@@ -161,9 +161,9 @@ class DistributedMagics(Magics):
             s.scale(args.n, progress=print)
         except ValueError as exc:  # e.g. more ranks than this machine holds: nothing was started
             raise UsageError(str(exc)) from None
-        print(f"scaled from {before} to {s.world_size} ranks; the process group is re-formed "
+        print(f"scaled from {before} to {ranks_text(s.world_size)}; the process group is re-formed "
               "(resume training from its checkpoint at the new world size).")
-        print(f"── the outputs above this line come from the world of {before} ranks ──")
+        print(f"── the outputs above this line come from the world of {ranks_text(before)} ──")
         print(format_table(s.status(), STATUS_COLUMNS))
 
     def _dist_check(self, args):

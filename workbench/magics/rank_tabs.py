@@ -131,6 +131,10 @@ def _pane(r, in_error_block: bool = False) -> str:
         parts.append(f"<pre>{html.escape(r.stdout)}</pre>")
     if r.stderr:
         parts.append(f'<pre class="wb-err">{html.escape(r.stderr)}</pre>')
+    if r.outcome == "lost":  # an elastic run went on without it: how it went, and when
+        gone = getattr(r, "lost", None) or "lost"
+        parts.append(f'<pre class="wb-err">{html.escape(gone)}; the run went on without it</pre>')
+        return "".join(parts)
     if r.outcome in ("stopped", "interrupted"):  # our own interrupt: where it stopped, not our traceback
         parts.append(f"<pre>stopped at {html.escape(r.where or 'an unknown line')}</pre>")
         return "".join(parts)

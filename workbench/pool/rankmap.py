@@ -232,6 +232,15 @@ def parse_ranks(spec: str, world_size: int) -> list[int]:
     return sorted(ranks)
 
 
+def ranks_text(n: int) -> str:
+    """``n`` ranks as a sentence says it.
+
+    >>> ranks_text(1), ranks_text(4)
+    ('1 rank', '4 ranks')
+    """
+    return f"{n} rank{'s' * (n != 1)}"
+
+
 def format_ranks(ranks) -> str:
     """The short form of a rank list: ``[0, 1, 2, 5]`` -> ``"0-2,5"``.
 

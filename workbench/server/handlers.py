@@ -78,7 +78,9 @@ class PoolsHandler(WorkbenchHandler):
     @tornado.web.authenticated
     @authorized
     async def get(self):
-        self.reply({"pools": await self.guarded(self.manager.list_pools())})
+        """The pools; ``?count_only=ID,ID``: those without per-rank figures (the panel only counts them)."""
+        count_only = frozenset(filter(None, self.get_query_argument("count_only", "").split(",")))
+        self.reply({"pools": await self.guarded(self.manager.list_pools(count_only))})
 
     @tornado.web.authenticated
     @authorized

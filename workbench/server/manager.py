@@ -74,6 +74,7 @@ class _Started:
 
     key: str
     config: PoolConfig
+    asked: PoolConfig | None = None  # what the request said (Retry shows it again), before the name was given
     session: Any = None  # workbench.Session
     phase: str = "starting"  # starting | running | stopping | failed
     message: str = "starting"
@@ -151,7 +152,16 @@ class PoolManager:
         }
 
     # -- listing ---------------------------------------------------------------------
-    async def list_pools(self) -> list[dict]:
+    async def list_pools(self, count_only: frozenset[str] = frozenset()) -> list[dict]:
+        """Every pool of this server, as the panel shows it.
+
+        ``count_only``: pools whose ranks the panel only counts (a big pool, its table closed): their
+        ranks come with their state but without CPU, memory and GPU figures, so nothing measures each
+        of their ranks for a table nobody sees.
+
+        >>> await manager.list_pools(count_only=frozenset({"abc123"}))   # doctest: +SKIP
+        [{'id': 'abc123', 'ranks': [{'rank': 0, 'state': 'idle', 'cpu_percent': None, ...}, ...], ...}]
+        """
         self._open()
         states = await self._run(pool_state.list_states)
         owners = await self._owner_labels()
@@ -162,9 +172,9 @@ class PoolManager:
             if rec.phase == "running" and state is None:
                 self._started.pop(rec.key, None)  # it ended (its lease or another client stopped it)
                 continue
-            pools.append(await self._describe(state, rec, owners))
+            pools.append(await self._describe(state, rec, owners, count_only))
         for state in by_id.values():
-            pools.append(await self._describe(state, None, owners))
+            pools.append(await self._describe(state, None, owners, count_only))
         self._forget_probes(keep={p["id"] for p in pools})
         await self.dashboards.watch([s for s in states if s["id"] not in self._stopping])
         pools.sort(key=lambda p: p["created"])
@@ -225,7 +235,8 @@ class PoolManager:
         except Exception:
             return {}
 
-    async def _describe(self, state: dict | None, rec: _Started | None, owners: dict[int, str]) -> dict:
+    async def _describe(self, state: dict | None, rec: _Started | None, owners: dict[int, str],
+                        count_only: frozenset[str] = frozenset()) -> dict:
         pool_id = (state or {}).get("id") or rec.public_id
         n = (state or {}).get("n") or (rec.config.n if rec and rec.config.n else 0)
         ranks = (state or {}).get("ranks") or []
@@ -254,8 +265,9 @@ class PoolManager:
         if phase == "running" and state is not None:
             rank_states = await self._probe(pool_id, state, rec)
         rows = []
+        measure = self._usage.alive if pool_id in count_only else self._usage.sample
         for r in ranks:
-            usage = self._usage.sample(r["pid"], r["host"], r["device"], r.get("gpu_uuid"))
+            usage = measure(r["pid"], r["host"], r["device"], r.get("gpu_uuid"))
             alive = usage.pop("alive")
             rank_state = rank_states.get(r["rank"]) or ("idle" if alive else "unknown")
             if alive is False:
@@ -282,7 +294,8 @@ class PoolManager:
             "log": list(rec.log) if rec is not None else [],
             "launcher": (state or {}).get("launcher") or (rec.config.launcher if rec else "local"),
             "backend": (state or {}).get("backend"),
-            "created": (state or {}).get("created") or (rec.created if rec else time.time()),
+            # a start's clock runs from the click, not from when the pool wrote its state file
+            "created": rec.created if rec is not None else (state or {}).get("created") or time.time(),
             "owner": owner,
             "kept": kept,
             "name": (state or {}).get("name") or (rec.config.name if rec is not None else None),
@@ -292,7 +305,7 @@ class PoolManager:
             "attach": (f"%load_ext workbench\n%dist attach {(state or {}).get('name') or pool_id}"
                        if phase == "running" else None),
             # how this server started it: what the dialog shows again on Retry
-            "options": start_options(rec.config) if rec is not None else None,
+            "options": start_options(rec.asked or rec.config) if rec is not None else None,
         }
 
     @staticmethod
@@ -351,7 +364,10 @@ class PoolManager:
         self._open()
         if config.n is None:  # what Session.start will take: one per GPU (on every node or host), else 2
             config = replace(config, n=launchers.default_engines(config, self._usage.gpu_count()))
-        rec = _Started(key="new-" + uuid.uuid4().hex[:8], config=config, known_id=pool_id)
+        asked = config
+        if config.name is None:  # named now: the card's title is the same from the click on (and if it fails)
+            config = replace(config, name=sharing.name_for(pool_id or uuid.uuid4().hex[:8]))
+        rec = _Started(key="new-" + uuid.uuid4().hex[:8], config=config, asked=asked, known_id=pool_id)
         rec.progress("starting")
         self._started[rec.key] = rec
         task = asyncio.get_running_loop().create_task(self._start(rec))

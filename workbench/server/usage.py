@@ -12,6 +12,8 @@ import threading
 
 import psutil
 
+_FIGURES = ("cpu_percent", "memory_bytes", "gpu_util", "gpu_memory_bytes", "gpu_memory_total_bytes")
+
 
 class UsageSampler:
     """Samples engine processes by pid; keeps one ``psutil.Process`` per pid so CPU % has a baseline.
@@ -31,11 +33,31 @@ class UsageSampler:
         self._nvml: object | None = None  # the pynvml module once initialised; False when unavailable
         self._gpu_count: int | None = None
 
+    def alive(self, pid: int, host: str, device: str = "cpu", gpu_uuid: str | None = None) -> dict:
+        """Only whether engine ``pid`` lives (``None``: on another host), for a rank that is counted, not
+        shown: the figures are ``None`` and nothing is read for them.
+
+        >>> import os
+        >>> seen = UsageSampler().alive(os.getpid(), socket.gethostname())
+        >>> seen["alive"], seen["cpu_percent"]
+        (True, None)
+        """
+        out: dict = dict.fromkeys(_FIGURES)
+        out["alive"] = None
+        if host != self._host:
+            return out
+        try:
+            proc = self._procs.get(pid) or self._procs.setdefault(pid, psutil.Process(pid))
+            out["alive"] = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            self._procs.pop(pid, None)
+            out["alive"] = False
+        return out
+
     def sample(self, pid: int, host: str, device: str, gpu_uuid: str | None = None) -> dict:
         """CPU and memory of engine ``pid``; for a GPU rank, its GPU's figures, found by the UUID the rank
         recorded when it joined (the server's own CUDA_VISIBLE_DEVICES says nothing about the engine's)."""
-        out: dict = {"alive": None, "cpu_percent": None, "memory_bytes": None,
-                     "gpu_util": None, "gpu_memory_bytes": None, "gpu_memory_total_bytes": None}
+        out: dict = {"alive": None, **dict.fromkeys(_FIGURES)}
         if host != self._host:
             return out
         proc = self._procs.get(pid)
@@ -51,6 +73,8 @@ class UsageSampler:
             self._procs.pop(pid, None)
             out["alive"] = False
             return out
+        if not out["alive"]:  # a zombie's figures are its last ones: a dead rank shows none
+            return {"alive": False, **dict.fromkeys(_FIGURES)}
         if device.startswith("cuda") and gpu_uuid:
             out.update(self._gpu(gpu_uuid))
         return out

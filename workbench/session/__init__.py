@@ -28,11 +28,11 @@ Doors go one way: session -> recovery, view, cell_run -> cell_elastic -> group, 
 the session.
 """
 
-from workbench.pool.rankmap import format_ranks
+from workbench.pool.rankmap import format_ranks, ranks_text
 from workbench.session.cell_run import RunHandle
 from workbench.session.rank_view import RankView
 from workbench.session.results import CellResult, RankDied, RankResult
 from workbench.session.session import Session, current, current_or_none, running_pools, use
 
 __all__ = ["CellResult", "RankDied", "RankResult", "RankView", "RunHandle", "Session", "current",
-           "current_or_none", "format_ranks", "running_pools", "use"]
+           "current_or_none", "format_ranks", "ranks_text", "running_pools", "use"]

@@ -29,9 +29,10 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
 from workbench import remote
-from workbench.pool.rankmap import RankInfo, format_ranks
+from workbench.pool.rankmap import RankInfo, format_ranks, ranks_text
 from workbench.session.losses import loss_text
 
 # A regroup whose members say they still wait for some of them this long is re-planned without those.
@@ -57,6 +58,7 @@ class ElasticWatch:
         self.on_regroup, self.report, self.bring_back = on_regroup, report, bring_back
         self.settings: dict | None = None  # the elastic Trainer's settings, while its run goes on
         self.dropped: dict[int, str] = {}  # engine id -> how that rank was lost
+        self._lost_in: dict[int, Any] = {}  # engine id -> the fault event of its loss
         self.leaving: set[int] = set()  # engine ids a planned shrink left out (their run ends; they stop)
         self.requests: collections.deque = collections.deque()  # (what, argument, Future) from other threads
         self.replacements: list = []  # threads bringing lost ranks back (``bring_back``)
@@ -163,6 +165,7 @@ class ElasticWatch:
                              beats=health.beacons.latest if health.beacons else None)
         for r in infos:
             self.dropped[r.engine_id] = how
+            self._lost_in[r.engine_id] = event
         self._renumber()
         self.on_regroup()
         self.faults.append(event)
@@ -175,6 +178,15 @@ class ElasticWatch:
         if settings.get("replace") and self.bring_back is not None:
             self.bring_back()
         return True
+
+    def how_lost(self, engine_id: int) -> str | None:
+        """How and when a lost rank went, for its tab: ``"died after step 100 (12:03:04)"`` (the step once
+        the others regrouped; the rank numbers are the fault record's)."""
+        event = self._lost_in.get(engine_id)
+        if event is None:
+            return None
+        what = event.first_failure.split("; ")[0]
+        return f"{what} ({time.strftime('%H:%M:%S', time.localtime(event.time))})"
 
     def _step(self, ranks: list[RankInfo]) -> int:
         return max([((self.beat(r) or {}).get("trainer") or {}).get("step", 0) for r in ranks] or [0])
@@ -240,10 +252,10 @@ class ElasticWatch:
                 left = self.recovering["left"]
                 for event, text in self.recovering["events"]:  # losses before it, in the same regroup
                     head = text.replace("{step}", str(at)).split("; continuing on")[0]
-                    event.first_failure = f"{head}; continuing on {left} ranks"
+                    event.first_failure = f"{head}; continuing on {ranks_text(left)}"
                     event.recover_s = round(seconds, 3)
                 self.cell.health.recovered(seconds)
-                self.report(f"continuing on {self.recovering['left']} ranks after step {at}, "
+                self.report(f"continuing on {ranks_text(self.recovering['left'])} after step {at}, "
                             f"regrouped in {seconds:.1f} s")
             self.recovering = None
             return

@@ -382,7 +382,8 @@ class CellRun:
         if info.engine_id in self.elastic.dropped:  # the run went on without it: not a failure of the cell
             return RankResult(rank=info, stdout=self.relay.text(info.rank, "stdout"),
                               stderr=self.relay.text(info.rank, "stderr"),
-                              outputs=list(md["outputs"]), completed=md["completed"])
+                              outputs=list(md["outputs"]), completed=md["completed"],
+                              lost=self.elastic.how_lost(info.engine_id))
         error = md["error"]
         if error is None and child.done() and child.exception() is not None:
             error = child.exception()

@@ -46,6 +46,7 @@ class RankResult:
     outcome: str = "ok"
     where: str | None = None  # where it stopped, e.g. "cell line 3 (in f)", when it was cut short
     origin: str | None = None  # where the rank says its failure came from (faults.origin_of)
+    lost: str | None = None  # an elastic run's lost rank: how and when, "died after step 100 (12:03:04)"
 
 
 @dataclass

@@ -35,7 +35,7 @@ from workbench.pool.devices import check_gpu_fit, visible_gpu_count
 from workbench.pool.idle import IdleRelease
 from workbench.pool.launchers import default_engines
 from workbench.pool.queues import rank_states
-from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks
+from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks, ranks_text
 from workbench.pool.watch import BeaconReceiver
 from workbench.session import postmortem_report, recovery, script
 from workbench.session.cell_run import CellRun, OutputCallback, RunHandle
@@ -211,7 +211,7 @@ class Session:
                 self._close(end_pool=True, note=False)  # nobody was attached to a pool that never ran
             raise error from None
         self.start_seconds = time.perf_counter() - t0
-        progress(f"ready: {n} ranks, backend {self.backend}, {self.start_seconds:.1f} s")
+        progress(f"ready: {ranks_text(n)}, backend {self.backend}, {self.start_seconds:.1f} s")
         if self.config.idle_release:
             self._idle = IdleRelease(self.config.idle_release, warn=self._idle_warning,
                                      release=self._idle_stop, busy=self._in_use)
@@ -449,8 +449,9 @@ class Session:
     def _idle_stop(self) -> None:
         n = self.world_size
         self.stop(everyone=True, by="its idle release")
-        self.notify(f"workbench: stopped the idle pool ({n} ranks) after {self.config.idle_release:g} s "
-                    "without a cell; its nodes are released. `%dist start` starts a new one.")
+        self.notify(f"workbench: stopped the idle pool ({ranks_text(n)}) after "
+                    f"{self.config.idle_release:g} s without a cell; its nodes are released. "
+                    "`%dist start` starts a new one.")
 
     # -- ranks and data ------------------------------------------------------------------
     def targets(self, ranks=None) -> list[RankInfo]:

@@ -87,7 +87,8 @@ class ParallelConfig:
         problems = []
         if dp * self.tp * self.pp != world_size:
             problems.append(f"dp={dp} x tp={self.tp} x pp={self.pp} = {dp * self.tp * self.pp}, but the "
-                            f"world has {world_size} ranks: choose degrees whose product is {world_size}.")
+                            f"world has {world_size} rank{'s' * (world_size != 1)}: choose degrees whose "
+                            f"product is {world_size}.")
         if n_layers is not None and self.pp > n_layers:
             problems.append(f"pp={self.pp} is more than the model's {n_layers} layers: each pipeline stage "
                             "needs at least one layer.")

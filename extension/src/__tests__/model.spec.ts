@@ -14,8 +14,11 @@ import {
   IWorkbenchAPI,
   keptBadge,
   MAX_BACKOFF_MS,
+  SETTLE_MS,
   poolHealth,
   PoolsModel,
+  rankCounts,
+  ranksInOrder,
   poolStatusText,
   progressText,
   rankSummary,
@@ -95,8 +98,10 @@ class FakeAPI implements IWorkbenchAPI {
     }
     return [{ name: 'lo', address: '127.0.0.1', loopback: true }];
   }
-  async list(): Promise<IPool[]> {
+  countOnly: string[][] = [];
+  async list(countOnly: string[] = []): Promise<IPool[]> {
     this.calls.push('list');
+    this.countOnly.push(countOnly);
     if (this.failWith) {
       throw this.failWith;
     }
@@ -152,11 +157,27 @@ describe('text for people', () => {
     );
   });
 
-  it('summarises ranks by state, failures first', () => {
+  it('summarises ranks by state in one line: "64 ranks: 63 idle, 1 failed"', () => {
+    const big = [...Array(64).keys()].map(r => rank(r, r === 17 ? 'failed' : 'idle'));
+    expect(rankSummary(big)).toBe('64 ranks: 63 idle, 1 failed');
     expect(rankSummary([rank(0, 'busy'), rank(1, 'failed'), rank(2)])).toBe(
-      '3 ranks · 1 failed · 1 busy · 1 idle'
+      '3 ranks: 1 busy, 1 idle, 1 failed'
     );
-    expect(rankSummary([rank(0)])).toBe('1 rank · 1 idle');
+    expect(rankSummary([rank(0), rank(1)])).toBe('2 ranks: all idle');
+    // one rank is one rank (issue 24 item 9: "1 ranks")
+    expect(rankSummary([rank(0)])).toBe('1 rank: idle');
+    expect(rankCounts(big)).toEqual({ failed: 1, busy: 0, idle: 63, starting: 0, unknown: 0 });
+  });
+
+  it('lists the failed ranks first in the table', () => {
+    const ranks = [rank(0), rank(1), rank(2, 'failed'), rank(3)];
+    expect(ranksInOrder(ranks).map(r => r.rank)).toEqual([2, 0, 1, 3]);
+  });
+
+  it('says "degraded" beside the amber dot, not "running"', () => {
+    const hurt = pool({ ranks: [rank(0), rank(1, 'failed')] });
+    expect(poolHealth(hurt)).toBe('degraded');
+    expect(poolHealth(pool())).toBe('running');
   });
 
   it('formats figures, with a dash where there is none', () => {
@@ -283,9 +304,12 @@ describe('messages in words', () => {
     expect(
       inWords('PoolStartError: only 1 of 2 engines registered within 0.2 s.')
     ).toBe('only 1 of 2 engines registered within 0.2 s.');
-    expect(inWords('ValueError: n must be at least 1.')).toBe(
-      'n must be at least 1.'
+    // the field is called "Engines" in the dialog, so the sentence under it says so (issue 24 item 9)
+    expect(inWords('ValueError: n must be at least 1 (got 0): the pool needs one engine per rank.')).toBe(
+      'Engines must be at least 1 (got 0): the pool needs one engine per rank.'
     );
+    expect(inWords('nodes must be at least 1 (got 0).')).toBe('Nodes must be at least 1 (got 0).');
+    expect(inWords('the pool needs n engines')).toBe('the pool needs n engines');
     expect(
       inWords('engines exited. Their output:\nipyparallel.error.TimeoutError: no')
     ).toBe('engines exited. Their output:\nno');
@@ -424,6 +448,49 @@ describe('PoolsModel', () => {
     await jest.advanceTimersByTimeAsync(MAX_BACKOFF_MS);
     expect(model.error).toBeNull();
     expect(model.delay).toBe(1000);
+    model.dispose();
+  });
+
+  it('looks at once when a notebook finished a cell, not at the next poll (issue 24 item 8)', async () => {
+    const api = new FakeAPI();
+    api.pools = [pool({ state: 'starting', engines_up: 0, ranks: [] })];
+    const model = new PoolsModel(api, 60_000);
+    model.setVisible(true);
+    await flush();
+    expect(poolStatusText(model.pools[0])).toBe('starting · 0/2 engines');
+    // the notebook printed "ready" and its cell ended: the panel says so without waiting a minute
+    api.pools = [pool()];
+    model.notebookChanged();
+    await flush();
+    expect(poolStatusText(model.pools[0])).toBe('running');
+    // several cells ending while a look is on the way: one more look, not one each
+    const before = api.calls.length;
+    const looking = model.refresh();
+    model.notebookChanged();
+    model.notebookChanged();
+    await looking;
+    await flush();
+    expect(api.calls.length - before).toBe(2);
+    // and once more soon after, when the controller's books have caught up ("2 busy" after the cell)
+    api.pools = [pool({ ranks: [rank(0, 'idle'), rank(1, 'failed')] })];
+    await jest.advanceTimersByTimeAsync(SETTLE_MS);
+    expect(poolStatusText(model.pools[0])).toBe('running · 1 of 2 ranks failed');
+    model.dispose();
+  });
+
+  it('asks for no per-rank figures of a big pool whose table is closed (issue 25)', async () => {
+    const api = new FakeAPI();
+    const big = [...Array(64).keys()].map(r => rank(r));
+    api.pools = [pool({ id: 'big', n: 64, ranks: big }), pool({ id: 'small' })];
+    const model = new PoolsModel(api, 60_000);
+    await model.refresh();
+    await model.refresh();
+    expect(api.countOnly[api.countOnly.length - 1]).toEqual(['big']);
+    model.setVisible(true);
+    model.setExpanded('big', true);
+    await flush();
+    expect(model.isExpanded('big')).toBe(true);
+    expect(api.countOnly[api.countOnly.length - 1]).toEqual([]);
     model.dispose();
   });
 
