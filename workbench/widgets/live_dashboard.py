@@ -214,7 +214,8 @@ class Dashboard:
         """The static output of what it shows now: plotly's JSON, an HTML fallback, one line of text."""
         plot = self._plot
         self.summary = describe(self._run(), plot.step, plot.has_points, state, reason) + plot.words()
-        return figures.static_bundle(self.summary, plot.figure() if plot.has_points else None, note)
+        figure = plot.figure(every_rank=True) if plot.has_points else None
+        return figures.static_bundle(self.summary, figure, note)
 
     def _go_live(self) -> None:
         """A new run (``"latest"``): a new widget in place of the static figure."""
@@ -347,7 +348,18 @@ class Dashboard:
             self.messages += 1
 
     def _bars(self) -> str:
-        return step_time_bars([f"rank {r}" for r in self._plot.ranks], self._plot.step_times(), RECENT_STEPS)
+        return step_time_bars(*self._plot.bar_rows(), RECENT_STEPS)
+
+    def show_ranks(self, ranks) -> None:
+        """Past 8 ranks (the median in its min-max band), also draw these ranks' own loss lines, live
+        (``[]``: none again). The figure a run leaves has every rank's line, shown by a click on its
+        legend entry.
+
+        >>> dash.show_ranks([7])               # doctest: +SKIP
+        """
+        with self._lock:
+            if self._plot.show(ranks):
+                self._send_points(True, {}, [])
 
     # -- export ------------------------------------------------------------------------------
     def save_html(self, path) -> Path:
@@ -363,7 +375,8 @@ class Dashboard:
         path.parent.mkdir(parents=True, exist_ok=True)
         body = [self.view.header or f"<p>{self.summary}</p>"]
         if self._plot.has_points:
-            body.append(pio.to_html(self._plot.figure(), full_html=False, include_plotlyjs=True))
+            figure = self._plot.figure(every_rank=True)
+            body.append(pio.to_html(figure, full_html=False, include_plotlyjs=True))
             body.append(self.view.devices)
             body.append(self._bars())
         title = f"workbench run {self.run_id}" if self.run_id else "workbench dashboard"
