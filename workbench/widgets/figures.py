@@ -50,7 +50,7 @@ def lines_figure(loss: list[dict], throughput: list[dict], title: str | None = N
     layout = {
         "height": 320, "margin": {"l": 55, "r": 60, "t": 30, "b": 75},
         "paper_bgcolor": "white", "plot_bgcolor": "white", "font": {"size": 12},
-        "legend": {"orientation": "h", "y": -0.32},
+        "legend": {"orientation": "h", "y": -0.32, "traceorder": "normal"},  # a band would reverse it
         "xaxis": {"domain": [0, 0.47], "anchor": "y", "title": {"text": "step"}, **_AXIS},
         "yaxis": {"anchor": "x", "title": {"text": "loss"}, **_AXIS},
         "xaxis2": {"domain": [0.53, 1], "anchor": "y2", "title": {"text": "step"}, **_AXIS},
