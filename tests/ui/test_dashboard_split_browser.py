@@ -1,12 +1,13 @@
 """The dashboard in the split view that a pool card's "Open dashboard" makes (issue 24, items 3 and 10), in
 a real JupyterLab, Debian's Chromium, Playwright.
 
-A notebook trains on its own 2-rank pool while the sidebar lists it, full width; its run leaves plotly's
-static figure (and JupyterLab's plotly renderer saves a PNG of it, as wide as the cell was). Then the
-card's "Open dashboard" splits the main area: the notebook is about half as wide. Both dashboards lay out
-for the width they have: the throughput axis's title is never over the loss plot, the title is never cut
-off or under plotly's mode bar, the docked header fits. After a save and a reload (the docked panel comes
-back) the saved PNG is scaled to the cell, not clipped, and the page raised no error.
+The card's "Open dashboard" splits the main area, then the notebook trains on its own 2-rank pool, on a
+wide screen; its run leaves plotly's static figure (and JupyterLab's plotly renderer saves a PNG of it, as
+wide as the cell was). Then the window is narrower (a laptop's): the notebook and the docked dashboard are
+about 500 px each, and both lay out for the width they have: the throughput axis's title is never over the
+loss plot, the title is never cut off or under plotly's mode bar, the docked header fits. After a save and
+a reload (the docked panel comes back) the saved PNG is scaled to the cell, not clipped, and the page
+raised no error.
 Screenshots under build/ui/: 24-3-dashboard-split.png, 24-3-dashboard-split-reloaded.png.
 """
 
@@ -68,24 +69,31 @@ def test_the_dashboards_fit_the_split_view_and_a_reload_keeps_them_whole(tmp_pat
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         try:
+            page.set_viewport_size({"width": 2400, "height": 1000})  # a wide screen while it trains
             cells = _open(page, lab, "train.ipynb", set_up=2)
             page.locator('li.lm-TabBar-tab[data-id="workbench-pools"]').click()  # the card lists the pool
             card = page.locator("#workbench-pools .wb-Card").first
             expect(card).to_have_attribute("data-state", "running", timeout=60_000)
+            card.get_by_role("button", name="Open dashboard").click()  # split beside the notebook
+            docked = page.locator(".wb-DashboardPanel")
+            header = docked.locator(".workbench-dashboard-header")
+            expect(header).to_contain_text("no training run yet", timeout=60_000)
             _run(page, cells, 2)
             cell = _run(page, cells, 3, timeout=240_000)
             _static_figure(cell, f"finished at step {STEPS}")
-            # JupyterLab's plotly renderer saved a PNG of the figure as wide as the cell is now
-            wide = cell.locator(".jp-OutputArea-output").first.bounding_box()["width"]
-
-            card.get_by_role("button", name="Open dashboard").click()
-            docked = page.locator(".wb-DashboardPanel")
-            expect(docked.locator(".main-svg").first).to_be_visible(timeout=90_000)
-            expect(docked.locator(".workbench-dashboard-header")).to_contain_text(f"finished at step {STEPS}",
-                                                                                 timeout=60_000)
+            expect(header).to_contain_text(f"finished at step {STEPS}", timeout=60_000)
+            expect(docked.locator(".main-svg").first).to_be_visible()
+            # JupyterLab's plotly renderer saved a PNG of the figure as wide as the cell is now; then the
+            # window is narrower (a laptop's): both dashboards lay out again for half of it
             output = cell.locator(".jp-OutputArea-output").first
-            page.wait_for_function("([o, w]) => o.getBoundingClientRect().width < w * 0.75",
+            wide = output.bounding_box()["width"]
+            page.set_viewport_size({"width": 1400, "height": 1000})
+            page.wait_for_function("([o, w]) => o.getBoundingClientRect().width < w * 0.6",
                                    arg=[output.element_handle(), wide], timeout=30_000)
+            narrow = docked.bounding_box()["width"]
+            page.wait_for_function(  # the docked figure was laid out again for the panel's new width
+                "([el, w]) => el._fullLayout && el._fullLayout.width <= w",
+                arg=[docked.locator(".js-plotly-plot").first.element_handle(), narrow], timeout=30_000)
             cell.scroll_into_view_if_needed()
             plot = cell.locator(".jp-RenderedPlotly.js-plotly-plot")
             _laid_out(plot, "notebook")
@@ -97,7 +105,6 @@ def test_the_dashboards_fit_the_split_view_and_a_reload_keeps_them_whole(tmp_pat
                                 "bottom": b["y"] + b["height"]}
             assert not _overlap(as_box(title), as_box(bar)), (title, bar)
             _laid_out(docked.locator(".js-plotly-plot").first, "docked")
-            header = docked.locator(".workbench-dashboard-header")
             assert header.evaluate("(h) => h.scrollWidth <= h.clientWidth + 1"), header.inner_text()
             page.screenshot(path=str(SHOTS / "24-3-dashboard-split.png"))
             _run(page, cells, 4)  # %dist stop
