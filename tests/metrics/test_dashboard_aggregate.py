@@ -124,3 +124,28 @@ def test_a_dashboard_fed_sixteen_ranks_shows_the_band_names_the_slowest_and_leav
     finally:
         dash.close()
         collector.close()
+
+
+def test_a_dashboard_refresh_without_new_records_builds_no_text_again(monkeypatch):
+    import workbench.widgets.live_dashboard as live
+
+    built = []
+    table = live.device_table
+    monkeypatch.setattr(live, "device_table", lambda *args: built.append(1) or table(*args))
+    collector = Collector()
+    dash = live.Dashboard(collector, run="latest", start=False)
+    try:
+        for r in range(RANKS):
+            collector.ingest(_msg(r, range(1, 21)))
+        dash.refresh()
+        new = collector.steps_since(1, dash._seen)
+        assert new == {}  # the collector copies nothing for ranks with nothing new
+        for _ in range(5):
+            dash.refresh()
+        assert len(built) == 1
+        collector.ingest(_msg(0, range(21, 22)))
+        dash.refresh()
+        assert len(built) == 2 and "step 21" in dash.view.header
+    finally:
+        dash.close()
+        collector.close()

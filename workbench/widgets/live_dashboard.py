@@ -268,6 +268,7 @@ class Dashboard:
         self._seen: dict[int, int] = {}  # rank -> step records of the run read so far
         self._plot = RunPlot(self.window)
         self._sent_figure = False
+        self._texts_for: tuple | None = None  # (collector version, states) the texts were made for
 
     def refresh(self) -> None:
         """Bring every part up to date now (the thread calls this about once a second; tests may too)."""
@@ -324,6 +325,11 @@ class Dashboard:
         """Send the texts that changed; ``final``: once the run ended, with the summary it ended on."""
         c = self.collector
         status = c.status()
+        # nothing came and no rank changed state: the texts are as they were (no table built per rank)
+        key = (c.version, tuple(status.items()))
+        if key == self._texts_for and not final:
+            return
+        self._texts_for = key
         with c.lock():
             devices = {r: s.last() for r, s in c.devices.items()}
             infos = {r: (st.host, dict(st.info)) for r, st in c.ranks.items()}
