@@ -146,6 +146,18 @@ def _saved_outputs(path: Path, i: int, timeout: float = 30) -> list:
         time.sleep(0.2)
 
 
+def _reload_to_image(page, lab, name: str, i: int):
+    """Reload the page and open ``name`` again: cell ``i`` and the saved PNG of its plotly figure, shown."""
+    from playwright.sync_api import expect
+
+    page.reload()
+    cell = _open(page, lab, name).nth(i)
+    cell.scroll_into_view_if_needed()
+    image = cell.locator(".jp-RenderedPlotly img.plot-img")
+    expect(image).to_be_visible(timeout=30_000)
+    return cell, image
+
+
 def _fail(page, lab, name):
     page.screenshot(path=str(SHOTS / f"{name}-failure.png"), full_page=True)
     print(lab["log"].read_text()[-4000:])
@@ -188,14 +200,9 @@ def test_dashboard_is_live_then_static_and_survives_save_restart_reload(tmp_path
             page.locator(".jp-Dialog .jp-mod-accept").click(timeout=15_000)  # "Confirm Kernel Restart"
             expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(
                 timeout=60_000)
-            page.reload()
-            cells = _open(page, lab, "train.ipynb")
-            cell = cells.nth(3)
-            cell.scroll_into_view_if_needed()
             # JupyterLab's plotly renderer saved a PNG of the figure with it (what GitHub shows) and
             # shows that first; hovering makes it the interactive figure again, from the saved JSON
-            image = cell.locator(".jp-RenderedPlotly img.plot-img")
-            expect(image).to_be_visible(timeout=30_000)
+            cell, image = _reload_to_image(page, lab, "train.ipynb", 3)
             assert image.get_attribute("src").startswith("data:image/png;base64,")
             cell.screenshot(path=str(SHOTS / "dashboard-after-reload.png"))
             image.dispatch_event("mouseenter")
@@ -223,7 +230,7 @@ def test_dashboard_after_an_interrupt_and_after_a_failure(tmp_path, browser):
             expect(cell.locator(".jp-InputPrompt")).to_have_text(DONE, timeout=60_000)
             points = _static_figure(cell, "interrupted at step")
             title = cell.locator(".jp-RenderedPlotly .gtitle").text_content()
-            last = int(title.split("interrupted at step ")[1].split()[0])
+            last = int(re.search(r"interrupted at step (\d+)", title).group(1))  # the title's lines run on
             assert points[0][1] >= 30 and max(points[0][1], points[1][1]) == last, (points, title)
             cell.screenshot(path=str(SHOTS / "dashboard-interrupted.png"))
 

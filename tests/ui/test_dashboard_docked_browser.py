@@ -62,8 +62,9 @@ def test_open_dashboard_docks_the_pools_live_dashboard_beside_the_notebook(tmp_p
                     str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
                     headless=True, viewport={"width": 1600, "height": 1000})
                 page = browser.new_page()
-                errors = []
+                errors, raised = [], []
                 page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+                page.on("pageerror", lambda e: raised.append(str(e)))
                 try:
                     open_notebook(page, lab, "idle.ipynb")
                     page.locator('li.lm-TabBar-tab[data-id="workbench-pools"]').click()
@@ -96,6 +97,8 @@ def test_open_dashboard_docks_the_pools_live_dashboard_beside_the_notebook(tmp_p
                     page.reload()
                     expect(docked.locator(".main-svg").first).to_be_visible(timeout=90_000)
                     expect(header).to_contain_text("run 1", timeout=30_000)
+                    expect(header).not_to_have_text(header.inner_text(), timeout=30_000)  # drawn on
+                    assert raised == [], raised  # nothing the reload restored raised in the page
 
                     # the pool stops: the panel says so and keeps its last picture
                     owner.stdin.close()
@@ -107,7 +110,7 @@ def test_open_dashboard_docks_the_pools_live_dashboard_beside_the_notebook(tmp_p
                     page.screenshot(path=str(SHOTS / "dashboard-docked-stopped.png"))
                 except Exception:
                     page.screenshot(path=str(SHOTS / "dashboard-docked-failure.png"))
-                    print("errors in the page:", *errors, sep="\n")
+                    print("errors in the page:", *errors, *raised, sep="\n")
                     raise
                 finally:
                     browser.close()

@@ -164,6 +164,7 @@ class Collector:
                 st.host = st.host or r.host
                 st.info.setdefault("device", r.device)
                 st.last_seen = st.last_seen or time.monotonic()
+            self.version += 1  # a view that shows hosts and devices shows these
 
     def add_listener(self, fn: Callable[[Collector, list[dict]], None]) -> None:
         """Call ``fn(collector, events)`` on the receiver thread after each message (events may be [])."""
@@ -366,12 +367,14 @@ class Collector:
 
     def steps_since(self, run: int, seen: dict[int, int]) -> dict[int, tuple[dict | None, int]]:
         """rank -> (columns of the steps of ``run`` received after the first ``seen[rank]``, how many
-        that rank's series has received). Columns are None where some of those steps were downsampled
-        since: read :meth:`step_series` again. What a live view reads every second, copying only new rows.
+        that rank's series has received), for the ranks that received some. Columns are None where some
+        of those steps were downsampled since: read :meth:`step_series` again. What a live view reads
+        every second, copying only new rows (a rank with none costs no copy).
         """
         with self._cv:
             return {rank: (s.since(seen.get(rank, 0)), s.received)
-                    for (rid, rank), s in sorted(self.steps.items()) if rid == run}
+                    for (rid, rank), s in sorted(self.steps.items())
+                    if rid == run and s.received != seen.get(rank, 0)}
 
     def lock(self):
         """The collector's lock, for reading live series consistently."""

@@ -7,7 +7,27 @@
 const stores = new Map(); // uid -> {data}: every point so far, for views made after some were sent
 const copy = (data) => data.map((t) => ({ ...t, x: [...t.x], y: [...t.y] }));
 // staticPlot: no hover or zoom layers to rebuild at every redraw (the figure left when the run ends has them)
-const CONFIG = { staticPlot: true, responsive: true };
+const CONFIG = { staticPlot: true };
+// Below this width (a notebook beside a docked dashboard, a narrow panel) the throughput plot goes under
+// the loss plot instead of beside it.
+const NARROW_PX = 560;
+const STACKED_EXTRA_PX = 200;
+
+// The kernel's layout, for the width there is: as it is, or stacked when narrow.
+function fit(layout, width) {
+  if (!width) return layout; // not laid out yet (a hidden panel): plotly's own size
+  if (!layout.xaxis2 || width >= NARROW_PX) return { ...layout, width };
+  return {
+    ...layout,
+    width,
+    height: layout.height + STACKED_EXTRA_PX,
+    xaxis: { ...layout.xaxis, domain: [0, 1] },
+    yaxis: { ...layout.yaxis, domain: [0.56, 1] },
+    xaxis2: { ...layout.xaxis2, domain: [0, 1] },
+    yaxis2: { ...layout.yaxis2, domain: [0, 0.36] },
+    legend: { ...layout.legend, y: -0.2 },
+  };
+}
 
 function plotly(model) {
   if (!globalThis.__workbenchPlotly) {
@@ -68,6 +88,7 @@ async function render({ model, el }) {
 
   const Plotly = await plotly(model);
   let drawn = false;
+  let width = 0; // the width the figure was laid out for
   let stale = false; // points came while the figure was being drawn: draw again from the store
   const draw = async () => {
     const figure = model.get("figure");
@@ -78,10 +99,17 @@ async function render({ model, el }) {
     plot.style.display = "";
     stale = false;
     drawn = false;
-    await Plotly.react(plot, copy(stores.get(model.get("uid")).data), figure.layout, CONFIG);
+    width = el.clientWidth;
+    const layout = fit(figure.layout, width);
+    await Plotly.react(plot, copy(stores.get(model.get("uid")).data), layout, CONFIG);
     drawn = true;
     if (stale) draw();
   };
+  // the panel or the notebook changed width (a split view opened, a sidebar closed): lay out again
+  const resized = new ResizeObserver(() => {
+    if (drawn && el.clientWidth > 0 && Math.abs(el.clientWidth - width) > 4) draw();
+  });
+  resized.observe(el);
   const onMessage = (msg) => {
     if (!msg.extend) return;
     if (!drawn) stale = true;
@@ -90,7 +118,10 @@ async function render({ model, el }) {
   model.on("change:figure", draw);
   model.on("msg:custom", onMessage);
   await draw();
-  return () => Plotly.purge(plot);
+  return () => {
+    resized.disconnect();
+    Plotly.purge(plot);
+  };
 }
 
 export default { initialize, render };

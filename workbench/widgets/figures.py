@@ -42,19 +42,54 @@ def trace(name: str, x, y, *, axis: int = 1, colour: str | None = None, **extra)
 
 
 def lines_figure(loss: list[dict], throughput: list[dict], title: str | None = None) -> dict:
-    """Loss per rank (left) and the pool's throughput (right), side by side."""
+    """Loss per rank (left) and the pool's throughput (right), side by side.
+
+    The throughput's axis is on the figure's right edge, so its ticks and title never lie over the loss
+    plot however narrow the figure is (a notebook beside a docked dashboard is about 500 px wide).
+    """
     layout = {
-        "height": 320, "margin": {"l": 55, "r": 20, "t": 50 if title else 30, "b": 75},
+        "height": 320, "margin": {"l": 55, "r": 60, "t": 30, "b": 75},
         "paper_bgcolor": "white", "plot_bgcolor": "white", "font": {"size": 12},
-        "legend": {"orientation": "h", "y": -0.32},
-        "xaxis": {"domain": [0, 0.46], "anchor": "y", "title": {"text": "step"}, **_AXIS},
+        "legend": {"orientation": "h", "y": -0.32, "traceorder": "normal"},  # a band would reverse it
+        "xaxis": {"domain": [0, 0.47], "anchor": "y", "title": {"text": "step"}, **_AXIS},
         "yaxis": {"anchor": "x", "title": {"text": "loss"}, **_AXIS},
-        "xaxis2": {"domain": [0.54, 1], "anchor": "y2", "title": {"text": "step"}, **_AXIS},
-        "yaxis2": {"anchor": "x2", "title": {"text": "samples/s"}, "rangemode": "tozero", **_AXIS},
+        "xaxis2": {"domain": [0.53, 1], "anchor": "y2", "title": {"text": "step"}, **_AXIS},
+        "yaxis2": {"anchor": "x2", "side": "right", "title": {"text": "samples/s"}, "rangemode": "tozero",
+                   **_AXIS},
     }
     if title:
-        layout["title"] = {"text": html.escape(title), "font": {"size": 14}, "x": 0.01, "xanchor": "left"}
+        _title(layout, title)
     return {"data": [*loss, *throughput], "layout": layout}
+
+
+TITLE_CHARS = 46  # a title line at most this long fits a 500-px figure at 14 px
+MODEBAR_PX = 36  # the top row, where plotly's mode bar shows on hover: the title goes below it
+
+
+def title_lines(text: str, width: int = TITLE_CHARS) -> list[str]:
+    """A title in lines of at most ``width`` characters, broken at its " · " (plotly never wraps a title).
+
+    >>> title_lines("workbench · run 1 finished at step 300 · loss 0.05 · 734 samples/s")
+    ['workbench · run 1 finished at step 300', 'loss 0.05 · 734 samples/s']
+    """
+    lines: list[str] = []
+    for part in text.split(" · "):
+        if lines and len(lines[-1]) + 3 + len(part) <= width:
+            lines[-1] += " · " + part
+        else:
+            lines.append(part)
+    return lines
+
+
+def _title(layout: dict, text: str) -> None:
+    """The title at the top left in lines that fit, below the mode bar's row, with the room it needs."""
+    lines = title_lines(text)
+    layout["title"] = {"text": "<br>".join(html.escape(line) for line in lines), "font": {"size": 14},
+                       "x": 0.01, "xanchor": "left", "xref": "paper", "yref": "container",
+                       "y": 1 - MODEBAR_PX / layout["height"], "yanchor": "top"}
+    extra = MODEBAR_PX + 18 * len(lines)
+    layout["margin"] = {**layout["margin"], "t": extra + 12}
+    layout["height"] += extra
 
 
 def mark_steps(figure: dict, marks: dict[int, str]) -> dict:
@@ -84,9 +119,8 @@ def static_bundle(summary: str, figure: dict | None, note: str = "") -> dict:
     if figure is None:
         return {"text/plain": text,
                 "text/html": f"<div class='workbench-dash-title'><b>{html.escape(text)}</b></div>"}
-    figure = {**figure, "layout": {**figure["layout"], "title": {
-        "text": html.escape(text), "font": {"size": 14}, "x": 0.01, "xanchor": "left"}}}
-    figure["layout"]["margin"] = {**figure["layout"]["margin"], "t": 50}
+    figure = {**figure, "layout": dict(figure["layout"])}
+    _title(figure["layout"], text)
     return {
         PLOTLY_MIME: {"data": figure["data"], "layout": figure["layout"], "config": CONFIG},
         "text/html": f"<div><b>{html.escape(text)}</b></div>{svg(figure)}",

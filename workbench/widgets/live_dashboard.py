@@ -214,7 +214,8 @@ class Dashboard:
         """The static output of what it shows now: plotly's JSON, an HTML fallback, one line of text."""
         plot = self._plot
         self.summary = describe(self._run(), plot.step, plot.has_points, state, reason) + plot.words()
-        return figures.static_bundle(self.summary, plot.figure() if plot.has_points else None, note)
+        figure = plot.figure(every_rank=True) if plot.has_points else None
+        return figures.static_bundle(self.summary, figure, note)
 
     def _go_live(self) -> None:
         """A new run (``"latest"``): a new widget in place of the static figure."""
@@ -267,6 +268,7 @@ class Dashboard:
         self._seen: dict[int, int] = {}  # rank -> step records of the run read so far
         self._plot = RunPlot(self.window)
         self._sent_figure = False
+        self._texts_for: tuple | None = None  # (collector version, states) the texts were made for
 
     def refresh(self) -> None:
         """Bring every part up to date now (the thread calls this about once a second; tests may too)."""
@@ -323,6 +325,11 @@ class Dashboard:
         """Send the texts that changed; ``final``: once the run ended, with the summary it ended on."""
         c = self.collector
         status = c.status()
+        # nothing came and no rank changed state: the texts are as they were (no table built per rank)
+        key = (c.version, tuple(status.items()))
+        if key == self._texts_for and not final:
+            return
+        self._texts_for = key
         with c.lock():
             devices = {r: s.last() for r, s in c.devices.items()}
             infos = {r: (st.host, dict(st.info)) for r, st in c.ranks.items()}
@@ -347,7 +354,18 @@ class Dashboard:
             self.messages += 1
 
     def _bars(self) -> str:
-        return step_time_bars([f"rank {r}" for r in self._plot.ranks], self._plot.step_times(), RECENT_STEPS)
+        return step_time_bars(*self._plot.bar_rows(), RECENT_STEPS)
+
+    def show_ranks(self, ranks) -> None:
+        """Past 8 ranks (the median in its min-max band), also draw these ranks' own loss lines, live
+        (``[]``: none again). The figure a run leaves has every rank's line, shown by a click on its
+        legend entry.
+
+        >>> dash.show_ranks([7])               # doctest: +SKIP
+        """
+        with self._lock:
+            if self._plot.show(ranks):
+                self._send_points(True, {}, [])
 
     # -- export ------------------------------------------------------------------------------
     def save_html(self, path) -> Path:
@@ -363,7 +381,8 @@ class Dashboard:
         path.parent.mkdir(parents=True, exist_ok=True)
         body = [self.view.header or f"<p>{self.summary}</p>"]
         if self._plot.has_points:
-            body.append(pio.to_html(self._plot.figure(), full_html=False, include_plotlyjs=True))
+            figure = self._plot.figure(every_rank=True)
+            body.append(pio.to_html(figure, full_html=False, include_plotlyjs=True))
             body.append(self.view.devices)
             body.append(self._bars())
         title = f"workbench run {self.run_id}" if self.run_id else "workbench dashboard"
