@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import alive, ctrl_c_after
+from tests.conftest import alive, ctrl_c_after, until
 from workbench import CellTimeout, RankError
 from workbench.errors import RankDiedError
 
@@ -136,3 +136,29 @@ def test_scale_to_the_survivors_goes_on_without_a_dead_rank(pool):
     pool.run("import torch\nt = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)")
     assert [t.item() for t in pool.pull("t")] == [3.0, 3.0]
     assert pool.dead_ranks() == {}
+
+
+def test_a_killed_controller_ends_the_pool_in_one_sentence_instead_of_a_command_waiting_for_ever():
+    """Every request to the ranks passes through the controller: with it gone, ``%dist status`` or
+    ``%dist restart`` waited for ever on ipyparallel's reply (found killing the wrong pid of
+    ``Session.pids()``). Now the next command says what happened and nothing of the pool is left."""
+    from workbench import Session
+    from workbench.errors import PoolGone
+
+    s = Session(n=2, timeout=30).start()
+    try:
+        started = s.pids()
+        controller = s._pool.cluster.controller.pid
+        assert controller in started
+        os.kill(controller, signal.SIGKILL)
+        assert until(lambda: controller not in alive([controller]), timeout=10)
+        with pytest.raises(PoolGone, match=r"controller \(pid \d+\) exited, so no rank can be reached: the "
+                                           r"pool was stopped"):
+            s.status()
+        assert not s.running
+        assert until(lambda: alive(started) == [], timeout=15), alive(started)  # nothing left
+        with pytest.raises(Exception, match="needs a running pool"):
+            s.restart()
+    finally:
+        if s.running:
+            s.stop()

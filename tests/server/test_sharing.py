@@ -71,6 +71,9 @@ async def sharing(api, jp_fetch, jp_serverapp):
     try:
         yield pool, notebook
     finally:
+        code, now, _ = await api("GET", "pools", pool["id"])
+        if code == 200:  # engines started since (a restart from an attached notebook) end with the pool too
+            pids += [r["pid"] for r in now["pool"]["ranks"] if r.get("pid")]
         for nb in opened:
             await nb.close()
         await api("DELETE", "pools", pool["id"])

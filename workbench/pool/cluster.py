@@ -432,6 +432,9 @@ class EnginePool:
                    config=config, pool_id=state["id"])
         self.name = state.get("name") or self.name
         self.state = state
+        # engines this process starts for the pool (a restart from an attached notebook) carry its tag, so
+        # the owner's stop finds and ends them though it never recorded them
+        self.env = {**self.env, **reap.tag(self.pool_id)}
         # quiet: when the owner stops the pool, ipyparallel would log the controller's whole output here
         self.cluster = ipp.Cluster.from_file(state["cluster_file"], log_level=logging.CRITICAL,
                                              shutdown_atexit=False)
@@ -459,6 +462,26 @@ class EnginePool:
         if self._lease is not None:
             pids.append(self._lease.pid)
         return pids
+
+    def _controller_record(self) -> dict | None:
+        pid = self.cluster.controller.pid if self.cluster and self.cluster.controller is not None else 0
+        if pid > 0:
+            try:
+                return pool_state.process_record(pid)
+            except Exception:
+                pass  # gone already: the record written before, if any, says which it was
+        return self.state.get("controller")
+
+    def controller_exited(self) -> int | None:
+        """The pid of this pool's controller if it has exited (killed, crashed), else None.
+
+        Every request to the engines passes through the controller: without it a request (a cell, the
+        ranks' queue states) would wait for ever, so the session asks this first. The controller runs on
+        this machine for every launcher (the engines reach it over the network)."""
+        record = self.state.get("controller")
+        if not record or pool_state.process_alive(record):
+            return None
+        return record["pid"]
 
     def _controller_pids(self) -> list[int]:
         """The controller's process and its children (this machine)."""
@@ -505,6 +528,8 @@ class EnginePool:
             + ([str(pool_state.store_dir(self.pool_id, create=False))] if self.launcher == "local" else []),
             "cluster_file": self.cluster.cluster_file if self.cluster else None,
             "processes": records,
+            # the controller's own record: without it no rank can be reached (see controller_exited)
+            "controller": self._controller_record(),
             "channel": self.channel,
             # ipyparallel's cluster and connection files: a SIGKILLed controller leaves them behind
             "files": ([self.cluster.cluster_file]

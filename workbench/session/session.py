@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from workbench import remote
 from workbench.config import PoolConfig
-from workbench.errors import NoPoolError, PoolStartError, RankDiedError
+from workbench.errors import NoPoolError, PoolGone, PoolStartError, RankDiedError
 from workbench.pool import keeper, netif, sharing
 from workbench.pool import state as pool_state
 from workbench.pool.cluster import EnginePool, interrupts_held
@@ -371,10 +371,19 @@ class Session:
         return self._shared.turn(self.notify, what=what)
 
     def _check(self) -> None:
-        """A pool stopped elsewhere (another notebook, the panel, its lease) ends this session in one line."""
+        """A pool stopped elsewhere (another notebook, the panel, its lease), or whose controller exited,
+        ends this session in one line."""
         if self._shared is not None and self._shared.gone():
             self._close(end_pool=not self.attached, note=False)  # whoever stopped it said so already
             self._shared.catch_up()  # raises PoolGone with who stopped it and when
+        pid = self._pool.controller_exited() if self._pool is not None else None
+        if pid is not None:  # every request to the ranks would wait for ever: end what is left, say so
+            owner = not self.attached
+            self._close(end_pool=owner)
+            raise PoolGone(f"the pool's controller (pid {pid}) exited, so no rank can be reached: "
+                           + ("the pool was stopped (its engines ended); `%dist start` starts a new one."
+                              if owner else "its owner stops it at its next command, or `workbench stop` "
+                              "from a terminal; `%dist start` starts a new one."))
 
     def _ensure_group(self, targets: list[RankInfo] | None = None) -> None:
         """Before a cell: refuse with dead ranks among ``targets`` (default: all), re-form a process group
