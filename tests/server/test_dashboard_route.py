@@ -221,3 +221,67 @@ async def test_a_dashboard_opened_after_the_run_shows_it_whole_when_the_panel_li
         await asyncio.to_thread(proc.wait, 60)
     await _until(lambda: {p.pid for p in psutil.Process().children(recursive=True)} <= before, 20,
                  "processes of the pool were left")
+
+
+# the notebook elsewhere again: a run, rank 1 killed and restarted, a second run (issue 24 item 5)
+TRAINS_RESTARTED = TRAINS.replace("s.run('''", "SETUP = '''").replace(
+    "''')\nprint(s.pool_id", "'''\ns.run(SETUP)\nprint(s.pool_id").replace(
+    'print("trained", flush=True)',
+    'import os, signal, time\n'
+    'os.kill(s.ranks[1].pid, signal.SIGKILL)\n'
+    'deadline = time.monotonic() + 20\n'
+    'while not s.dead_ranks() and time.monotonic() < deadline:\n'
+    '    time.sleep(0.1)\n'
+    's.restart()\n'
+    's.run(SETUP)\n'
+    's.run(f"trainer.run(steps={steps})")\n'
+    'print("trained", flush=True)')
+
+
+@pytest.mark.timeout(180)
+async def test_the_docked_dashboard_after_a_restart_shows_every_rank_of_the_next_run(api, jp_serverapp):
+    """After ``%dist restart`` the next run's figure had only "rank 0" though both ranks trained."""
+    proc = subprocess.Popen([sys.executable, "-c", TRAINS_RESTARTED, "30"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        pool_id = proc.stdout.readline().strip()
+        assert pool_id, "the other process did not start its pool"
+        await wait_for(api, pool_id, "running")
+        page = Page()
+
+        async def poll() -> dict:
+            code, body, _ = await api("GET", "pools", pool_id, "dashboard",
+                                      params={"since": str(page.seq), "view": page.view})
+            assert code == 200, body
+            page.apply(body)
+            return body
+
+        await poll()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        def until_trained() -> list[str]:  # its lines (the death notice among them) up to "trained"
+            lines = []
+            while (line := proc.stdout.readline()) and line.strip() != "trained":
+                lines.append(line)
+            return lines + [line]
+
+        done = asyncio.ensure_future(asyncio.to_thread(until_trained))
+        while not done.done():
+            await poll()
+            await asyncio.sleep(0.5)
+        assert done.result()[-1].strip() == "trained", done.result()
+        deadline = time.monotonic() + 30
+        while "run 2 finished at step 30" not in (body := await poll())["header"]:
+            assert time.monotonic() < deadline, body["header"]
+            await asyncio.sleep(0.5)
+        names = [t["name"] for t in page.figure["data"]]
+        assert "rank 0" in names and "rank 1" in names, names
+        counts = {t["name"]: len(t["y"]) for t in page.figure["data"] if t["name"].startswith("rank")}
+        assert counts["rank 1"] > 10, counts
+    finally:
+        if proc.poll() is None:
+            proc.stdin.close()
+            proc.wait(30)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
