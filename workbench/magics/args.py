@@ -89,8 +89,8 @@ def add_pool_options(parser: argparse.ArgumentParser) -> None:
 def pool_config_options(args: argparse.Namespace) -> dict:
     """The :class:`~workbench.config.PoolConfig` keywords a ``%dist start`` line gave (nothing else).
 
-    >>> sorted(pool_config_options(parse_dist("start -n 4 --hosts a,b --launcher ssh")).items())[:4]
-    [('address', '127.0.0.1'), ('backend', 'auto'), ('hosts', 'a,b'), ('launcher', 'ssh')]
+    >>> sorted(pool_config_options(parse_dist("start -n 4 --hosts a,b --launcher ssh --keep")).items())[:5]
+    [('address', '127.0.0.1'), ('backend', 'auto'), ('hosts', 'a,b'), ('keep', True), ('launcher', 'ssh')]
     """
     return {o.name: getattr(args, o.name) for o in pool_options() if getattr(args, o.name) is not None}
 
