@@ -266,6 +266,8 @@ def test_the_sidebar_follows_a_notebook_that_starts_loses_a_rank_and_stops(lab, 
             expect(card).to_have_attribute("data-state", "running", timeout=10_000)
             expect(card.locator(".wb-Card-counts")).to_contain_text("2 ranks: all idle")
             name = card.locator(".wb-Card-title").inner_text()
+            # the recorder looks every 50 ms: the card may have rendered since its last look
+            page.wait_for_function("window.__wbSeen.titles.length > 0", timeout=5_000)
             assert page.evaluate("window.__wbSeen.titles") == [name]
             page.screenshot(path=str(SHOTS / "24-8-sidebar-follows-notebook-start.png"))
             pool_id = card.get_attribute("data-pool-id")
