@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 import uuid
 
-from workbench.pool.rankmap import format_ranks
+from workbench.pool.rankmap import ranks_named
 from workbench.session.results import plain_traceback
 
 # Output longer than this many lines (all ranks together) gets the per-rank view even when nothing failed.
@@ -109,7 +109,7 @@ def outcome_summary(ranks: list) -> str:
         counts.setdefault(r.outcome, []).append(r.rank.rank)
     parts = [f"{len(ranks)} ranks"]
     for outcome, which in sorted(counts.items(), key=lambda kv: (kv[0] in FAILED, -len(kv[1]))):
-        named = f" (rank{'s' * (len(which) > 1)} {format_ranks(which)})" if outcome != "ok" else ""
+        named = f" ({ranks_named(which)})" if outcome != "ok" else ""
         parts.append(f"{len(which)} {outcome}{named}")
     return " · ".join(parts)
 
@@ -132,7 +132,7 @@ def _pane(r, in_error_block: bool = False) -> str:
     if r.stderr:
         parts.append(f'<pre class="wb-err">{html.escape(r.stderr)}</pre>')
     if r.outcome == "lost":  # an elastic run went on without it: how it went, and when
-        gone = getattr(r, "lost", None) or "lost"
+        gone = r.lost or "lost"
         parts.append(f'<pre class="wb-err">{html.escape(gone)}; the run went on without it</pre>')
         return "".join(parts)
     if r.outcome in ("stopped", "interrupted"):  # our own interrupt: where it stopped, not our traceback

@@ -456,15 +456,19 @@ class EnginePool:
         pids = []
         if self.zygote is not None and self.zygote.alive():
             pids.append(self.zygote.pid)
-        if self.cluster and self.cluster.controller is not None and self.cluster.controller.pid > 0:
-            pids.append(self.cluster.controller.pid)
+        if self._controller_pid() > 0:
+            pids.append(self._controller_pid())
         pids += [el.pid for el in self._local_launchers() if el.pid > 0]
         if self._lease is not None:
             pids.append(self._lease.pid)
         return pids
 
+    def _controller_pid(self) -> int:
+        """The controller's pid where this process started it (0: not started here, or not yet)."""
+        return self.cluster.controller.pid if self.cluster and self.cluster.controller is not None else 0
+
     def _controller_record(self) -> dict | None:
-        pid = self.cluster.controller.pid if self.cluster and self.cluster.controller is not None else 0
+        pid = self._controller_pid()
         if pid > 0:
             try:
                 return pool_state.process_record(pid)
@@ -485,7 +489,7 @@ class EnginePool:
 
     def _controller_pids(self) -> list[int]:
         """The controller's process and its children (this machine)."""
-        pid = self.cluster.controller.pid if self.cluster and self.cluster.controller is not None else 0
+        pid = self._controller_pid()
         try:
             proc = psutil.Process(pid) if pid > 0 else None
             return [pid, *(c.pid for c in proc.children(recursive=True))] if proc else []

@@ -152,8 +152,7 @@ def remap_engines(ranks: list[RankInfo], engines: list[EngineInfo]) -> list[Rank
         if not free.get(r.host):
             raise ValueError(f"no new engine on host {r.host!r} for rank {r.rank}")
         e = free[r.host].pop(0)
-        out.append(replace(r, engine_id=e.engine_id, pid=e.pid, slurm_job=e.slurm_job,
-                           slurm_node=e.slurm_node))
+        out.append(_on_engine(r, e))
     return out
 
 
@@ -177,8 +176,7 @@ def remap_moved(ranks: list[RankInfo], engines: list[EngineInfo], running: list[
     for r in ranks:
         if free.get(r.host):
             e = free[r.host].pop(0)
-            placed[r.rank] = replace(r, engine_id=e.engine_id, pid=e.pid, slurm_job=e.slurm_job,
-                                     slurm_node=e.slurm_node)
+            placed[r.rank] = _on_engine(r, e)
             used.setdefault(r.host, set()).add(r.local_rank)
     left = sorted((e for es in free.values() for e in es), key=lambda e: e.engine_id)
     for r, e in zip([r for r in ranks if r.rank not in placed], left, strict=True):
@@ -188,9 +186,8 @@ def remap_moved(ranks: list[RankInfo], engines: list[EngineInfo], running: list[
         node = next((o.node_rank for o in running if o.host == e.host), r.node_rank)
         device = r.device if r.device == "cpu" else f"cuda:{local}"
         uuid = e.gpu_uuids[local] if device != "cpu" and local < len(e.gpu_uuids) else None
-        placed[r.rank] = replace(r, host=e.host, local_rank=local, node_rank=node, device=device,
-                                 engine_id=e.engine_id, pid=e.pid, gpu_uuid=uuid, slurm_job=e.slurm_job,
-                                 slurm_node=e.slurm_node)
+        placed[r.rank] = _on_engine(r, e, host=e.host, local_rank=local, node_rank=node, device=device,
+                                    gpu_uuid=uuid)
     return [placed[r.rank] for r in ranks]
 
 
@@ -230,6 +227,22 @@ def parse_ranks(spec: str, world_size: int) -> list[int]:
                 raise ValueError(f"rank {r} is out of range: {valid}.")
             ranks.add(r)
     return sorted(ranks)
+
+
+def _on_engine(r: RankInfo, e: EngineInfo, **moved) -> RankInfo:
+    """Rank ``r`` on the new engine ``e`` (its id, pid and Slurm job and node), with what else ``moved``."""
+    return replace(r, engine_id=e.engine_id, pid=e.pid, slurm_job=e.slurm_job, slurm_node=e.slurm_node,
+                   **moved)
+
+
+def ranks_named(ranks) -> str:
+    """Ranks as a sentence names them.
+
+    >>> ranks_named([3]), ranks_named([0, 1, 2, 5])
+    ('rank 3', 'ranks 0-2,5')
+    """
+    ranks = list(ranks)
+    return f"rank{'s' * (len(ranks) > 1)} {format_ranks(ranks)}"
 
 
 def ranks_text(n: int) -> str:

@@ -25,6 +25,8 @@ from collections.abc import Callable
 
 from ipyparallel.cluster.launcher import ipengine_cmd_argv
 
+from workbench.pool.rankmap import ranks_text
+
 SQUEUE_TIMEOUT_S = 10
 # squeue's states of a job that is over or on its way out (a cancelled job shows COMPLETING for seconds)
 ENDED = {"ENDED", "COMPLETING", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
@@ -88,8 +90,7 @@ def go_on(left: int) -> str:
     """
     if left == 0:
         return "no rank is left: stop and start the pool."
-    return f"go on with the {left} rank{'s' if left != 1 else ''} left (`%dist scale {left}`), or stop and " \
-           "start the pool."
+    return f"go on with the {ranks_text(left)} left (`%dist scale {left}`), or stop and start the pool."
 
 
 def place(lost: list, left: int, held: Callable[[str], tuple[str, list[str]]] = held_nodes

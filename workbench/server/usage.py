@@ -42,17 +42,23 @@ class UsageSampler:
         >>> seen["alive"], seen["cpu_percent"]
         (True, None)
         """
-        out: dict = dict.fromkeys(_FIGURES)
-        out["alive"] = None
+        out: dict = {"alive": None, **dict.fromkeys(_FIGURES)}
         if host != self._host:
             return out
         try:
-            proc = self._procs.get(pid) or self._procs.setdefault(pid, psutil.Process(pid))
-            out["alive"] = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+            out["alive"] = _running(self._process(pid))
         except psutil.Error:
             self._procs.pop(pid, None)
             out["alive"] = False
         return out
+
+    def _process(self, pid: int) -> psutil.Process:
+        """The kept ``psutil.Process`` of ``pid``, made with its CPU baseline (its first reading is 0)."""
+        proc = self._procs.get(pid)
+        if proc is None:
+            proc = self._procs[pid] = psutil.Process(pid)
+            proc.cpu_percent(None)
+        return proc
 
     def sample(self, pid: int, host: str, device: str, gpu_uuid: str | None = None) -> dict:
         """CPU and memory of engine ``pid``; for a GPU rank, its GPU's figures, found by the UUID the rank
@@ -60,13 +66,10 @@ class UsageSampler:
         out: dict = {"alive": None, **dict.fromkeys(_FIGURES)}
         if host != self._host:
             return out
-        proc = self._procs.get(pid)
         try:
-            if proc is None:
-                proc = self._procs[pid] = psutil.Process(pid)
-                proc.cpu_percent(None)  # baseline: the first reading is always 0
+            proc = self._process(pid)
             with proc.oneshot():
-                out["alive"] = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+                out["alive"] = _running(proc)
                 out["cpu_percent"] = round(proc.cpu_percent(None), 1)
                 out["memory_bytes"] = proc.memory_info().rss
         except psutil.Error:
@@ -115,3 +118,7 @@ class UsageSampler:
         except nvml.NVMLError:  # a MIG instance has no utilisation of its own: unknown, not 0
             util = None
         return {"gpu_util": util, "gpu_memory_bytes": int(mem.used), "gpu_memory_total_bytes": int(mem.total)}
+
+
+def _running(proc: psutil.Process) -> bool:
+    return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE

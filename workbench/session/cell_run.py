@@ -105,7 +105,8 @@ class CellRun:
         self._raised_before_abort: set[int] = set()  # ranks whose error came before the abort was sent
         self._asked = 0  # interrupts asked for from another thread (RunHandle.stop), not yet taken
         self._wake = threading.Event()
-        self.folders: dict[int, tuple[str, str]] = {}  # rank -> (host, the folder it works in), where known
+        # ranks -> {rank: (host, the folder it works in)} where known; asked only when a file was not found
+        self.folders: Callable[[list[RankInfo]], dict[int, tuple[str, str]]] = lambda ranks: {}
 
     def run(self, code: str) -> CellResult:
         t0, self.started = time.perf_counter(), time.time()
@@ -175,8 +176,8 @@ class CellRun:
                               ranks=gone, subset=subset)
             if line is not None and line not in result.hints:
                 result.hints.append(line)
-        missing = {f.rank.rank: self.folders[f.rank.rank] for f in failures if f.rank.rank in self.folders
-                   and hints.file_not_found(f.error.ename, str(f.error.evalue))}
+        missing = self.folders([f.rank for f in failures if hints.file_not_found(f.error.ename,
+                                                                                str(f.error.evalue))])
         if missing:
             result.hints.append(hints.where_ranks_look(missing, os.getcwd()))
 

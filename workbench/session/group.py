@@ -223,11 +223,12 @@ class ProcessGroup:
         """Go on without these dead ranks: the others keep engine, host and device (their Python state is
         on them) and are numbered again in order. Off this machine the dropped engines are fenced (a rank
         found dead there may be only cut off)."""
-        old = [r for r in self.ranks if r.rank in set(ranks)]
+        dropped = set(ranks)
+        old = [r for r in self.ranks if r.rank in dropped]
         if not self.local:
             self.fenced += old
             self.pool.fence([r.pid for r in old])
-        stay = [r for r in self.ranks if r.rank not in set(ranks)]
+        stay = [r for r in self.ranks if r.rank not in dropped]
         nodes: dict[str, int] = {}
         for r in stay:
             nodes.setdefault(r.host, len(nodes))

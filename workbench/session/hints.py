@@ -13,7 +13,7 @@ True
 
 from __future__ import annotations
 
-from workbench.pool.rankmap import format_ranks
+from workbench.pool.rankmap import ranks_named
 
 INIT_TWICE = "trying to initialize the default process group twice"
 NOT_INITIALIZED = "Default process group has not been initialized"
@@ -35,7 +35,7 @@ def hint(ename: str, evalue: str, backend: str | None, world_size: int, ranks=()
         return (f"the pool formed the process group already (backend {backend}, world size {world_size}): "
                 "use it as it is.")
     if NOT_INITIALIZED in evalue:
-        where = f" on rank{'s' if len(ranks) > 1 else ''} {format_ranks(list(ranks))}" if ranks else ""
+        where = f" on {ranks_named(ranks)}" if ranks else ""
         return f"the process group was destroyed{where}: the next cell re-forms it."
     if GLOO_MISMATCH in evalue and subset:
         return ("a collective of this cell found a peer in another collective: the elastic Trainer "
@@ -78,7 +78,7 @@ def where_ranks_look(places: dict[int, tuple[str, str]], notebook_folder: str) -
     by_place: dict[tuple[str, str], list[int]] = {}
     for rank, place in sorted(places.items()):
         by_place.setdefault(place, []).append(rank)
-    parts = [f"rank{'s' if len(ranks) > 1 else ''} {format_ranks(ranks)} on {host} in {folder}"
+    parts = [f"{ranks_named(ranks)} on {host} in {folder}"
              for (host, folder), ranks in by_place.items()]
     away = sorted({host for host, folder in by_place if folder != notebook_folder})
     if not away:

@@ -223,8 +223,8 @@ class Session:
         t0 = time.perf_counter()
         self._take(EnginePool.attach(keeper.hand_over(self.config, progress)))
         self.start_seconds = time.perf_counter() - t0
-        progress(f"ready: {self.world_size} ranks, backend {self.backend}, {self.start_seconds:.1f} s; kept "
-                 f"by the Jupyter server (after a kernel restart: `%dist attach {self.name}`)")
+        progress(f"ready: {ranks_text(self.world_size)}, backend {self.backend}, {self.start_seconds:.1f} s; "
+                 f"kept by the Jupyter server (after a kernel restart: `%dist attach {self.name}`)")
         return self
 
     def _in_use(self) -> bool:
@@ -531,7 +531,7 @@ class Session:
             cell.targets = self.targets([r.rank for r in cell.targets])
             self._ensure_group(cell.targets)
             self._follow_cwd(cell.targets)
-            cell.folders = self.folders(cell.targets)
+            cell.folders = self.folders
             self._active = cell
             try:
                 result = cell.run(code)
