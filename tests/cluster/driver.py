@@ -20,6 +20,8 @@ import warnings
 
 import psutil
 
+from tests.conftest import until
+
 
 def run(ip, cell: str) -> str:
     """Run a cell like a notebook would; raise with its output if it failed."""
@@ -228,10 +230,7 @@ def netns_left(name: str, keep: list[int]) -> list[int]:
 def second_cut_when_planned(s, port: str, timeout: float = 30) -> float | None:
     """Cut ``port`` as soon as the kernel has planned the regroup after the first cut (its fault is
     recorded when the plan goes out), so that host is lost while the regroup waits for it."""
-    deadline = time.monotonic() + timeout
-    while not s.faults and time.monotonic() < deadline:
-        time.sleep(0.005)
-    if not s.faults:
+    if not until(lambda: s.faults, timeout, every=0.005):
         return None
     link(port, "down")
     return time.time()
@@ -394,19 +393,12 @@ def squeue(*args: str) -> str:
 
 
 def until_dead(s, rank: int, timeout: float = 60) -> bool:
-    deadline = time.monotonic() + timeout
-    while rank not in s.dead_ranks():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
+    return until(lambda: rank in s.dead_ranks(), timeout, every=0.1)
 
 
 def until_gone(timeout: float = 30) -> tuple[str, str]:
     """squeue's jobs and steps once Slurm has let go of them (or what is left after ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while (squeue() or squeue("-s")) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    until(lambda: not (squeue() or squeue("-s")), timeout, every=0.2)
     return squeue(), squeue("-s")
 
 

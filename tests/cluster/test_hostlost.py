@@ -60,6 +60,15 @@ def check_nothing_left(hosts: dict) -> None:
         assert ns.wait_empty(keep=set(sshd_pids(ns))) == [], name
 
 
+def went_on_and_fenced(result: dict, steps: int, hosts: dict, world: int) -> None:
+    """The ranks left finished with the reference's parameters and a working group of ``world`` ranks;
+    the cut-off engines stopped once the link came back, and nothing of the pool is left on any host."""
+    check_params(result, steps)
+    assert result["all_reduce"] == [float(world)] * world
+    assert result["left_on_cut_host"] == [], (result["fence_heard"], result["fence_ssh"])
+    check_nothing_left(hosts)
+
+
 def outcomes_by_host(result: dict) -> list[tuple[str, str]]:
     return sorted((host, outcome) for _, host, outcome in result["outcomes"])
 
@@ -97,10 +106,7 @@ def test_a_host_cut_during_an_elastic_fsdp_run_resumes_from_the_checkpoint_on_th
     # the steps since the checkpoint were taken again: the last record of each step is what counts
     last = [list({rec[0]: rec for rec in log}.values()) for log in result["step_log"]]
     check_every_sample_once(last, steps)
-    check_params(result, steps)
-    assert result["all_reduce"] == [2.0, 2.0]
-    assert result["left_on_cut_host"] == [], (result["fence_heard"], result["fence_ssh"])
-    check_nothing_left(three_hosts)
+    went_on_and_fenced(result, steps, three_hosts, world=2)
 
 
 def test_a_second_host_lost_while_the_regroup_waits_is_one_replanned_regroup(four_hosts, workdir):
@@ -136,10 +142,7 @@ def test_a_second_host_lost_while_the_regroup_waits_is_one_replanned_regroup(fou
     assert all(len(e) == 1 and e[0]["world_size"] == 2 for e in events), events
     assert all(e[0]["lost"] == [2, 3, 4, 5] for e in events), events
     check_every_sample_once(result["step_log"], steps)
-    check_params(result, steps)
-    assert result["all_reduce"] == [2.0, 2.0]
-    assert result["left_on_cut_host"] == [], (result["fence_heard"], result["fence_ssh"])
-    check_nothing_left(four_hosts)
+    went_on_and_fenced(result, steps, four_hosts, world=2)
 
 
 def test_eight_ranks_on_four_hosts_lose_one_host_and_go_on(five_hosts, workdir):
@@ -164,10 +167,7 @@ def test_eight_ranks_on_four_hosts_lose_one_host_and_go_on(five_hosts, workdir):
     assert result["steps"] == [steps] * 6
     assert all(e[-1]["world_size"] == 6 and e[-1]["lost"] == [2, 3] for e in result["events"])
     check_every_sample_once(result["step_log"], steps)
-    check_params(result, steps)
-    assert result["all_reduce"] == [6.0] * 6
-    assert result["left_on_cut_host"] == [], (result["fence_heard"], result["fence_ssh"])
-    check_nothing_left(five_hosts)
+    went_on_and_fenced(result, steps, five_hosts, world=6)
 
 
 # Measured on the 2-core build machine (load 8-62): the 32 engines over ssh, each importing torch (no zygote

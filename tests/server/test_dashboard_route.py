@@ -82,6 +82,16 @@ def _dashboard_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name in DASHBOARD_THREADS]
 
 
+async def _poll(api, pool_id: str, page: Page) -> tuple[dict, str]:
+    """One look of a docked page at the pool's dashboard: what came since its last look, applied to it;
+    the answer and its raw text."""
+    code, body, raw = await api("GET", "pools", pool_id, "dashboard",
+                                params={"since": str(page.seq), "view": page.view})
+    assert code == 200, body
+    page.apply(body)
+    return body, raw
+
+
 async def _until(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -131,11 +141,8 @@ async def test_a_pool_of_another_notebook_docks_its_live_dashboard_until_it_stop
         out = pool_state.read_state(pool_state.state_path(pool_id))["channel"]["out"]
 
         async def poll(page: Page) -> dict:
-            code, body, raw = await api("GET", "pools", pool_id, "dashboard",
-                                        params={"since": str(page.seq), "view": page.view})
-            assert code == 200, body
+            body, raw = await _poll(api, pool_id, page)
             assert out not in raw and "key" not in body  # never how to reach the relay, nor its key
-            page.apply(body)
             return body
 
         def closed() -> bool:  # its thread and its socket gone
@@ -241,6 +248,7 @@ TRAINS_RESTARTED = TRAINS.replace("s.run('''", "SETUP = '''").replace(
 @pytest.mark.timeout(180)
 async def test_the_docked_dashboard_after_a_restart_shows_every_rank_of_the_next_run(api, jp_serverapp):
     """After ``%dist restart`` the next run's figure had only "rank 0" though both ranks trained."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     proc = subprocess.Popen([sys.executable, "-c", TRAINS_RESTARTED, "30"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=dict(os.environ))
     try:
@@ -250,11 +258,7 @@ async def test_the_docked_dashboard_after_a_restart_shows_every_rank_of_the_next
         page = Page()
 
         async def poll() -> dict:
-            code, body, _ = await api("GET", "pools", pool_id, "dashboard",
-                                      params={"since": str(page.seq), "view": page.view})
-            assert code == 200, body
-            page.apply(body)
-            return body
+            return (await _poll(api, pool_id, page))[0]
 
         await poll()
         proc.stdin.write("go\n")
@@ -285,3 +289,5 @@ async def test_the_docked_dashboard_after_a_restart_shows_every_rank_of_the_next
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    await _until(lambda: {p.pid for p in psutil.Process().children(recursive=True)} <= before, 20,
+                 "processes of the pool were left")

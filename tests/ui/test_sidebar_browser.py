@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import alive
+from tests.conftest import alive, until
 from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, run_lab
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,10 +94,8 @@ def _browser(p, tmp_path, height: int):
 
 def _wait_gone(pids: list[int], after: str) -> None:
     """The pool's processes end within 15 s of a stop (they are told at once; this is not a timing test)."""
-    deadline = time.monotonic() + 15
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not alive(pids), f"still running after {after}: {alive(pids)}"
+    gone = until(lambda: not alive(pids), timeout=15, every=0.2)
+    assert gone, f"still running after {after}: {alive(pids)}"
 
 
 def _api(lab, path: str) -> dict:
