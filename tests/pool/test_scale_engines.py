@@ -34,7 +34,8 @@ def _engine_state():
     from workbench.metrics import publisher
 
     pub = publisher.current()
-    return {"warm_thread": getattr(agent, "_warm_thread", None) is not None, "warmed": agent._warmed.is_set(),
+    return {"agent_wakeups": agent._agent.wakeups if agent._agent else None,
+            "warm_thread": getattr(agent, "_warm_thread", None) is not None, "warmed": agent._warmed.is_set(),
             "threads": sorted(t.name for t in threading.enumerate()),
             "wakeups": getattr(pub, "wakeups", None)}
 
@@ -89,3 +90,31 @@ def test_idle_beacons_slow_down_and_busy_ones_do_not(pool):
     for rank, seqs in seen.items():
         # 4 s busy at 4 Hz: about 16 beats; the idle rate would give 4 or 5
         assert len(seqs) >= 8, f"rank {rank}: only {len(seqs)} beacons while a cell ran"
+
+
+def test_idle_agent_sleeps_and_a_cell_wakes_it_at_once(pool):
+    """Between cells the agent wakes about once a second, not four times (8 idle ranks spent 2.3% of a core
+    in their agents alone); a cell that begins wakes it, so that even a cell shorter than the idle period
+    is seen busy by the kernel (its first beat comes within a fraction of a period, not up to 1 s later)."""
+    first = pool.apply(_engine_state)
+    time.sleep(3.0)
+    later = pool.apply(_engine_state)
+    for rank, (a, b) in enumerate(zip(first, later, strict=True)):
+        woke = b["agent_wakeups"] - a["agent_wakeups"]
+        # 3 s idle: ~3 beats plus the two apply calls' wake-ups (and their beats); 4 Hz would be 12+
+        assert 1 <= woke <= 9, f"rank {rank}: the agent woke {woke} times in 3 s idle"
+    beacons = pool._health.beacons
+    for _ in range(3):  # each 0.6 s: with the idle period alone, a busy beat would be missed 2 times in 5
+        before = {r.rank: beacons.latest[r.rank]["seq"] for r in pool.ranks}
+        busy: dict[int, bool] = {r.rank: False for r in pool.ranks}
+        time.sleep(0.3)  # idle since the last cell: the agents sleep their long period
+        handle = pool.submit("import time\ntime.sleep(0.6)")
+        try:
+            while not handle.done():
+                for r in pool.ranks:
+                    beat = beacons.latest.get(r.rank) or {}
+                    busy[r.rank] |= bool(beat.get("busy")) and beat["seq"] > before[r.rank]
+                time.sleep(0.01)
+        finally:
+            handle.wait(60)
+        assert all(busy.values()), f"a 0.6 s cell was not seen busy on every rank: {busy}"

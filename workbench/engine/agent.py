@@ -2,7 +2,8 @@
 
 While a cell runs, the engine's main thread is inside user code (a collective, a CUDA sync, a long
 step), and anything sent through ipyparallel waits behind it. The agent does not. Four times a
-second it sends a beacon (which collective is in flight, the last one completed, the line the main
+second while a cell or call runs (once a second between them: the engine's request handlers wake it
+when one begins) it sends a beacon (which collective is in flight, the last one completed, the line the main
 thread is on, the Trainer's step) up the pool's side channel, and it takes signed commands from any
 session of the pool:
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import signal
 import socket
@@ -51,8 +53,12 @@ _HOST = socket.gethostname()  # with the pid, how a fenced engine is named
 STACKS_PART = 24_000
 # Between cells a beacon that says what the last one said is sent only this often: it tells the kernel the
 # rank is alive (a rank on another node counts as dead after 3 s of silence, session/health.py). While a
-# cell or call runs every beat is sent (the kernel reads their timing as well as their content).
+# cell or call runs every beat is sent (the kernel reads their timing as well as their content). Between
+# cells the agent wakes only this often (a pool of 64 idle ranks woke 256 times a second); a request that
+# begins wakes it at once (:func:`_wake_on_requests`).
 IDLE_BEACON_S = 1.0
+# The kernel's requests whose handling makes the main thread busy (guard.BUSY_FRAMES): each wakes the agent.
+REQUESTS = ("execute_request", "apply_request")
 
 # What the Trainer tells the beacon about itself ({"step": 12, "running": True, "step_time": 0.05}).
 trainer_status: dict = {}
@@ -118,10 +124,13 @@ class Agent:
         self._last_sent = 0.0
         self.bad = 0  # commands dropped: forged, malformed, for another group or seen before
         self.done: list[str] = []  # the commands carried out, in order
+        self.wakeups = 0  # rounds of the loop (between cells about one a second)
         self._seen: collections.deque = collections.deque(maxlen=512)
         self._ctx = zmq.Context()
         self._push = wire.pusher(self._ctx, channel["up"], hwm=8)  # a slow kernel drops old beats
         self._sub = wire.subscriber(self._ctx, channel["out"], wire.COMMAND)
+        self._wake_r, self._wake_w = os.pipe()  # a byte here: a request began (see wake)
+        os.set_blocking(self._wake_w, False)
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="workbench-agent", daemon=True)
         self._thread.start()
@@ -129,14 +138,23 @@ class Agent:
     def _loop(self) -> None:
         import zmq
 
+        poller = zmq.Poller()
+        poller.register(self._sub, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         next_beat = 0.0
         try:
             while not self._halt.is_set():
+                self.wakeups += 1
                 now = time.monotonic()
-                if now >= next_beat:  # the first beat at once, then one a period
-                    self._beat(now)
-                    next_beat = now + BEACON_PERIOD_S
-                if self._sub.poll(max(0.0, next_beat - time.monotonic()) * 1000):
+                if now >= next_beat:  # the first beat at once, then one a period (a long one when idle)
+                    busy = self._beat(now)
+                    next_beat = now + (BEACON_PERIOD_S if busy else IDLE_BEACON_S)
+                # whole milliseconds, rounded up: zmq truncates, and a beat 0.9 ms away would spin until it
+                ready = dict(poller.poll(math.ceil(max(0.0, next_beat - time.monotonic()) * 1000)))
+                if self._wake_r in ready:  # a request began: beat now, and every period while it runs
+                    os.read(self._wake_r, 4096)
+                    next_beat = min(next_beat, time.monotonic() + BEACON_PERIOD_S / 5)
+                if self._sub in ready:
                     while self._sub.poll(0):
                         self.handle(self._sub.recv_multipart())
         except zmq.ZMQError:
@@ -145,8 +163,18 @@ class Agent:
             self._push.close(0)
             self._sub.close(0)
             self._ctx.term()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
-    def _beat(self, now: float) -> None:
+    def wake(self) -> None:
+        """A request began on the main thread: beat within a fifth of a period, then every period."""
+        try:
+            os.write(self._wake_w, b"!")
+        except (BlockingIOError, OSError):  # already woken (the pipe is full), or closed
+            pass
+
+    def _beat(self, now: float) -> bool:
+        """Send a beacon if it is due (:func:`should_send`); whether the main thread is busy."""
         import zmq
 
         with self._target_lock:
@@ -154,7 +182,7 @@ class Agent:
             beat.update(generation=self.generation, trainer=dict(trainer_status), host=_HOST,
                         regroup=dict(regroup_status) or None)
         if not should_send(beat, self._last_beat, now - self._last_sent):
-            return
+            return beat["busy"]
         self._last_beat, self._last_sent = beat, now
         beat = {**beat, "pub": self.pub, "seq": self.seq}
         self.seq += 1
@@ -162,6 +190,7 @@ class Agent:
             self._push.send_multipart(self.signer.pack(wire.BEACON, json.dumps(beat).encode()), zmq.NOBLOCK)
         except zmq.Again:
             pass
+        return beat["busy"]
 
     def handle(self, frames: list[bytes]) -> str | None:
         """Carry out one command message; returns what it did (None when it was dropped)."""
@@ -299,12 +328,36 @@ def start(channel: dict, rank: int, generation: int) -> Agent:
     stop()
     clear_plans()
     _agent = Agent(channel, rank, generation)
+    _wake_on_requests()
     global _warm_thread
     if not _warmed.is_set():
         _warmed.set()
         _warm_thread = threading.Thread(target=_warm_tracebacks, name="workbench-warm", daemon=True)
         _warm_thread.start()
     return _agent
+
+
+def _wake_on_requests() -> None:
+    """Make the engine's handlers of :data:`REQUESTS` wake the current agent first (once per process), so
+    that it sleeps between cells and beacons from a cell's first quarter second."""
+    try:
+        from IPython import get_ipython
+
+        handlers = get_ipython().kernel.shell_handlers
+    except AttributeError:  # no engine kernel (a test's bare process): the agent beats on its clock alone
+        return
+    for name in REQUESTS:
+        handler = handlers.get(name)
+        if handler is None or getattr(handler, "__wakes_agent__", False):
+            continue
+
+        def waking(*args, __handler=handler, **kwargs):
+            if _agent is not None:
+                _agent.wake()
+            return __handler(*args, **kwargs)
+
+        waking.__wakes_agent__ = True
+        handlers[name] = waking
 
 
 _warmed = threading.Event()
