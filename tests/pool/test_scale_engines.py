@@ -40,6 +40,14 @@ def _engine_state():
             "wakeups": getattr(pub, "wakeups", None)}
 
 
+def _idle_counts(pool, counter: str, seconds: float) -> list[int]:
+    """How much each rank's ``counter`` (of :func:`_engine_state`) grew over ``seconds`` idle."""
+    first = pool.apply(_engine_state)
+    time.sleep(seconds)
+    later = pool.apply(_engine_state)
+    return [b[counter] - a[counter] for a, b in zip(first, later, strict=True)]
+
+
 def test_forked_engines_start_no_warming_thread(pool):
     """The traceback-warming thread imported the trainer and parsed torch's sources in every engine at
     once after a start (the first cells were 5-7x slower); a forked engine shares the zygote's instead."""
@@ -52,11 +60,7 @@ def test_forked_engines_start_no_warming_thread(pool):
 def test_idle_metrics_thread_sleeps_until_its_next_sample(pool):
     """Between cells the metrics thread wakes about once per sample (1 s), not every flush interval
     (0.1 s)."""
-    first = pool.apply(_engine_state)
-    time.sleep(3.0)
-    later = pool.apply(_engine_state)
-    for rank, (a, b) in enumerate(zip(first, later, strict=True)):
-        woke = b["wakeups"] - a["wakeups"]
+    for rank, woke in enumerate(_idle_counts(pool, "wakeups", 3.0)):
         # 3 s idle: a sample a second, each followed by one short look for more (the apply calls'
         # own rows are none): at most ~8 with slack; the old loop woke ~30 times
         assert 1 <= woke <= 10, f"rank {rank}: the metrics thread woke {woke} times in 3 s idle"
@@ -96,11 +100,7 @@ def test_idle_agent_sleeps_and_a_cell_wakes_it_at_once(pool):
     """Between cells the agent wakes about once a second, not four times (8 idle ranks spent 2.3% of a core
     in their agents alone); a cell that begins wakes it, so that even a cell shorter than the idle period
     is seen busy by the kernel (its first beat comes within a fraction of a period, not up to 1 s later)."""
-    first = pool.apply(_engine_state)
-    time.sleep(3.0)
-    later = pool.apply(_engine_state)
-    for rank, (a, b) in enumerate(zip(first, later, strict=True)):
-        woke = b["agent_wakeups"] - a["agent_wakeups"]
+    for rank, woke in enumerate(_idle_counts(pool, "agent_wakeups", 3.0)):
         # 3 s idle: ~3 beats plus the two apply calls' wake-ups (and their beats); 4 Hz would be 12+
         assert 1 <= woke <= 9, f"rank {rank}: the agent woke {woke} times in 3 s idle"
     beacons = pool._health.beacons
