@@ -5,7 +5,8 @@ Each N runs in a fresh process (an IPython shell, as :mod:`bench.cells`), starte
 
 - ``ready_s``: ``%dist start -n N`` until every rank is in the group;
 - first cells: the 10 trivial cells (``x = 1``) right after the start, and the pool's CPU meanwhile;
-- idle: the pool's CPU (zygote, controller, engines; ``/proc`` counters) over a settled idle stretch;
+- idle: the pool's CPU (zygote, controller and its children, engines; ``/proc`` counters) over a settled
+  idle stretch;
 - settled cells, in alternating blocks on the same engines: ``%%distributed`` vs ``%%px`` for
   ``x = 1`` and for ``print(rank)``, ``Session.pull`` vs ``DirectView.pull``; wall time per cell (median),
   the kernel's CPU per cell (``getrusage``) and the pool's CPU per cell, per block;
@@ -61,6 +62,18 @@ def _kernel_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _with_descendants(pids) -> list[int]:
+    """``pids`` and their child processes (the controller's schedulers and heart monitor are its children)."""
+    out = []
+    for pid in pids:
+        out.append(pid)
+        try:
+            out += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    return sorted(set(out))
+
+
 def _block(fn, n: int, pool: list[int]) -> dict:
     """Run ``fn`` ``n`` times: wall time of each, kernel and pool CPU per call over the block."""
     walls = []
@@ -98,7 +111,7 @@ def one(n: int, rounds: int, block: int) -> dict:
     started = time.monotonic()
     s = session_mod.current()
     try:
-        pool = [p for p in s.pids() if p != getattr(s.pool._lease, "pid", None)]
+        pool = _with_descendants(p for p in s.pids() if p != getattr(s.pool._lease, "pid", None))
         ours = cell("%%distributed\nx = 1")
         first = _block(ours, FIRST_CELLS, pool)
         out["first_cells_ms"] = summary(first["walls"], 1e3, 1)

@@ -157,3 +157,19 @@ def ctrl_c_after(seconds: float):
         yield timer
     finally:
         timer.cancel()
+
+
+@contextlib.contextmanager
+def running_pool(**session_options):
+    """A started :class:`workbench.Session`; after the block it is stopped and every process it had (at
+    its start or its end) is checked gone."""
+    from workbench import Session
+
+    s = Session(**session_options).start()
+    pids = s.pids()
+    try:
+        yield s
+    finally:
+        pids = sorted(set(pids) | set(s.pids()))
+        s.stop()
+        assert until(lambda: alive(pids) == [], 10), f"processes of the pool survived stop: {alive(pids)}"

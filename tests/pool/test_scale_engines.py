@@ -10,21 +10,15 @@ import time
 
 import pytest
 
-from tests.conftest import alive, until
-from workbench import Session
+from tests.conftest import running_pool, until
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
 def pool():
-    s = Session(n=2, timeout=120).start()
-    pids = s.pids()
-    try:
+    with running_pool(n=2, timeout=120) as s:
         yield s
-    finally:
-        s.stop()
-        assert until(lambda: alive(pids) == [], 10), f"processes of the pool survived stop: {alive(pids)}"
 
 
 def _engine_state():

@@ -33,7 +33,8 @@ from workbench.pool.relay import Relay
 from workbench.pool.zygote import Zygote
 
 # The controller counts newly registered engines only at its next heartbeat round:
-# the default 3 s period makes a local start wait seconds for nothing.
+# the default 3 s period makes a local start wait seconds for nothing. This is the pace while engines
+# register; a settled pool beats once a second (workbench.pool.heart).
 HEARTBEAT_MS = 100
 # ...but an engine that misses pings on a loaded machine must not be dropped as dead after 1 s (the
 # default 10 misses): the controller would then fail its cells and forget it. Deaths are found by our
