@@ -19,6 +19,7 @@ monitor's process is forked from it and inherits the change.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -26,6 +27,16 @@ import time
 SETTLED_MS = 1000  # the period once nothing changed for QUIET_S
 QUIET_S = 2.0  # after the last new heart or registration: the first cells after a start run at the slow pace
 WAKE = signal.SIGUSR1  # sent by the hub to the heart monitor's process: an engine registers
+
+
+@dataclasses.dataclass
+class Pace:
+    """What the heart monitor keeps of its pace: the fast period, the time to give up on a heart, and since
+    when nothing changed."""
+
+    fast_ms: int
+    give_up_s: float
+    quiet_from: float = dataclasses.field(default_factory=time.monotonic)
 
 
 def misses_for(period_ms: int, give_up_s: float) -> int:
@@ -45,22 +56,21 @@ def install() -> None:
     signal.signal(WAKE, signal.SIG_IGN)  # until the heart monitor listens: its process inherits this
 
     def adaptive_start(self):
-        self._wb_fast_ms, self._wb_give_up_s = self.period, self.period * self.max_heartmonitor_misses / 1000
-        self._wb_quiet_from = time.monotonic()
+        self.workbench_pace = Pace(self.period, self.period * self.max_heartmonitor_misses / 1000)
         start(self)
         import asyncio
 
-        asyncio.get_running_loop().add_signal_handler(WAKE, lambda: _pace(self, self._wb_fast_ms))
+        asyncio.get_running_loop().add_signal_handler(WAKE, lambda: _pace(self, self.workbench_pace.fast_ms))
 
     def adaptive_beat(self):
         hearts = len(self.hearts)
         beat(self)
         now = time.monotonic()
         if len(self.hearts) != hearts or self.on_probation:
-            self._wb_quiet_from = now
+            self.workbench_pace.quiet_from = now
             if self.on_probation:  # a heart is late: look at it often again (the counts carry over)
-                _pace(self, self._wb_fast_ms)
-        elif self.period != SETTLED_MS and now - self._wb_quiet_from >= QUIET_S:
+                _pace(self, self.workbench_pace.fast_ms)
+        elif self.period != SETTLED_MS and now - self.workbench_pace.quiet_from >= QUIET_S:
             _pace(self, SETTLED_MS)
 
     def waking_register(self, reg, msg):
@@ -81,12 +91,12 @@ def _pace(monitor, period_ms: int) -> None:
     from tornado import ioloop
 
     if period_ms == monitor.period:
-        if period_ms == monitor._wb_fast_ms:
-            monitor._wb_quiet_from = time.monotonic()
+        if period_ms == monitor.workbench_pace.fast_ms:
+            monitor.workbench_pace.quiet_from = time.monotonic()
         return
     monitor.caller.stop()
     monitor.period = period_ms
-    monitor.max_heartmonitor_misses = misses_for(period_ms, monitor._wb_give_up_s)
-    monitor._wb_quiet_from = time.monotonic()
+    monitor.max_heartmonitor_misses = misses_for(period_ms, monitor.workbench_pace.give_up_s)
+    monitor.workbench_pace.quiet_from = time.monotonic()
     monitor.caller = ioloop.PeriodicCallback(monitor.beat, period_ms)
     monitor.caller.start()
