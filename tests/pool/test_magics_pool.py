@@ -184,6 +184,22 @@ def test_a_rank_0_progress_line_shows_while_the_cell_still_runs(ipshell, pool):
     print(f"rank 0's line shown {1000 * (shown_at - printed_at):.0f} ms after its print")
 
 
+def test_a_display_on_one_rank_is_forwarded_while_the_cell_still_runs(pool):
+    """A tick forwards the displays of the ranks that sent one (not a look at every rank's outputs each
+    tick): rank 1's display comes while the ranks still sleep, once, and rank 0's display at the end."""
+    got = []
+    code = ("import time\nfrom IPython.display import display\nif rank == 1:\n"
+            "    time.sleep(0.5)\n    display({'text/plain': 'early'}, raw=True)\ntime.sleep(2.5)\n"
+            "if rank == 0:\n    display({'text/plain': 'late'}, raw=True)")
+    t0 = time.monotonic()
+    pool.run(code, on_output=lambda rank, kind, payload: got.append((time.monotonic() - t0, rank, kind,
+                                                                     payload)))
+    end = time.monotonic() - t0
+    displays = [(t, rank, p["data"]["text/plain"]) for t, rank, kind, p in got if kind == "display"]
+    assert [(rank, text) for _, rank, text in displays] == [(1, "early"), (0, "late")], got
+    assert end - displays[0][0] > 1.5, f"rank 1's display came {end - displays[0][0]:.2f} s before the end"
+
+
 def test_a_failed_cell_gets_a_tab_per_rank_with_the_failing_rank_selected(ipshell, pool):
     cell = "%%distributed\nprint('hello from', rank)\nif rank == 1:\n    raise ValueError('bad batch')"
     with capture_output() as cap:

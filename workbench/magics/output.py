@@ -48,30 +48,45 @@ class LineMerger:
         self.spread_numbers = spread_numbers  # lines that differ only in numbers: one line with the spread
         self.pending = {(r, s): deque() for r in self.ranks for s in ("stdout", "stderr")}
         self.partial = {(r, s): "" for r in self.ranks for s in ("stdout", "stderr")}
+        self._queues = {s: [self.pending[(r, s)] for r in self.ranks] for s in ("stdout", "stderr")}
+        self._filled = {"stdout": 0, "stderr": 0}  # ranks with a line waiting, per stream
 
     def feed(self, rank: int, stream: str, text: str, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         key = (rank, stream)
         lines = (self.partial[key] + text).split("\n")
         self.partial[key] = lines.pop()
-        self.pending[key].extend((line, now) for line in lines)
-        self.poll(now)
+        queue = self.pending[key]
+        if lines and not queue:
+            self._filled[stream] += 1
+        queue.extend((line, now) for line in lines)
+        # only a line every rank has waiting can come out now (lines held too long go at the next poll):
+        # a feed costs O(1), not a look at every rank's queue (64 ranks printing: 64 feeds a line)
+        if self._filled[stream] == len(self.ranks):
+            self._merge(stream)
 
     def poll(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         for stream in ("stdout", "stderr"):
-            queues = [self.pending[(r, stream)] for r in self.ranks]
-            while all(queues):
-                heads = [q.popleft()[0] for q in queues]
-                one = heads[0] if len(set(heads)) == 1 else spread(heads) if self.spread_numbers else None
-                if len(self.ranks) > 1 and one is not None:
-                    self._line(stream, f"[ranks {format_ranks(self.ranks)}] ", one)
-                else:
-                    for r, line in zip(self.ranks, heads, strict=True):
-                        self._line(stream, f"[rank {r}] ", line)
-            for r, q in zip(self.ranks, queues, strict=True):
+            self._merge(stream)
+            for r, q in zip(self.ranks, self._queues[stream], strict=True):
                 while q and now - q[0][1] >= self.hold:
                     self._line(stream, f"[rank {r}] ", q.popleft()[0])
+            self._filled[stream] = sum(1 for q in self._queues[stream] if q)
+
+    def _merge(self, stream: str) -> None:
+        """Lines every rank has waiting, one position at a time: once where they are the same (or of one
+        shape, with ``spread_numbers``), else one a rank."""
+        queues = self._queues[stream]
+        while all(queues):
+            heads = [q.popleft()[0] for q in queues]
+            one = heads[0] if len(set(heads)) == 1 else spread(heads) if self.spread_numbers else None
+            if len(self.ranks) > 1 and one is not None:
+                self._line(stream, f"[ranks {format_ranks(self.ranks)}] ", one)
+            else:
+                for r, line in zip(self.ranks, heads, strict=True):
+                    self._line(stream, f"[rank {r}] ", line)
+        self._filled[stream] = sum(1 for q in queues if q)
 
     def close(self) -> None:
         """Flush everything, partial last lines included."""

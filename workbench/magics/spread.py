@@ -18,6 +18,7 @@ import re
 # A number as people print them: 40, -3, 2.31, 1e-05, 3.5E+2, .5, "cuda:1"'s 1, "3." at a sentence's end;
 # not the digits inside a word ("v2", "epoch2").
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?!\w)(?!\.\d)")
+_NUMBER_SPLIT = re.compile(f"({NUMBER.pattern})")
 # On by default above this many ranks (below, a line per rank is still readable).
 SPREAD_ABOVE = 8
 
@@ -30,8 +31,8 @@ def shape(line: str) -> tuple[str, list[str]]:
     >>> shape("epoch2 done")
     ('epoch2 done', [])
     """
-    numbers = NUMBER.findall(line)
-    return NUMBER.sub("\x00", line), numbers
+    parts = _NUMBER_SPLIT.split(line)  # one pass: text, number, text, ..., text
+    return "\x00".join(parts[::2]), parts[1::2]
 
 
 def spread(lines: list[str]) -> str | None:

@@ -427,19 +427,25 @@ class OutputRelay:
         self.on_output = on_output
         self.sent: dict[tuple[int, str], int] = {}
         self.output: CellOutput | None = None
+        self._displayed: set[int] = set()  # ranks that sent a display since the last forward
+        self._scan_all = True
 
     def attach(self, children, output: CellOutput) -> None:
         """Take every stream message of ``children`` into ``output`` (in ipyparallel's IO thread, right
         after it appended the text to its metadata: that copy is emptied at once)."""
         self.output = output
+        self._scan_all = True  # a display that came before the callbacks were in place: the next forward
         for info, child in children:
             child.iopub_callbacks.append(functools.partial(self._take, child.output.metadata, info.rank))
 
     def _take(self, md: dict, rank: int, msg: dict) -> None:
-        if msg["header"]["msg_type"] == "stream":
+        kind = msg["header"]["msg_type"]
+        if kind == "stream":
             kind = msg["content"]["name"]
             text, md[kind] = md[kind] or "", ""
             self.output.feed(rank, kind, text)
+        elif kind == "display_data":  # ipyparallel appended it to md["outputs"]: forward looks there
+            self._displayed.add(rank)
 
     def text(self, rank: int, kind: str) -> str:
         """The rank's output of the cell as kept (bounded)."""
@@ -461,7 +467,11 @@ class OutputRelay:
             return
         for rank, kind, text in chunks:
             self.on_output(rank, kind, text)
+        shown, self._displayed = self._displayed, set()  # a tick looks only at ranks that displayed
+        everyone, self._scan_all = final or self._scan_all, False
         for info, child in children:
+            if not everyone and info.rank not in shown:
+                continue
             md = child.output.metadata
             outputs = md["outputs"]
             done = self.sent.get((info.rank, "display"), 0)
