@@ -6,6 +6,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from tests.conftest import until
 from workbench.session import Session
@@ -85,6 +86,14 @@ def test_every_step_of_every_rank_arrives_once_in_order_and_reaches_the_widget(p
             assert mine["loss"].notna().all() and (mine["samples_per_s"] > 0).all()
             assert (mine["compute_time"] >= 0).all() and (mine["comm_time"] > 0).all()
         assert c.stats["duplicates"] == 0 and c.stats["missing"] == 0
+        # each rank's line is the loss of its own batches (each rank sees other data, so the lines part),
+        # and their mean is the loss the Trainer reports, the same on every rank (issue 24 item 5: with the
+        # world's mean on both lines, one hid the other and the pool looked like rank 0 alone)
+        own = {r: steps[steps["rank"] == r]["loss"].to_numpy() for r in (0, 1)}
+        assert (own[0] != own[1]).mean() > 0.9, "the ranks' lines are the same loss"
+        pool.run("world_loss = [s.loss for s in result.history]", ranks=[0])
+        world = pool.pull("world_loss", rank=0)
+        torch.testing.assert_close(((own[0] + own[1]) / 2).tolist(), world, rtol=1e-5, atol=1e-6)
         # the run ended: the dashboard went static by itself, after the page had every point of both ranks
         assert until(lambda: dash.ended, 30)
         assert [len(t["y"]) for t in page.data[:2]] == [1000, 1000]

@@ -5,7 +5,8 @@ cells. The dashboard appears by itself while a run lasts (loss lines drawn in th
 per rank); when the run ends, is interrupted or fails, it says so and leaves plotly's static figure
 with every point, which a saved notebook still shows after a kernel restart and a page reload.
 Screenshots under build/ui/: dashboard-live.png, dashboard-finished.png, dashboard-after-reload.png (and
--hovered), dashboard-interrupted.png, dashboard-failed.png.
+-hovered), dashboard-interrupted.png, dashboard-failed.png; after ``%dist restart`` (issue 24 item 5)
+24-5-dashboard-after-restart-live.png and 24-5-dashboard-after-restart.png.
 """
 
 from __future__ import annotations
@@ -245,4 +246,40 @@ def test_dashboard_after_an_interrupt_and_after_a_failure(tmp_path, browser):
             expect(cells.nth(5)).to_contain_text("stopped")
         except Exception:
             _fail(page, lab, "dashboard-faults")
+            raise
+
+
+@pytest.mark.timeout(480)
+def test_after_dist_restart_the_next_runs_dashboard_shows_every_rank(tmp_path, browser):
+    """Issue 24 item 5: after ``%dist restart`` the next run's dashboard listed only "rank 0" though both
+    ranks trained. The same notebook a person drives: a run, ``%dist restart``, the set-up again, a run."""
+    from playwright.sync_api import expect
+
+    with run_lab(tmp_path, {"again.ipynb": _notebook(TRAIN, "%dist restart", SETUP, TRAIN)}) as lab:
+        page = browser.new_page()
+        try:
+            cells = _open(page, lab, "again.ipynb", set_up=4)  # the first run went to its end
+            _static_figure(cells.nth(3), f"finished at step {STEPS}")
+            restarted = _run(page, cells, 4)
+            expect(restarted.locator(".jp-OutputArea")).to_contain_text("the process group is re-formed")
+            _run(page, cells, 5)
+            # live: both ranks' lines drawn and a device row each
+            cell, dash = _start_training(page, cells, 6, points=20)
+            rows = dash.locator(".workbench-device-panel tr[data-rank]")
+            expect(rows).to_have_count(2)
+            assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.rank)")) == ["0", "1"]
+            dash.screenshot(path=str(SHOTS / "24-5-dashboard-after-restart-live.png"))
+            # ended: the static figure has every step of both ranks
+            expect(cell.locator(".jp-OutputArea")).to_contain_text(f"trained {STEPS} steps", timeout=90_000)
+            points = _static_figure(cell, f"finished at step {STEPS}")
+            assert points[:2] == [["rank 0", STEPS], ["rank 1", STEPS]], points
+            # two lines a person can see: each rank's own loss (the world's mean on both drew one over the other)
+            apart = cell.locator(".jp-RenderedPlotly.js-plotly-plot").evaluate(
+                "el => el._fullData[0].y.some((v, i) => v !== el._fullData[1].y[i])")
+            assert apart, "rank 0's and rank 1's loss lines are one line"
+            cell.screenshot(path=str(SHOTS / "24-5-dashboard-after-restart.png"))
+            _run(page, cells, 7)
+            expect(cells.nth(7)).to_contain_text("stopped")
+        except Exception:
+            _fail(page, lab, "dashboard-restart")
             raise

@@ -6,7 +6,8 @@ in the page is idle. The card's "Open dashboard" opens one main-area panel split
 drawn by the notebook dashboard's own module with plotly.js from the server's plotly package: the loss plot
 and a header with the step. A second click brings the same panel forward; a page reload restores it; when
 the pool stops, the panel says so and keeps its last picture.
-Screenshots under build/ui/: dashboard-docked.png, dashboard-docked-stopped.png.
+Screenshots under build/ui/: dashboard-docked.png, 24-10-reloaded-no-page-error.png (issue 24 item 10: no
+page error after the reload), dashboard-docked-stopped.png.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ def test_open_dashboard_docks_the_pools_live_dashboard_beside_the_notebook(tmp_p
                     expect(header).to_contain_text("run 1", timeout=30_000)
                     expect(header).not_to_have_text(header.inner_text(), timeout=30_000)  # drawn on
                     assert raised == [], raised  # nothing the reload restored raised in the page
+                    page.screenshot(path=str(SHOTS / "24-10-reloaded-no-page-error.png"))  # issue 24 item 10
 
                     # the pool stops: the panel says so and keeps its last picture
                     owner.stdin.close()

@@ -24,6 +24,7 @@ True
 from __future__ import annotations
 
 import collections
+import math
 import os
 import socket
 import sys
@@ -93,9 +94,11 @@ class Publisher(_callback_base()):
         self.event("run_start", **details)
 
     def on_step_end(self, trainer, stats) -> None:
-        """One step ended: queue its record (never blocks)."""
+        """One step ended: queue its record (never blocks). Its loss is this rank's own (``rank_loss``),
+        the world's mean where the rank holds none (a pipeline stage before the last)."""
         get = lambda name: getattr(stats, name, None)
-        self.step(step=get("step"), loss=get("loss"), lr=get("lr"), samples=get("samples"),
+        own = get("rank_loss")
+        self.step(step=get("step"), loss=own if own is not None and math.isfinite(own) else get("loss"), lr=get("lr"), samples=get("samples"),
                   tokens=get("tokens"), step_time=get("step_time"), compute_time=get("compute_time"),
                   comm_time=get("comm_time"), data_time=get("data_time"), mem_bytes=get("mem_peak"),
                   mem_reserved_bytes=get("mem_reserved_peak"))

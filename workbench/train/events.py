@@ -8,14 +8,17 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
 @dataclass
 class StepStats:
-    """One optimizer step, the same on every rank except the timings (seconds).
+    """One optimizer step, the same on every rank except the timings and ``rank_loss`` (seconds).
 
     ``loss``: mean over the data-parallel ranks; ``samples``/``tokens``: over all of them.
+    ``rank_loss``: the mean loss of this rank's own batches (what the dashboard draws per rank: a rank
+    whose data or numerics drift shows apart from the others); nan on a pipeline stage that holds no loss.
     ``comm_time``: measured collectives (gradient all-reduces through the DDP hook, the
     step's flag all-reduce, the grad-norm all-reduce); under DDP it overlaps compute.
     ``mem_peak``/``mem_reserved_peak``: the most CUDA memory allocated/reserved during the step
@@ -33,6 +36,7 @@ class StepStats:
     data_time: float
     mem_peak: int | None = None
     mem_reserved_peak: int | None = None
+    rank_loss: float = math.nan
 
 
 class Callback:

@@ -426,7 +426,8 @@ class Trainer:
         stats = StepStats(step=self.step, loss=mean_loss, lr=lr, samples=samples, tokens=tokens,
                           step_time=step_time, compute_time=max(0.0, step_time - data_time - explicit),
                           comm_time=explicit + self.layout.comm.take() if self.layout.comm else explicit,
-                          data_time=data_time, **_memory_peaks(self.device))
+                          data_time=data_time, rank_loss=loss if holds_loss else math.nan,
+                          **_memory_peaks(self.device))
         self.history.append(stats)
         if self.config.log_every and self.step % self.config.log_every == 0 and _rank() == 0:
             print(f"step {self.step:5d}  loss {mean_loss:.4f}  {samples / step_time:.0f} samples/s")
