@@ -103,6 +103,7 @@ class EnginePool:
         self._lease: subprocess.Popen | None = None
         self.attached = False  # True when another process started this pool
         self.state: dict = {}
+        self._controller_watch: pool_state.ProcessWatch | None = None
         self.relay: Relay | None = None  # the side channel (beacons, metrics, commands); owner only
         self.channel: dict | None = None  # how to reach it: {"up": url, "out": url, "key": hex}
         self.zygote: Zygote | None = None  # local pools: forks the controller and the engines
@@ -484,9 +485,17 @@ class EnginePool:
         ranks' queue states) would wait for ever, so the session asks this first. The controller runs on
         this machine for every launcher (the engines reach it over the network)."""
         record = self.state.get("controller")
-        if not record or pool_state.process_alive(record):
+        if not record:
             return None
-        return record["pid"]
+        if self._controller_watch is None or self._controller_watch.record != record:
+            self._forget_controller()
+            self._controller_watch = pool_state.ProcessWatch(record)  # asked before every cell: a pidfd
+        return record["pid"] if self._controller_watch.exited() else None
+
+    def _forget_controller(self) -> None:
+        if self._controller_watch is not None:
+            self._controller_watch.close()
+            self._controller_watch = None
 
     def _controller_pids(self) -> list[int]:
         """The controller's process and its children (this machine)."""
@@ -590,6 +599,7 @@ class EnginePool:
                 self.client.close()
         self.client = None
         self.cluster = None
+        self._forget_controller()
 
     # -- stop ------------------------------------------------------------------------
     def stop(self, grace: float = 1.0) -> None:
@@ -602,6 +612,7 @@ class EnginePool:
             with contextlib.suppress(Exception):
                 self._record()  # the launchers' latest pids, jobs and remote engines
         state, self.state, self.state_file = dict(self.state), {}, None
+        self._forget_controller()
         if getattr(self, "_fencer", None) is not None:
             self._fencer.close()
         if self.cluster is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
 import time
@@ -147,6 +148,46 @@ def process_alive(record: dict) -> bool:
         return same and proc.status() != psutil.STATUS_ZOMBIE
     except (psutil.Error, KeyError, TypeError):
         return False
+
+
+class ProcessWatch:
+    """Whether one recorded process has exited, cheap enough to ask before every cell.
+
+    A pidfd, opened once while the record is still that process, becomes readable when the process
+    exits (a zombie included) and never follows a recycled pid: one ``select`` a question. Where pidfds
+    are missing (Linux < 5.3, another OS), each question reads ``/proc`` as :func:`process_alive` does.
+
+    >>> watch = ProcessWatch(process_record(os.getpid()))
+    >>> watch.exited()
+    False
+    >>> watch.close()
+    """
+
+    def __init__(self, record: dict):
+        self.record = record
+        self._fd: int | None = None
+        if process_alive(record):
+            try:
+                self._fd = os.pidfd_open(record["pid"])
+            except (AttributeError, OSError):
+                pass
+            if self._fd is not None and not process_alive(record):  # it went (and its pid came back) meanwhile
+                self.close()
+        self._gone = self._fd is None and not process_alive(record)
+
+    def exited(self) -> bool:
+        if self._gone:
+            return True
+        if self._fd is None:
+            self._gone = not process_alive(self.record)
+        else:
+            self._gone = bool(select.select([self._fd], [], [], 0)[0])
+        return self._gone
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def terminate(records: list[dict], grace: float = 3.0) -> None:
