@@ -304,8 +304,8 @@ def scale_table(rec) -> list[str]:
             f"{fmt(row['first_cells_ms']['median'])} / {fmt(ipp_first)} | "
             f"{fmt(row['first_cells_kernel_cpu_ms'])} / {fmt(row.get('ipp_first_cells_kernel_cpu_ms'))} | "
             f"{fmt(row['kernel_rss_mib'])} | {row['load_start'][0]}->{row['load_end'][0]} |")
-    out += [f"\nThe bare ipyparallel cluster of {n} failed to start: {row['ipp_error']}" for n, row in sizes.items()
-            if "ipp_error" in row]
+    out += [f"\nThe bare ipyparallel cluster of {n} failed to start: {row['ipp_error']}"
+            for n, row in sizes.items() if "ipp_error" in row]
     out += [
         "",
         "Settled cells (30 s after the start): ours vs `%%px` on the same engines; kernel CPU from "

@@ -273,7 +273,7 @@ def test_after_dist_restart_the_next_runs_dashboard_shows_every_rank(tmp_path, b
             expect(cell.locator(".jp-OutputArea")).to_contain_text(f"trained {STEPS} steps", timeout=90_000)
             points = _static_figure(cell, f"finished at step {STEPS}")
             assert points[:2] == [["rank 0", STEPS], ["rank 1", STEPS]], points
-            # two lines a person can see: each rank's own loss (the world's mean on both drew one over the other)
+            # two lines a person can see: each rank's own loss (the world's mean on both drew one line)
             apart = cell.locator(".jp-RenderedPlotly.js-plotly-plot").evaluate(
                 "el => el._fullData[0].y.some((v, i) => v !== el._fullData[1].y[i])")
             assert apart, "rank 0's and rank 1's loss lines are one line"

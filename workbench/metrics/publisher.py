@@ -98,7 +98,8 @@ class Publisher(_callback_base()):
         the world's mean where the rank holds none (a pipeline stage before the last)."""
         get = lambda name: getattr(stats, name, None)
         own = get("rank_loss")
-        self.step(step=get("step"), loss=own if own is not None and math.isfinite(own) else get("loss"), lr=get("lr"), samples=get("samples"),
+        loss = own if own is not None and math.isfinite(own) else get("loss")
+        self.step(step=get("step"), loss=loss, lr=get("lr"), samples=get("samples"),
                   tokens=get("tokens"), step_time=get("step_time"), compute_time=get("compute_time"),
                   comm_time=get("comm_time"), data_time=get("data_time"), mem_bytes=get("mem_peak"),
                   mem_reserved_bytes=get("mem_reserved_peak"))

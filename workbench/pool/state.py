@@ -171,7 +171,7 @@ class ProcessWatch:
                 self._fd = os.pidfd_open(record["pid"])
             except (AttributeError, OSError):
                 pass
-            if self._fd is not None and not process_alive(record):  # it went (and its pid came back) meanwhile
+            if self._fd is not None and not process_alive(record):  # it went (its pid came back) meanwhile
                 self.close()
         self._gone = self._fd is None and not process_alive(record)
 
