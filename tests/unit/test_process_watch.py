@@ -53,3 +53,33 @@ def test_a_record_of_a_process_gone_before_the_watch_began():
     watch = ProcessWatch(record)
     assert watch.exited()
     watch.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_watch_works_in_a_process_with_more_than_1024_files_open():
+    """A kernel with many sockets (64 ranks' ZMQ connections) has fds past select()'s FD_SETSIZE."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"this process may open only {hard} files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200) if hard == resource.RLIM_INFINITY
+                                                 else min(max(soft, 1200), hard), hard))
+    fds = []
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        while not fds or fds[-1] < 1100:
+            fds.append(os.open(os.devnull, os.O_RDONLY))
+        watch = ProcessWatch(process_record(child.pid))
+        assert not watch.exited()
+        child.kill()
+        child.wait()
+        assert watch.exited()
+        watch.close()
+    finally:
+        for fd in fds:
+            os.close(fd)
+        child.kill()
+        child.wait()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -173,6 +173,9 @@ class ProcessWatch:
                 pass
             if self._fd is not None and not process_alive(record):  # it went (its pid came back) meanwhile
                 self.close()
+            if self._fd is not None:  # poll, not select: a kernel with many sockets has fds past FD_SETSIZE
+                self._poller = select.poll()
+                self._poller.register(self._fd, select.POLLIN)
         self._gone = self._fd is None and not process_alive(record)
 
     def exited(self) -> bool:
@@ -181,7 +184,7 @@ class ProcessWatch:
         if self._fd is None:
             self._gone = not process_alive(self.record)
         else:
-            self._gone = bool(select.select([self._fd], [], [], 0)[0])
+            self._gone = bool(self._poller.poll(0))
         return self._gone
 
     def close(self) -> None:
