@@ -38,6 +38,14 @@ def pool_processes(nb: Notebook) -> list[int]:
     return pids + [c.pid for p in pids if psutil.pid_exists(p) for c in psutil.Process(p).children(True)]
 
 
+def _cmdline(pid: int) -> list[str]:
+    """A process's command line; [] for one that exited meanwhile (a zombie not reaped yet has none)."""
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
+
+
 @contextlib.contextmanager
 def kept_pool(tmp_path, options: str = ""):
     """A JupyterLab server, a notebook of it, and a 2-rank pool the notebook kept: ``(lab, notebook, pids
@@ -45,7 +53,7 @@ def kept_pool(tmp_path, options: str = ""):
     too: they would have left this process's tree), nor any other process this test started."""
     before, pids = _tree(), []
     with run_lab(tmp_path, {}, start_s=240) as lab:
-        [server] = [p for p in _tree() - before if "jupyterlab" in psutil.Process(p).cmdline()]
+        [server] = [p for p in _tree() - before if "jupyterlab" in _cmdline(p)]
         nb = Notebook(lab, tmp_path)
         try:
             out = nb.run(f"%load_ext workbench\n%dist start -n 2 --timeout 90 --keep {options}")
