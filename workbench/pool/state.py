@@ -150,12 +150,42 @@ def process_alive(record: dict) -> bool:
         return False
 
 
+def exit_handle(pid: int) -> int | psutil.Process:
+    """A handle that tells when ``pid`` exits: a pidfd (readable from its exit on, a zombie included; it
+    never follows a recycled pid), or a ``psutil.Process`` to poll where pidfds do not exist (Linux < 5.3,
+    another OS). Raises ``psutil.NoSuchProcess`` when there is no such process. Close it with
+    :func:`close_handle`; :func:`handle_exited` asks it.
+    """
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise psutil.NoSuchProcess(pid) from None
+    except (AttributeError, OSError):
+        return psutil.Process(pid)
+
+
+def handle_exited(handle: int | psutil.Process) -> bool:
+    """Whether the process of an :func:`exit_handle` has exited (a zombie counts), without waiting."""
+    if isinstance(handle, int):  # poll, not select: a kernel with many sockets has fds past FD_SETSIZE
+        poller = select.poll()
+        poller.register(handle, select.POLLIN)
+        return bool(poller.poll(0))
+    try:
+        return handle.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def close_handle(handle: int | psutil.Process | None) -> None:
+    if isinstance(handle, int):
+        os.close(handle)
+
+
 class ProcessWatch:
     """Whether one recorded process has exited, cheap enough to ask before every cell.
 
-    A pidfd, opened once while the record is still that process, becomes readable when the process
-    exits (a zombie included) and never follows a recycled pid: one ``select`` a question. Where pidfds
-    are missing (Linux < 5.3, another OS), each question reads ``/proc`` as :func:`process_alive` does.
+    The :func:`exit_handle` is opened once, while the record is still that process: one ``poll`` a
+    question (where pidfds are missing, a ``/proc`` read as :func:`process_alive` does).
 
     >>> watch = ProcessWatch(process_record(os.getpid()))
     >>> watch.exited()
@@ -165,32 +195,24 @@ class ProcessWatch:
 
     def __init__(self, record: dict):
         self.record = record
-        self._fd: int | None = None
-        if process_alive(record):
-            try:
-                self._fd = os.pidfd_open(record["pid"])
-            except (AttributeError, OSError):
-                pass
-            if self._fd is not None and not process_alive(record):  # it went (its pid came back) meanwhile
-                self.close()
-            if self._fd is not None:  # poll, not select: a kernel with many sockets has fds past FD_SETSIZE
-                self._poller = select.poll()
-                self._poller.register(self._fd, select.POLLIN)
-        self._gone = self._fd is None and not process_alive(record)
+        try:
+            self._handle: int | psutil.Process | None = exit_handle(record["pid"])
+        except (psutil.NoSuchProcess, KeyError, TypeError):
+            self._handle = None
+        if not process_alive(record):  # checked after the open: the handle is of the recorded process
+            self.close()
 
     def exited(self) -> bool:
-        if self._gone:
+        if self._handle is None:
             return True
-        if self._fd is None:
-            self._gone = not process_alive(self.record)
-        else:
-            self._gone = bool(self._poller.poll(0))
-        return self._gone
+        if isinstance(self._handle, int):
+            return handle_exited(self._handle)
+        return not process_alive(self.record)  # a polled Process could be a recycled pid's
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        """Let the process go; from here on :meth:`exited` says True."""
+        close_handle(self._handle)
+        self._handle = None
 
 
 def terminate(records: list[dict], grace: float = 3.0) -> None:

@@ -22,6 +22,7 @@ import psutil
 
 from workbench import faults
 from workbench.pool.rankmap import RankInfo, format_ranks
+from workbench.pool.state import close_handle, exit_handle, handle_exited
 from workbench.pool.watch import BeaconReceiver
 from workbench.session.losses import lost_hosts
 
@@ -70,7 +71,7 @@ class Health:
         if local:
             for r in ranks:
                 try:
-                    handles[r.rank] = _open(r.pid)
+                    handles[r.rank] = exit_handle(r.pid)
                 except psutil.NoSuchProcess:
                     dead[r.rank] = "exited"
         with self._lock:
@@ -97,7 +98,7 @@ class Health:
             self._thread.join(2)
         if not self._thread.is_alive():
             for handle in [*self._retired, *self._local.values()]:
-                _close(handle)
+                close_handle(handle)
             self._retired, self._local = [], {}
             os.close(self._wake_r)
             os.close(self._wake_w)
@@ -110,7 +111,7 @@ class Health:
                 retired, self._retired = self._retired, []
                 local, dead = self._local, self.dead
             for handle in retired:
-                _close(handle)
+                close_handle(handle)
             poller = select.poll()
             poller.register(self._wake_r, select.POLLIN)
             fds = {h: rank for rank, h in local.items() if isinstance(h, int) and rank not in dead}
@@ -128,7 +129,7 @@ class Health:
             if r.rank in self.dead:
                 continue
             handle = local.get(r.rank)
-            if isinstance(handle, psutil.Process) and _gone(handle):
+            if isinstance(handle, psutil.Process) and handle_exited(handle):
                 self._found(r.rank, "exited", local)
             elif handle is None and self.beacons is not None \
                     and self.beacons.silent_for(r.rank) > REMOTE_SILENCE_S:
@@ -214,28 +215,6 @@ def silent_with(lost: RankInfo, ranks: list[RankInfo], silent_for: Callable[[int
     """
     return [r.rank for r in ranks if r.rank == lost.rank or r.host == lost.host and r.rank not in dead
             and silent_for(r.rank) >= host_silence]
-
-
-def _open(pid: int) -> int | psutil.Process:
-    """A pidfd for ``pid`` (readable once it exits), or a Process to poll where pidfds do not exist."""
-    try:
-        return os.pidfd_open(pid)
-    except ProcessLookupError:
-        raise psutil.NoSuchProcess(pid) from None
-    except (AttributeError, OSError):
-        return psutil.Process(pid)
-
-
-def _close(handle) -> None:
-    if isinstance(handle, int):
-        os.close(handle)
-
-
-def _gone(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 __all__ = ["Health", "REMOTE_SILENCE_S"]
