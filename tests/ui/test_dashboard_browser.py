@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -159,9 +160,17 @@ def _reload_to_image(page, lab, name: str, i: int):
     return cell, image
 
 
-def _fail(page, lab, name):
-    page.screenshot(path=str(SHOTS / f"{name}-failure.png"), full_page=True)
-    print(lab["log"].read_text()[-4000:])
+@contextmanager
+def _page(browser, lab, name: str):
+    """A new page; when the test fails on it, its screenshot (build/ui/<name>-failure.png) and the tail of
+    the server's log."""
+    page = browser.new_page()
+    try:
+        yield page
+    except Exception:
+        page.screenshot(path=str(SHOTS / f"{name}-failure.png"), full_page=True)
+        print(lab["log"].read_text()[-4000:])
+        raise
 
 
 @pytest.mark.timeout(480)
@@ -169,8 +178,7 @@ def test_dashboard_is_live_then_static_and_survives_save_restart_reload(tmp_path
     from playwright.sync_api import expect
 
     with run_lab(tmp_path, {"train.ipynb": _notebook(TRAIN)}) as lab:
-        page = browser.new_page()
-        try:
+        with _page(browser, lab, "dashboard") as page:
             cells = _open(page, lab, "train.ipynb", set_up=3)
             # live: appeared by itself (no --monitor, no wb.dashboard()), lines drawn in the page, devices
             cell, dash = _start_training(page, cells, 3, points=20)
@@ -211,9 +219,6 @@ def test_dashboard_is_live_then_static_and_survives_save_restart_reload(tmp_path
             assert points[:2] == [["rank 0", STEPS], ["rank 1", STEPS]], points
             assert "model not found" not in page.locator(".jp-Notebook").inner_text()
             cell.screenshot(path=str(SHOTS / "dashboard-after-reload-hovered.png"))
-        except Exception:
-            _fail(page, lab, "dashboard")
-            raise
 
 
 @pytest.mark.timeout(480)
@@ -221,8 +226,7 @@ def test_dashboard_after_an_interrupt_and_after_a_failure(tmp_path, browser):
     from playwright.sync_api import expect
 
     with run_lab(tmp_path, {"faults.ipynb": _notebook(FOREVER, FAIL)}) as lab:
-        page = browser.new_page()
-        try:
+        with _page(browser, lab, "dashboard-faults") as page:
             cells = _open(page, lab, "faults.ipynb", set_up=3)
 
             # Ctrl-C (the kernel's interrupt) while it trains: "interrupted at step N", every point kept
@@ -244,9 +248,6 @@ def test_dashboard_after_an_interrupt_and_after_a_failure(tmp_path, browser):
             cell.screenshot(path=str(SHOTS / "dashboard-failed.png"))
             _run(page, cells, 5)
             expect(cells.nth(5)).to_contain_text("stopped")
-        except Exception:
-            _fail(page, lab, "dashboard-faults")
-            raise
 
 
 @pytest.mark.timeout(480)
@@ -256,8 +257,7 @@ def test_after_dist_restart_the_next_runs_dashboard_shows_every_rank(tmp_path, b
     from playwright.sync_api import expect
 
     with run_lab(tmp_path, {"again.ipynb": _notebook(TRAIN, "%dist restart", SETUP, TRAIN)}) as lab:
-        page = browser.new_page()
-        try:
+        with _page(browser, lab, "dashboard-restart") as page:
             cells = _open(page, lab, "again.ipynb", set_up=4)  # the first run went to its end
             _static_figure(cells.nth(3), f"finished at step {STEPS}")
             restarted = _run(page, cells, 4)
@@ -280,6 +280,3 @@ def test_after_dist_restart_the_next_runs_dashboard_shows_every_rank(tmp_path, b
             cell.screenshot(path=str(SHOTS / "24-5-dashboard-after-restart.png"))
             _run(page, cells, 7)
             expect(cells.nth(7)).to_contain_text("stopped")
-        except Exception:
-            _fail(page, lab, "dashboard-restart")
-            raise
