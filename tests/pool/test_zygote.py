@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -118,6 +119,11 @@ def test_forks_a_controller_and_an_engine_and_ends_them_with_itself(tmp_path, gr
         finally:
             client.close()
         assert {controller, engine} <= {p.pid for p in reap.tagged(pool_id)}
+        # an engine that dies: its parent, the zygote, reaps it and the pool's log says how it ended
+        os.kill(engine, signal.SIGKILL)
+        log = tmp_path / "zygote.log"
+        ended = f"workbench zygote: engine {engine} was killed by SIGKILL"
+        assert until(lambda: ended in log.read_text(), 20), log.read_text()[-2000:]
     finally:
         zygote.close()  # stdin closed: the zygote ends every process of its pool, then exits
     assert until(lambda: not (tree(group) - before), 20), [describe(pid) for pid in tree(group) - before]

@@ -312,9 +312,10 @@ def serve() -> None:
     keep = {stdin, stdout, wake_r, wake_w}
     loaded: set[str] = set()
     failed: set[str] = set()  # not tried again while idle; a request for it tries again (and says why)
+    children: dict[int, str] = {}  # pid -> role, for the log line that says how each one ended
     buffer = b""
     while True:
-        _reap()
+        _reap(children)
         pending = [role for role in PRELOAD if role not in loaded | failed]
         if b"\n" in buffer or (pending and pending != ["sources"]):
             wait = 0.0  # something to do: only look whether more came
@@ -339,6 +340,8 @@ def serve() -> None:
                 pid = os.getpid() if role == "ready" else os.fork()
                 if pid == 0:
                     _child(role, request, keep)
+                if role != "ready":
+                    children[pid] = role
                 reply = {"id": request["id"], "pid": pid}
             except Exception as exc:  # an import or the fork failed: the kernel says so
                 reply = {"id": request["id"], "error": f"{type(exc).__name__}: {exc}"}
@@ -354,14 +357,29 @@ def serve() -> None:
     _end_pool()
 
 
-def _reap() -> None:
+def _reap(children: dict[int, str]) -> None:
+    """Reap the children that exited; the pool's log (our stderr) says how each one ended."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        role = children.pop(pid, "child")
+        print(f"workbench zygote: {role} {pid} {_how_it_ended(status)} at {time.strftime('%H:%M:%S')}",
+              file=sys.stderr, flush=True)
+
+
+def _how_it_ended(status: int) -> str:
+    """``os.waitpid``'s status in words.
+
+    >>> _how_it_ended(0), _how_it_ended(256), _how_it_ended(9)
+    ('exited with code 0', 'exited with code 1', 'was killed by SIGKILL')
+    """
+    if os.WIFSIGNALED(status):
+        return f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exited with code {os.waitstatus_to_exitcode(status)}"
 
 
 def _end_pool() -> None:
