@@ -84,6 +84,14 @@ def scenario_slurm(ip, spec: dict) -> dict:
             "left": [p for p in pids if psutil.pid_exists(p)]}
 
 
+HOLD_THE_GIL = """%%distributed
+import ctypes
+if rank == 1:
+    ctypes.PyDLL(None).sleep(5)  # libc's sleep through a PyDLL: the GIL is held all along
+held = rank
+"""
+
+
 def scenario_mpi(ip, spec: dict) -> dict:
     from workbench import session
 
@@ -95,6 +103,13 @@ def scenario_mpi(ip, spec: dict) -> dict:
     names = [psutil.Process(p).name() for p in pids if psutil.pid_exists(p)]
     run(ip, ALL_REDUCE)
     where = s.pull("where")
+    # rank 1 holds the interpreter for 5 s (a C call that keeps the GIL, as unpickling a big checkpoint
+    # does): its beacons stop, but its gloo port answers, so it is up, not lost
+    try:
+        held = run(ip, HOLD_THE_GIL)
+    except RuntimeError as exc:
+        held = str(exc)
+    held_ranks = s.pull("held") if s.running else None
     # the idle timer prints from its own thread: catch what it prints, as the notebook would show it
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -102,6 +117,7 @@ def scenario_mpi(ip, spec: dict) -> dict:
         while "stopped the idle pool" not in printed.getvalue() and time.monotonic() < deadline:
             time.sleep(0.1)
     return {"start_s": start_s, "where": where, "process_names": names, "idle_output": printed.getvalue(),
+            "held_output": held, "held_ranks": held_ranks, "faults": [f.__dict__ for f in s.faults],
             "running_after_idle": s.running, "left": [p for p in pids if psutil.pid_exists(p)]}
 
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 import os
 import select
 import threading
+import time
 from collections.abc import Callable
 
 import psutil
 
 from workbench import faults
+from workbench.pool.knock import ANSWERS, REFUSED, knock
 from workbench.pool.rankmap import RankInfo, format_ranks
 from workbench.pool.state import close_handle, exit_handle, handle_exited
 from workbench.pool.watch import BeaconReceiver
@@ -31,6 +33,11 @@ REMOTE_SILENCE_S = 3.0
 # A rank silent this long on the host of a rank found silent is lost with it (a busy rank beacons every
 # 0.25 s, an idle one every 1 s).
 HOST_SILENCE_S = 2.0
+# A silent rank whose process still answers on its gloo port is up (see workbench.pool.knock): lost only
+# after this long. Knocked once silent for KNOCK_AFTER_S, then at most every KNOCK_EVERY_S; an answer
+# within KNOCK_TIMEOUT_S (in by the time REMOTE_SILENCE_S passed).
+HUNG_SILENCE_S = 60.0
+KNOCK_AFTER_S, KNOCK_EVERY_S, KNOCK_TIMEOUT_S = 2.0, 1.0, 1.0
 # How often the watcher looks at beacons (and, without pidfds, at local processes).
 LOOK_S = 0.05
 
@@ -57,6 +64,7 @@ class Health:
         self._local: dict[int, int | psutil.Process] = {}
         self._retired: list = []  # handles of an earlier watch, closed by the watcher once it let go
         self._announced: set[int] = set()
+        self._knocked: dict[int, tuple] = {}  # silent rank -> (when knocked, how its port answered)
         self._listeners: list[Callable[[], None]] = []
         self._lock = threading.Lock()  # watch() against the watcher: a death of an old rank never counts
         self._wake_r, self._wake_w = os.pipe()  # wakes the watcher out of its poll
@@ -77,6 +85,7 @@ class Health:
         with self._lock:
             self._retired += self._local.values()
             self._local, self._ranks, self.dead, self._announced = handles, list(ranks), dead, set()
+            self._knocked = {}
         if self.beacons is not None:
             self.beacons.expect(r.rank for r in ranks)
         os.write(self._wake_w, b"w")
@@ -125,6 +134,8 @@ class Health:
             self._look(local)
 
     def _look(self, local: dict) -> None:
+        if self.beacons is not None:
+            self._knock_silent(local)
         for r in list(self._ranks):
             if r.rank in self.dead:
                 continue
@@ -135,7 +146,8 @@ class Health:
                     and self.beacons.silent_for(r.rank) > REMOTE_SILENCE_S:
                 # its host's other ranks that fell silent with it are lost with it: one fault, one regroup
                 host = silent_with(r, self._ranks, self.beacons.silent_for, set(self.dead))
-                self._found_together(host, f"sent no heartbeat for {REMOTE_SILENCE_S:g} s", local)
+                for how, ranks in self._silent_verdict(host).items():
+                    self._found_together(ranks, how, local)
         if self.dead.keys() - self._announced and self._pool_running() and self._busy.acquire(blocking=False):
             try:  # no cell runs: nobody else will say it
                 new = [self._ranks[rank] for rank in sorted(self.dead.keys() - self._announced)]
@@ -156,6 +168,41 @@ class Health:
                                  "was idle; `%dist restart` brings it back.")
             finally:
                 self._busy.release()
+
+    def _knock_silent(self, local: dict) -> None:
+        """Knock at the gloo ports of the remote ranks silent for ``KNOCK_AFTER_S`` (all at once, at most
+        every ``KNOCK_EVERY_S``): the answer is in by the time the silence counts (``REMOTE_SILENCE_S``)."""
+        now = time.monotonic()
+        due = [r.rank for r in self._ranks if r.rank not in self.dead and local.get(r.rank) is None
+               and self.beacons.silent_for(r.rank) > KNOCK_AFTER_S
+               and now - self._knocked.get(r.rank, (float("-inf"), None))[0] >= KNOCK_EVERY_S]
+        if due:
+            latest = self.beacons.latest
+            found = knock({r: (latest.get(r) or {}).get("endpoints") for r in due}, KNOCK_TIMEOUT_S)
+            self._knocked.update((r, (now, found.get(r))) for r in due)
+
+    def _silent_verdict(self, ranks: list[int]) -> dict[str, list[int]]:
+        """Of remote ranks silent too long, the dead ones by how they died. A rank whose gloo port answered
+        the last knock is up (holding the interpreter, or starved of CPU), not lost, until
+        ``HUNG_SILENCE_S``; one whose host refused its port has exited; no answer (or nothing to knock at):
+        the host or its link is gone."""
+        verdict: dict[str, list[int]] = {}
+        for r in ranks:
+            answer = self._knocked.get(r, (None, None))[1]
+            if self.beacons.silent_for(r) > HUNG_SILENCE_S:
+                how = f"sent no heartbeat for {HUNG_SILENCE_S:g} s, its process up (hung)"
+            elif answer == ANSWERS:
+                continue
+            elif answer == REFUSED:
+                how = REFUSED
+            else:
+                how = f"sent no heartbeat for {REMOTE_SILENCE_S:g} s"
+            verdict.setdefault(how, []).append(r)
+        if REFUSED in verdict:  # the host answered for their ports: those processes are gone
+            gone = verdict.pop(REFUSED)
+            whose, what = ("its", "its process was") if len(gone) == 1 else ("their", "their processes were")
+            verdict[f"exited ({whose} host answered, {what} gone)"] = gone
+        return verdict
 
     def _found(self, rank: int, how: str, local: dict) -> None:
         self._found_together([rank], how, local)

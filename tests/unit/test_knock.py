@@ -1,0 +1,94 @@
+"""knock: a silent rank's gloo port tells up from gone (real sockets and processes)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from workbench.pool.knock import ANSWERS, REFUSED, SILENT, knock
+
+LISTEN = """import socket, sys, time
+s = socket.create_server(("127.0.0.1", 0))
+print(s.getsockname()[1], flush=True)
+time.sleep(120)"""
+
+
+@pytest.fixture
+def listener_process():
+    """A process that listens on a port (as gloo's listener does), and the port."""
+    child = subprocess.Popen([sys.executable, "-c", LISTEN], stdout=subprocess.PIPE, text=True)
+    port = int(child.stdout.readline())
+    yield child, port
+    child.kill()
+    child.wait()
+    child.stdout.close()
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.mark.timeout(30)
+def test_a_stopped_process_still_answers_on_its_port(listener_process):
+    """What a rank holding the interpreter (or starved of CPU) looks like: no thread of it runs, yet its
+    operating system completes the handshake."""
+    child, port = listener_process
+    child.send_signal(signal.SIGSTOP)
+    try:
+        assert knock({3: [["127.0.0.1", port]]}, timeout=2.0) == {3: ANSWERS}
+    finally:
+        child.send_signal(signal.SIGCONT)
+
+
+@pytest.mark.timeout(30)
+def test_a_killed_process_port_is_refused(listener_process):
+    child, port = listener_process
+    child.kill()
+    child.wait()
+    assert knock({3: [["127.0.0.1", port]]}, timeout=2.0) == {3: REFUSED}
+
+
+@pytest.fixture
+def unanswered_port():
+    """A port whose handshake never completes: its listener's accept queue is full, so Linux drops every
+    further SYN (as a cut link drops them)."""
+    server = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port = server.getsockname()[1]
+    fillers = []
+    while not fillers or knock({0: [["127.0.0.1", port]]}, timeout=0.2) != {0: SILENT}:
+        assert len(fillers) < 8, "the accept queue never filled"
+        filler = socket.socket()
+        filler.settimeout(0.2)
+        try:
+            filler.connect(("127.0.0.1", port))
+        except OSError:
+            pass
+        fillers.append(filler)
+    yield port
+    for filler in fillers:
+        filler.close()
+    server.close()
+
+
+@pytest.mark.timeout(30)
+def test_no_answer_is_silent_and_every_rank_is_knocked_at_once(listener_process, unanswered_port):
+    """Knocked side by side: silent ranks beside ones that answer or refuse, each gets its own verdict."""
+    _, port = listener_process
+    found = knock({0: [["127.0.0.1", unanswered_port]], 1: [["127.0.0.1", unanswered_port]],
+                   2: [["127.0.0.1", port]], 4: [["127.0.0.1", _closed_port()]]}, timeout=1.0)
+    assert found == {0: SILENT, 1: SILENT, 2: ANSWERS, 4: REFUSED}
+
+
+@pytest.mark.timeout(30)
+def test_one_answering_endpoint_is_enough_and_unknown_ones_are_left_out(listener_process):
+    _, port = listener_process
+    assert knock({5: [["127.0.0.1", _closed_port()], ["::ffff:127.0.0.1", port]],  # a mesh of its own
+                  6: [["0.0.0.0", port]], 7: None, 8: []}) == {5: ANSWERS}
