@@ -51,13 +51,15 @@ class Health:
 
     def __init__(self, *, pool_id: str | None, busy: threading.Lock, beacons: BeaconReceiver | None = None,
                  report: Callable[[str], None] = lambda text: print(text, flush=True),
-                 pool_running: Callable[[], bool] = lambda: True):
+                 pool_running: Callable[[], bool] = lambda: True,
+                 endpoints: Callable[[], dict[int, list]] = dict):
         self.pool_id = pool_id
         self.beacons = beacons
         self.dead: dict[int, str] = {}  # rank -> how it died
         self.faults: list[faults.FaultEvent] = []
         self._busy, self._report = busy, report
         self._pool_running = pool_running  # a pool stopped on purpose elsewhere: its ends are no faults
+        self._endpoints = endpoints  # rank -> its gloo listeners as the group's join said (before any beacon)
         self._pending: faults.FaultEvent | None = None  # written to the log once recovered (or at close)
         self._ranks: list[RankInfo] = []
         # rank -> pidfd (or a Process where there are no pidfds); only the watcher thread closes them
@@ -177,8 +179,9 @@ class Health:
                and self.beacons.silent_for(r.rank) > KNOCK_AFTER_S
                and now - self._knocked.get(r.rank, (float("-inf"), None))[0] >= KNOCK_EVERY_S]
         if due:
-            latest = self.beacons.latest
-            found = knock({r: (latest.get(r) or {}).get("endpoints") for r in due}, KNOCK_TIMEOUT_S)
+            latest, joined = self.beacons.latest, self._endpoints()
+            ports = {r: (latest.get(r) or {}).get("endpoints") or joined.get(r) for r in due}
+            found = knock(ports, KNOCK_TIMEOUT_S)
             self._knocked.update((r, (now, found.get(r))) for r in due)
 
     def _silent_verdict(self, ranks: list[int]) -> dict[str, list[int]]:
