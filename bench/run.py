@@ -36,6 +36,7 @@ FULL = {
     "elastic_reps": 3,
     "scale_sizes": (2, 4, 8, 16, 32, 64),
     "scale_rounds": 3,
+    "scale_settle_s": 30.0,
     "faults_ranks": 32,
     "faults_reps": 3,
     "faults_elastic_reps": 2,
@@ -53,6 +54,7 @@ QUICK = {
     "elastic_reps": 1,
     "scale_sizes": (2,),
     "scale_rounds": 1,
+    "scale_settle_s": 2.0,
     "faults_ranks": 4,
     "faults_reps": 1,
     "faults_elastic_reps": 0,
@@ -151,7 +153,8 @@ def main(argv=None) -> int:
             pool.stop()
     section("recovery", lambda: recovery.run(reps=p["recovery_reps"]))
     section("elastic", lambda: elastic.run(reps=p["elastic_reps"]))
-    section("scale", lambda: scale.run(p["scale_sizes"], rounds=p["scale_rounds"]))
+    section("scale",
+            lambda: scale.run(p["scale_sizes"], rounds=p["scale_rounds"], settle_s=p["scale_settle_s"]))
     section("faults",
             lambda: faults_at_scale.run(p["faults_ranks"], p["faults_reps"], p["faults_elastic_reps"]))
     from bench.table import render

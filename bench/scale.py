@@ -85,8 +85,8 @@ def _block(fn, n: int, pool: list[int]) -> dict:
     return {"walls": walls, "kernel": (_kernel_cpu() - k0) / n, "pool": (_cpu(pool) - p0) / n}
 
 
-def one(n: int, rounds: int, block: int) -> dict:
-    """Measure one pool of ``n`` ranks in this process."""
+def one(n: int, rounds: int, block: int, settle_s: float = SETTLE_S) -> dict:
+    """Measure one pool of ``n`` ranks in this process (settled: ``settle_s`` after its start)."""
     os.environ["WORKBENCH_PREWARM"] = "0"
     from IPython.utils.capture import capture_output
 
@@ -120,7 +120,7 @@ def one(n: int, rounds: int, block: int) -> dict:
         view = s.client[[r.engine_id for r in s.ranks]]
         view.block = True
         view.activate()
-        while time.monotonic() - started < SETTLE_S:
+        while time.monotonic() - started < settle_s:
             time.sleep(0.5)
         k0, p0, w0 = _kernel_cpu(), _cpu(pool), time.monotonic()
         time.sleep(IDLE_S)
@@ -187,8 +187,8 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def run(sizes=SIZES, rounds: int = 3, block: int = 10) -> dict:
-    """Every size in a fresh process, smallest first."""
+def run(sizes=SIZES, rounds: int = 3, block: int = 10, settle_s: float = SETTLE_S) -> dict:
+    """Every size in a fresh process, smallest first (``settle_s``: a smoke test's shorter settling)."""
     out = {}
     for n in sizes:
         need = n * MEMORY_PER_RANK_MIB * 2**20
@@ -199,7 +199,7 @@ def run(sizes=SIZES, rounds: int = 3, block: int = 10) -> dict:
         print(f"   scale: {n} ranks", flush=True)
         out[str(n)] = run_json(
             [sys.executable, "-m", "bench.scale", "--one", str(n), "--rounds", str(rounds),
-             "--block", str(block)],
+             "--block", str(block), "--settle", str(settle_s)],
             timeout=300 + 10 * n,
             env={"GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT))})
     return {"sizes": out, "unit": "ms"}
@@ -211,12 +211,13 @@ def main(argv=None) -> int:
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # one size, in this process
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--block", type=int, default=10)
+    ap.add_argument("--settle", type=float, default=SETTLE_S, help="seconds after the start: settled")
     ap.add_argument("--out", help="write the JSON here too")
     args = ap.parse_args(argv)
     if args.one:
-        print(json.dumps(one(args.one, args.rounds, args.block)), flush=True)
+        print(json.dumps(one(args.one, args.rounds, args.block, args.settle)), flush=True)
         return 0
-    data = run([int(x) for x in args.n.split(",")], args.rounds, args.block)
+    data = run([int(x) for x in args.n.split(",")], args.rounds, args.block, args.settle)
     print_json(data, args.out)
     return 0
 

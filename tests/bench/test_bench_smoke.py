@@ -176,7 +176,7 @@ def test_scale_sweep_and_a_kill_at_scale_render_their_tables(tmp_path):
     from bench import faults_at_scale, scale
     from bench.table import faults_table, scale_table
 
-    sweep = scale.run((2,), rounds=1, block=2)
+    sweep = scale.run((2,), rounds=1, block=2, settle_s=2.0)  # the smoke: not the 30 s of a real sweep
     row = sweep["sizes"]["2"]
     assert "error" not in row and row["leftover"] == 0, row
     assert row["ipp_ready_s"] > 0 and _has_summary(row["ipp_first_cells_ms"])
