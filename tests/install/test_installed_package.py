@@ -58,10 +58,21 @@ def venv(tmp_path_factory):
     src = _source_copy(base / "src")
     _run([sys.executable, "-m", "venv", str(base / "venv")], base, env)
     py = base / "venv" / "bin" / "python"
-    _run([str(py), "-m", "pip", "wheel", "--no-deps", ".", "-w", str(base / "dist")], src, env)
+    # the wheel builds (jlpm: mostly one core) while the pinned torch installs into the venv beside it;
+    # --no-compile: pip's byte-compiling of every module of torch and Jupyter was 35 s of the 110 (what is
+    # imported compiles as it is imported, as in any venv)
+    build = subprocess.Popen([str(py), "-m", "pip", "wheel", "--no-deps", ".", "-w", str(base / "dist")],
+                             cwd=src, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _run([str(py), "-m", "pip", "install", "-q", "--no-compile", TORCH_SPEC], base, env)
+        built = build.communicate(timeout=900)[0]
+    finally:
+        if build.poll() is None:
+            build.kill()
+            build.communicate()
+    assert build.returncode == 0, f"pip wheel exited with {build.returncode}:\n{built[-3000:]}"
     wheel = next((base / "dist").glob("distributed_workbench-*.whl"))
-    _run([str(py), "-m", "pip", "install", "-q", TORCH_SPEC], base, env)
-    _run([str(py), "-m", "pip", "install", "-q", str(wheel)], base, env)
+    _run([str(py), "-m", "pip", "install", "-q", "--no-compile", str(wheel)], base, env)
     return base / "venv" / "bin"
 
 
