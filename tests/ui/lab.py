@@ -109,15 +109,17 @@ def run_lab(tmp_path: Path, notebooks: dict[str, dict], install_kernel: str | tu
 
 def open_notebook(page, lab: dict, name: str) -> None:
     """Open ``name`` in JupyterLab and wait until its kernel is idle."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import expect
 
     page.goto(f"{lab['base']}/lab/tree/{name}?token={lab['token']}")
-    try:  # JupyterLab may ask which kernel to start even though the notebook names one
-        page.locator(".jp-Dialog").get_by_role("button", name="Select").click(timeout=15_000)
-    except PlaywrightTimeout:
-        pass
-    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(timeout=90_000)
+    idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+    select = page.locator(".jp-Dialog").get_by_role("button", name="Select")
+    # JupyterLab may ask which kernel to start even though the notebook names one: answer it if it does,
+    # never wait for a question that does not come (that wait was 15 s of every browser test)
+    expect(idle.or_(select).first).to_be_attached(timeout=90_000)
+    if not idle.count() and select.count():
+        select.click()
+    expect(idle).to_be_attached(timeout=90_000)
 
 
 def rest(lab: dict, method: str, path: str, body: dict | None = None) -> dict:

@@ -16,8 +16,8 @@ from tests.ui.lab import needs_chromium, run_lab
 from tests.ui.test_dashboard_browser import (  # browser: the fixture
     DONE,
     SHOTS,
-    _fail,
     _open,
+    _page,
     _run,
     browser,  # noqa: F401
 )
@@ -61,8 +61,7 @@ def test_sixteen_ranks_show_the_median_band_the_slowest_rank_and_a_rank_on_deman
     from playwright.sync_api import expect
 
     with run_lab(tmp_path, {"ranks16.ipynb": _notebook()}) as lab:
-        page = browser.new_page()
-        try:
+        with _page(browser, lab, "25-aggregate") as page:
             cells = _open(page, lab, "ranks16.ipynb")
             cell = _run(page, cells, 0)
             dash = cell.locator(".workbench-dashboard")
@@ -89,6 +88,3 @@ def test_sixteen_ranks_show_the_median_band_the_slowest_rank_and_a_rank_on_deman
             page.wait_for_function(f"(el) => ({shown})(el).includes('rank 7')", arg=static.element_handle(),
                                    timeout=30_000)
             cell.screenshot(path=str(SHOTS / "25-aggregate-rank-on-demand.png"))
-        except Exception:
-            _fail(page, lab, "25-aggregate")
-            raise

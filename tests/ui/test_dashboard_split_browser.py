@@ -22,9 +22,9 @@ from tests.ui.test_dashboard_browser import (  # browser: the fixture
     SHOTS,
     STEPS,
     TRAIN,
-    _fail,
     _notebook,
     _open,
+    _page,
     _reload_to_image,
     _run,
     _static_figure,
@@ -65,10 +65,9 @@ def test_the_dashboards_fit_the_split_view_and_a_reload_keeps_them_whole(tmp_pat
 
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with run_lab(tmp_path, {"train.ipynb": _notebook(TRAIN)}) as lab:
-        page = browser.new_page()
         errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        try:
+        with _page(browser, lab, "24-3-dashboard-split") as page:
+            page.on("pageerror", lambda e: errors.append(str(e)))
             page.set_viewport_size({"width": 2400, "height": 1000})  # a wide screen while it trains
             cells = _open(page, lab, "train.ipynb", set_up=2)
             page.locator('li.lm-TabBar-tab[data-id="workbench-pools"]').click()  # the card lists the pool
@@ -121,10 +120,6 @@ def test_the_dashboards_fit_the_split_view_and_a_reload_keeps_them_whole(tmp_pat
             page.wait_for_timeout(3000)  # errors raised by what a reload restores come within this
             page.screenshot(path=str(SHOTS / "24-3-dashboard-split-reloaded.png"))
             assert errors == [], errors
-        except Exception:
-            print("page errors:", *errors, sep="\n")
-            _fail(page, lab, "24-3-dashboard-split")
-            raise
     assert not alive(list(_started_since(before))), _started_since(before)
 
 
