@@ -95,13 +95,17 @@ def _open(page, lab, name: str, set_up: int = 0):
 
 def _run(page, cells, i: int, wait: bool = True, timeout: float = 120_000):
     """Run cell ``i`` (and wait until it has run)."""
+    from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import expect
 
     cell = cells.nth(i)
     for _ in range(3):  # a request sent while the kernel's connection settles can be lost: send it again
-        cell.scroll_into_view_if_needed()
-        cell.locator(".jp-InputPrompt").click()
+        try:
+            cell.scroll_into_view_if_needed()
+            cell.locator(".jp-InputPrompt").click()
+        except PlaywrightError:  # a notebook just opened may render its cells anew: find the cell again
+            continue
         page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-cell'); }")
         try:
             expect(cell.locator(".jp-InputPrompt")).not_to_have_text("[ ]:", timeout=10_000)
