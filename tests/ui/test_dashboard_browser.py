@@ -100,11 +100,13 @@ def _run(page, cells, i: int, wait: bool = True, timeout: float = 120_000):
     from playwright.sync_api import expect
 
     cell = cells.nth(i)
-    for _ in range(3):  # a request sent while the kernel's connection settles can be lost: send it again
+    for attempt in range(3):  # a request sent while the connection settles can be lost: send it again
         try:
             cell.scroll_into_view_if_needed()
             cell.locator(".jp-InputPrompt").click()
         except PlaywrightError:  # a notebook just opened may render its cells anew: find the cell again
+            if attempt == 2:
+                raise
             continue
         page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-cell'); }")
         try:
@@ -112,6 +114,8 @@ def _run(page, cells, i: int, wait: bool = True, timeout: float = 120_000):
             break
         except (AssertionError, PlaywrightTimeout):
             continue
+    else:
+        raise AssertionError(f"cell {i} never started: its prompt still says '[ ]:' after 3 tries")
     if wait:
         expect(cell.locator(".jp-InputPrompt")).to_have_text(DONE, timeout=timeout)
     return cell
@@ -165,15 +169,19 @@ def _reload_to_image(page, lab, name: str, i: int):
 
 
 @contextmanager
-def _page(browser, lab, name: str):
-    """A new page; when the test fails on it, its screenshot (build/ui/<name>-failure.png) and the tail of
-    the server's log."""
+def _page(browser, lab, name: str, errors: list[str] | None = None):
+    """A new page; when the test fails on it, its screenshot (build/ui/<name>-failure.png), the tail of
+    the server's log and the page's errors. With ``errors``, the page's errors are collected there."""
     page = browser.new_page()
+    if errors is not None:
+        page.on("pageerror", lambda e: errors.append(str(e)))
     try:
         yield page
     except Exception:
         page.screenshot(path=str(SHOTS / f"{name}-failure.png"), full_page=True)
         print(lab["log"].read_text()[-4000:])
+        if errors:
+            print("page errors:", *errors, sep="\n")
         raise
 
 

@@ -66,8 +66,7 @@ def test_the_dashboards_fit_the_split_view_and_a_reload_keeps_them_whole(tmp_pat
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with run_lab(tmp_path, {"train.ipynb": _notebook(TRAIN)}) as lab:
         errors: list[str] = []
-        with _page(browser, lab, "24-3-dashboard-split") as page:
-            page.on("pageerror", lambda e: errors.append(str(e)))
+        with _page(browser, lab, "24-3-dashboard-split", errors) as page:
             page.set_viewport_size({"width": 2400, "height": 1000})  # a wide screen while it trains
             cells = _open(page, lab, "train.ipynb", set_up=2)
             page.locator('li.lm-TabBar-tab[data-id="workbench-pools"]').click()  # the card lists the pool
