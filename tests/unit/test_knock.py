@@ -1,15 +1,26 @@
-"""knock: a silent rank's gloo port tells up from gone (real sockets and processes)."""
+"""knock: a silent rank's gloo port tells up from gone (real sockets and processes), and Health knocks
+without waiting."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 
+import psutil
 import pytest
 
+from tests.conftest import until
+from workbench import wire
 from workbench.pool.knock import ANSWERS, REFUSED, SILENT, knock
+from workbench.pool.rankmap import RankInfo
+from workbench.pool.watch import BeaconReceiver
+from workbench.session import health
+from workbench.session.health import Health
 
 LISTEN = """import socket, sys, time
 s = socket.create_server(("127.0.0.1", 0))
@@ -92,3 +103,40 @@ def test_one_answering_endpoint_is_enough_and_unknown_ones_are_left_out(listener
     _, port = listener_process
     assert knock({5: [["127.0.0.1", _closed_port()], ["::ffff:127.0.0.1", port]],  # a mesh of its own
                   6: [["0.0.0.0", port]], 7: None, 8: []}) == {5: ANSWERS}
+
+
+def _tcp_to(port: int) -> int:
+    return sum(1 for c in psutil.Process().net_connections(kind="tcp") if c.raddr and c.raddr[1] == port)
+
+
+@pytest.mark.timeout(60)
+def test_health_never_waits_for_a_knock_and_leaves_no_socket(channel, listener_process, unanswered_port,
+                                                            monkeypatch, tmp_path):
+    """Health knocks from its own poll loop. While a cut-off host's knock waits for an answer that does not
+    come (30 s here), a rank on another host whose process is gone is found exited: neither held behind the
+    knock nor taken for a cut link. Closing Health closes the knock's socket."""
+    monkeypatch.setattr(health, "KNOCK_TIMEOUT_S", 30.0)
+    monkeypatch.setenv("WORKBENCH_STATE_DIR", str(tmp_path))  # the fault log
+    child, port = listener_process
+    ranks = [RankInfo(0, 0, 0, "n1", 101, "cpu", 0), RankInfo(1, 0, 1, "n2", 102, "cpu", 1)]
+    joined = {0: [["127.0.0.1", unanswered_port]], 1: [["127.0.0.1", port]]}
+    before, reports = _tcp_to(unanswered_port), []
+    rx = BeaconReceiver(channel)
+    h = Health(pool_id=None, busy=threading.Lock(), beacons=rx, report=reports.append,
+               endpoints=lambda: joined)
+    try:
+        h.watch(ranks, local=False)  # both ranks' silence starts now; rank 1 beacons once more, then ends
+        time.sleep(0.5)
+        beat = {"rank": 1, "pub": "p102", "seq": 1, "generation": 0, "pid": 102, "host": "n2"}
+        assert rx.take(wire.Signer(channel["key"]).pack(wire.BEACON, json.dumps(beat).encode()))
+        child.kill()
+        child.wait()
+        assert until(lambda: 1 in h.dead, timeout=20), f"rank 1 never found dead: {h.dead}"
+        assert h.dead == {1: "exited (its host answered, its process was gone)"}, "rank 0 is still knocked"
+        assert until(lambda: reports, timeout=5)
+        assert "rank 1 (n2, cpu) died while the pool was idle" in reports[0]
+        assert _tcp_to(unanswered_port) == before + 1  # rank 0's knock, still waiting
+    finally:
+        h.close()
+        rx.close()
+    assert _tcp_to(unanswered_port) == before

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import psutil
 
 from workbench import faults
-from workbench.pool.knock import ANSWERS, REFUSED, knock
+from workbench.pool.knock import ANSWERS, REFUSED, Knock
 from workbench.pool.rankmap import RankInfo, format_ranks
 from workbench.pool.state import close_handle, exit_handle, handle_exited
 from workbench.pool.watch import BeaconReceiver
@@ -67,6 +67,8 @@ class Health:
         self._retired: list = []  # handles of an earlier watch, closed by the watcher once it let go
         self._announced: set[int] = set()
         self._knocked: dict[int, tuple] = {}  # silent rank -> (when knocked, how its port answered)
+        self._knocks: list[tuple[int, float, Knock]] = []  # in flight: (watch generation, started, knock)
+        self._generation = 0  # counts watch(): a knock started before the last one is not heard
         self._listeners: list[Callable[[], None]] = []
         self._lock = threading.Lock()  # watch() against the watcher: a death of an old rank never counts
         self._wake_r, self._wake_w = os.pipe()  # wakes the watcher out of its poll
@@ -87,7 +89,7 @@ class Health:
         with self._lock:
             self._retired += self._local.values()
             self._local, self._ranks, self.dead, self._announced = handles, list(ranks), dead, set()
-            self._knocked = {}
+            self._knocked, self._generation = {}, self._generation + 1
         if self.beacons is not None:
             self.beacons.expect(r.rank for r in ranks)
         os.write(self._wake_w, b"w")
@@ -110,6 +112,8 @@ class Health:
         if not self._thread.is_alive():
             for handle in [*self._retired, *self._local.values()]:
                 close_handle(handle)
+            for _, _, pending in self._knocks:
+                pending.close()
             self._retired, self._local = [], {}
             os.close(self._wake_r)
             os.close(self._wake_w)
@@ -128,9 +132,14 @@ class Health:
             fds = {h: rank for rank, h in local.items() if isinstance(h, int) and rank not in dead}
             for fd in fds:
                 poller.register(fd, select.POLLIN)
+            knocking = {fd: pending for _, _, pending in self._knocks for fd in pending.fds()}
+            for fd in knocking:  # a knock's handshake, answered beside the exits: nothing waits for it
+                poller.register(fd, select.POLLOUT)
             for fd, events in poller.poll(LOOK_S * 1000):
                 if fd == self._wake_r:
                     os.read(self._wake_r, 4096)
+                elif fd in knocking:
+                    knocking[fd].answered(fd)
                 elif events & select.POLLIN:  # the process exited
                     self._found(fds[fd], "exited", local)
             self._look(local)
@@ -148,6 +157,8 @@ class Health:
                     and self.beacons.silent_for(r.rank) > REMOTE_SILENCE_S:
                 # its host's other ranks that fell silent with it are lost with it: one fault, one regroup
                 host = silent_with(r, self._ranks, self.beacons.silent_for, set(self.dead))
+                if any(self._awaits_knock(rank) for rank in host):
+                    continue  # judged with its host once the knock is answered (KNOCK_TIMEOUT_S at most)
                 for how, ranks in self._silent_verdict(host).items():
                     self._found_together(ranks, how, local)
         if self.dead.keys() - self._announced and self._pool_running() and self._busy.acquire(blocking=False):
@@ -172,17 +183,37 @@ class Health:
                 self._busy.release()
 
     def _knock_silent(self, local: dict) -> None:
-        """Knock at the gloo ports of the remote ranks silent for ``KNOCK_AFTER_S`` (all at once, at most
-        every ``KNOCK_EVERY_S``): the answer is in by the time the silence counts (``REMOTE_SILENCE_S``)."""
+        """Knock at the gloo ports of the remote ranks silent for ``KNOCK_AFTER_S`` (all due at once, each
+        at most every ``KNOCK_EVERY_S``), and take in the knocks that are answered or out of time. The
+        knocks' sockets are polled in :meth:`_loop`: the watcher never waits for an answer."""
         now = time.monotonic()
+        for entry in [k for k in self._knocks if k[2].done()]:
+            self._knocks.remove(entry)
+            generation, started, pending = entry
+            found = pending.result()
+            if generation == self._generation:
+                self._knocked.update((r, (started, found.get(r))) for r in pending.keys)
+        in_flight = {r for _, _, pending in self._knocks for r in pending.keys}
         due = [r.rank for r in self._ranks if r.rank not in self.dead and local.get(r.rank) is None
-               and self.beacons.silent_for(r.rank) > KNOCK_AFTER_S
+               and r.rank not in in_flight and self.beacons.silent_for(r.rank) > KNOCK_AFTER_S
                and now - self._knocked.get(r.rank, (float("-inf"), None))[0] >= KNOCK_EVERY_S]
         if due:
             latest, joined = self.beacons.latest, self._endpoints()
             ports = {r: (latest.get(r) or {}).get("endpoints") or joined.get(r) for r in due}
-            found = knock(ports, KNOCK_TIMEOUT_S)
-            self._knocked.update((r, (now, found.get(r))) for r in due)
+            pending = Knock(ports, KNOCK_TIMEOUT_S)
+            # a rank with no port to knock at is knocked all the same: nothing will answer for it
+            self._knocked.update((r, (now, None)) for r in due if r not in pending.keys)
+            self._knocks.append((self._generation, now, pending))
+
+    def _answer(self, rank: int) -> str | None:
+        """How ``rank``'s port answered a knock made since its last beacon (None: no such answer yet)."""
+        when, answer = self._knocked.get(rank, (None, None))
+        fresh = when is not None and when >= time.monotonic() - self.beacons.silent_for(rank)
+        return answer if fresh else None
+
+    def _awaits_knock(self, rank: int) -> bool:
+        """A knock at ``rank`` is in flight and no answer of this silence is in yet."""
+        return self._answer(rank) is None and any(rank in pending.keys for _, _, pending in self._knocks)
 
     def _silent_verdict(self, ranks: list[int]) -> dict[str, list[int]]:
         """Of remote ranks silent too long, the dead ones by how they died. A rank whose gloo port answered
@@ -191,7 +222,7 @@ class Health:
         the host or its link is gone."""
         verdict: dict[str, list[int]] = {}
         for r in ranks:
-            answer = self._knocked.get(r, (None, None))[1]
+            answer = self._answer(r)
             if self.beacons.silent_for(r) > HUNG_SILENCE_S:
                 how = f"sent no heartbeat for {HUNG_SILENCE_S:g} s, its process up (hung)"
             elif answer == ANSWERS:
