@@ -6,14 +6,16 @@ Each N runs in a fresh process (an IPython shell, as :mod:`bench.cells`), starte
 - ``ready_s``: ``%dist start -n N`` until every rank is in the group;
 - first cells: the 10 trivial cells (``x = 1``) right after the start, and the pool's CPU meanwhile;
 - idle: the pool's CPU (zygote, controller and its children, engines; ``/proc`` counters) over a settled
-  idle stretch;
+  idle stretch, and by thread name (``idle_threads``: what wakes an idle pool, from each thread's
+  ``/proc/<pid>/task/<tid>/schedstat``);
 - settled cells, in alternating blocks on the same engines: ``%%distributed`` vs ``%%px`` for
   ``x = 1`` and for ``print(rank)``, ``Session.pull`` vs ``DirectView.pull``; wall time per cell (median),
   the kernel's CPU per cell (``getrusage``) and the pool's CPU per cell, per block;
 - the kernel's resident memory at the end;
 - then, in the same process, a bare ``ipyparallel.Cluster(n=N)`` (what a user of ``%%px`` starts): its
-  ready time (every engine registered; it forms no process group) and its first 10 ``%%px`` cells,
-  beside ours (``ipp_ready_s``, ``ipp_first_cells_ms``).
+  ready time (every engine registered; it forms no process group), its first 10 ``%%px`` cells and its
+  idle CPU (``IPP_SETTLE_S`` after its start), beside ours (``ipp_ready_s``, ``ipp_first_cells_ms``,
+  ``ipp_idle_pool_cpu_pct``).
 
 64 ranks run only where the machine has the memory (``MEMORY_PER_RANK_MIB`` a rank, one pool at a time).
 
@@ -41,6 +43,7 @@ MEMORY_PER_RANK_MIB = 150  # a rank's share of its pool (PSS 142 MiB with its zy
 FIRST_CELLS = 10
 SETTLE_S = 30.0  # "settled": this long after the start (the issue's measure)
 IDLE_S = 6.0
+IPP_SETTLE_S = 10.0  # ipyparallel's engines do no deferred work after registering: settled sooner
 
 
 def _cpu(pids: list[int]) -> float:
@@ -55,6 +58,55 @@ def _cpu(pids: list[int]) -> float:
         except (OSError, IndexError, ValueError):
             pass
     return total / tick
+
+
+def _threads(pids) -> dict[tuple[int, int], tuple[str, float]]:
+    """(pid, tid) -> (thread name, seconds on a CPU) for every thread of ``pids`` (nanoseconds from
+    ``schedstat``: a tick of ``stat`` is too coarse for a thread that wakes for 30 us). A process's main
+    thread is named ``"<name> main"``: Python's threads carry the process's name."""
+    out = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    name = f.read().strip()
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    name = f"{name} main" if int(tid) == pid else name  # its other threads share its name
+                    out[(pid, int(tid))] = (name, int(f.read().split()[0]) / 1e9)
+            except (OSError, IndexError, ValueError):
+                pass  # the thread ended
+    return out
+
+
+def by_thread(before: dict, after: dict, seconds: float, top: int = 6) -> dict[str, dict]:
+    """CPU between two :func:`_threads` samples as % of a core per thread name, busiest first; the rest
+    summed as ``"other"``.
+
+    >>> by_thread({(1, 1): ("gloo", 1.0), (1, 2): ("zmq", 0.5)},
+    ...           {(1, 1): ("gloo", 1.06), (1, 2): ("zmq", 0.51), (2, 2): ("gloo", 0.04)}, 10.0, top=1)
+    {'gloo': {'threads': 2, 'pct': 1.0}, 'other': {'threads': 1, 'pct': 0.1}}
+    """
+    used: dict[str, list] = {}
+    for key, (name, cpu) in after.items():
+        entry = used.setdefault(name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += cpu - before.get(key, (name, 0.0))[1]
+    ranked = sorted(used.items(), key=lambda kv: -kv[1][1])
+    out = {name: {"threads": n, "pct": round(cpu / seconds * 100, 2)} for name, (n, cpu) in ranked[:top]}
+    if rest := ranked[top:]:
+        out["other"] = {"threads": sum(n for _, (n, _) in rest),
+                        "pct": round(sum(cpu for _, (_, cpu) in rest) / seconds * 100, 2)}
+    return out
+
+
+def _idle_pct(before: dict, after: dict, seconds: float) -> float:
+    """The CPU of every thread between two :func:`_threads` samples, as % of a core."""
+    used = sum(cpu - before.get(key, (name, 0.0))[1] for key, (name, cpu) in after.items())
+    return round(used / seconds * 100, 2)
 
 
 def _kernel_cpu() -> float:
@@ -122,11 +174,12 @@ def one(n: int, rounds: int, block: int, settle_s: float = SETTLE_S) -> dict:
         view.activate()
         while time.monotonic() - started < settle_s:
             time.sleep(0.5)
-        k0, p0, w0 = _kernel_cpu(), _cpu(pool), time.monotonic()
+        k0, t0, w0 = _kernel_cpu(), _threads(pool), time.monotonic()
         time.sleep(IDLE_S)
-        idle_s = time.monotonic() - w0
-        out["idle_pool_cpu_pct"] = round((_cpu(pool) - p0) / idle_s * 100, 2)
+        t1, idle_s = _threads(pool), time.monotonic() - w0
+        out["idle_pool_cpu_pct"] = _idle_pct(t0, t1, idle_s)
         out["idle_kernel_cpu_pct"] = round((_kernel_cpu() - k0) / idle_s * 100, 2)
+        out["idle_threads"] = by_thread(t0, t1, idle_s)
         variants = {
             "trivial": (ours, cell("%%px\nx = 1")),
             "print": (cell("%%distributed\nprint(rank)"), cell("%%px\nprint(1)")),
@@ -171,6 +224,11 @@ def _bare_ipyparallel(n: int, cell) -> dict:
         view.block = True
         view.activate()
         first = _block(cell("%%px\nx = 1"), FIRST_CELLS, [])
+        pool = [p.pid for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        time.sleep(max(0.0, t0 + IPP_SETTLE_S - time.perf_counter()))
+        before_idle, w0 = _threads(pool), time.monotonic()
+        time.sleep(IDLE_S)
+        idle = _idle_pct(before_idle, _threads(pool), time.monotonic() - w0)
         rc.close()
     except Exception as exc:  # the anchor failed: our side's figures stand, the table says why
         return {"ipp_error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -179,7 +237,8 @@ def _bare_ipyparallel(n: int, cell) -> dict:
         cluster.stop_cluster_sync()
         psutil.wait_procs(started, timeout=30)  # ipyparallel's stop signals them; they end meanwhile
     return {"ipp_ready_s": round(ready, 3), "ipp_first_cells_ms": summary(first["walls"], 1e3, 1),
-            "ipp_first_cells_kernel_cpu_ms": round(first["kernel"] * 1e3, 1)}
+            "ipp_first_cells_kernel_cpu_ms": round(first["kernel"] * 1e3, 1),
+            "ipp_idle_pool_cpu_pct": idle}
 
 
 def _rss() -> int:

@@ -313,7 +313,7 @@ def scale_table(rec) -> list[str]:
         "",
         "| ranks | trivial cell ms: ours / `%%px` | kernel CPU per cell ms: ours / `%%px` (ratio) | print "
         "on every rank ms: ours / `%%px` | its kernel CPU ms (ratio) | pull ms: ours / DirectView | pool "
-        "CPU per cell ms: ours / `%%px` | idle pool CPU % of a core |",
+        "CPU per cell ms: ours / `%%px` | idle pool CPU % of a core: ours / ipyparallel |",
         "|" + " --- |" * 8,
     ]
     for n, row in sizes.items():
@@ -326,7 +326,15 @@ def scale_table(rec) -> list[str]:
             f"{fmt(p['ms']['median'])} / {fmt(pp['ms']['median'])} | {fmt(p['kernel_cpu_ms'])} / "
             f"{fmt(pp['kernel_cpu_ms'])} ({_ratio(p['kernel_cpu_ms'], pp['kernel_cpu_ms'])}) | "
             f"{fmt(row['pull_ours']['ms']['median'])} / {fmt(row['pull_ipp']['ms']['median'])} | "
-            f"{fmt(t['pool_cpu_ms'])} / {fmt(tp['pool_cpu_ms'])} | {fmt(row['idle_pool_cpu_pct'])} |")
+            f"{fmt(t['pool_cpu_ms'])} / {fmt(tp['pool_cpu_ms'])} | {fmt(row['idle_pool_cpu_pct'])} / "
+            f"{fmt(row.get('ipp_idle_pool_cpu_pct'))} |")
+    idle = [f"- {n} ranks: " + ", ".join(f"`{name}` {fmt(t['pct'])} ({t['threads']})"
+                                         for name, t in row["idle_threads"].items())
+            for n, row in sizes.items() if row.get("idle_threads")]
+    if idle:
+        out += ["", "What an idle pool's CPU goes to, by thread name (% of a core, and how many such "
+                "threads; `gloo_tcp_loop` is gloo's transport loop, which wakes every 10 ms in each rank "
+                "whatever the group does):", "", *idle]
     return out + [""]
 
 

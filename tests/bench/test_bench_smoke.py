@@ -181,8 +181,12 @@ def test_scale_sweep_and_a_kill_at_scale_render_their_tables(tmp_path):
     assert "error" not in row and row["leftover"] == 0, row
     assert row["ipp_ready_s"] > 0 and _has_summary(row["ipp_first_cells_ms"])
     assert row["trivial_ours"]["kernel_cpu_ms"] > 0 and row["trivial_ipp"]["kernel_cpu_ms"] > 0
+    assert row["ipp_idle_pool_cpu_pct"] > 0  # its controller and engines, heartbeating while idle
+    # every rank's main thread is in the idle breakdown by thread name (the pool's processes, not ours)
+    assert sum(t["threads"] for t in row["idle_threads"].values()) >= 2 + 2, row["idle_threads"]
     table = "\n".join(scale_table(sweep))
     assert "| 2 | " in table and "x) |" in table, table
+    assert "\n- 2 ranks: `" in table, table
     kills = faults_at_scale.run(n=4, reps=1, elastic_reps=0)
     kill = kills["kill"]["kills"][0]
     assert kills["kill"]["leftover"] == 0 and kill["one_rank_named"], kill
