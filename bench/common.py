@@ -187,6 +187,21 @@ def shell():
     return ip
 
 
+def cell(code: str):
+    """A function that runs ``code`` as a cell of :func:`shell`, its output captured; a failed cell raises."""
+    from IPython.utils.capture import capture_output
+
+    ip = shell()
+
+    def run():
+        with capture_output():
+            result = ip.run_cell(code)
+        if not result.success:
+            raise RuntimeError(f"cell failed: {result.error_in_exec or result.error_before_exec}")
+
+    return run
+
+
 def print_json(data: dict, out: str | None = None) -> None:
     """Print ``data`` as JSON (a benchmark's command line), and write it to ``out`` too if given."""
     text = json.dumps(data, indent=1)

@@ -35,7 +35,7 @@ import time
 
 import psutil
 
-from bench.common import ROOT, load_now, print_json, run_json, summary
+from bench.common import ROOT, cell, load_now, print_json, run_json, summary
 
 SIZES = (2, 4, 8, 16, 32, 64)
 MEMORY_PER_RANK_MIB = 150  # a rank's share of its pool (PSS 142 MiB with its zygote); the bare ipyparallel
@@ -140,21 +140,7 @@ def _block(fn, n: int, pool: list[int]) -> dict:
 def one(n: int, rounds: int, block: int, settle_s: float = SETTLE_S) -> dict:
     """Measure one pool of ``n`` ranks in this process (settled: ``settle_s`` after its start)."""
     os.environ["WORKBENCH_PREWARM"] = "0"
-    from IPython.utils.capture import capture_output
-
-    from bench.common import shell
     from workbench import session as session_mod
-
-    ip = shell()
-
-    def cell(code):
-        def run():
-            with capture_output():
-                result = ip.run_cell(code)
-            if not result.success:
-                raise RuntimeError(f"cell failed: {result.error_in_exec or result.error_before_exec}")
-
-        return run
 
     out: dict = {"n": n, "load_start": load_now()}
     t0 = time.perf_counter()

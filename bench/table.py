@@ -329,12 +329,13 @@ def scale_table(rec) -> list[str]:
             f"{fmt(t['pool_cpu_ms'])} / {fmt(tp['pool_cpu_ms'])} | {fmt(row['idle_pool_cpu_pct'])} / "
             f"{fmt(row.get('ipp_idle_pool_cpu_pct'))} |")
     idle = [f"- {n} ranks: " + ", ".join(f"`{name}` {fmt(t['pct'])} ({t['threads']})"
-                                         for name, t in row["idle_threads"].items())
+                                         for name, t in row["idle_threads"].items() if t["pct"] > 0)
             for n, row in sizes.items() if row.get("idle_threads")]
     if idle:
         out += ["", "What an idle pool's CPU goes to, by thread name (% of a core, and how many such "
                 "threads; `gloo_tcp_loop` is gloo's transport loop, which wakes every 10 ms in each rank "
-                "whatever the group does):", "", *idle]
+                "whatever the group does; `... main`: the processes' main threads, the others carry the "
+                "process's name):", "", *idle]
     return out + [""]
 
 

@@ -192,3 +192,14 @@ def test_scale_sweep_and_a_kill_at_scale_render_their_tables(tmp_path):
     assert kills["kill"]["leftover"] == 0 and kill["one_rank_named"], kill
     assert 0 <= kill["named_s"] <= kill["cell_s"] and kill["released_s"]["max"] <= kill["cell_s"]
     assert "| 1 (rank 3) |" in "\n".join(faults_table(kills))
+
+
+def test_the_kernels_cpu_per_cell_by_thread():
+    """Both sides measured per thread of the kernel's process: the cell path is its main thread."""
+    from bench import kernel_threads
+
+    got = kernel_threads.run(n=2, rounds=1, block=3, settle_s=0.0)
+    for side in ("ours", "px"):
+        assert got[side]["threads"].get("MainThread", 0) > 0, got[side]
+        assert got[side]["total_ms"] >= got[side]["threads"]["MainThread"] and got[side]["wall_ms"] > 0
+    assert got["ratio"] > 0
