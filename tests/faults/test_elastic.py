@@ -69,8 +69,9 @@ trainer = wb.Trainer(model, data, lr={lr}, optim="sgd", clip=None, callbacks=cal
 """
 
 
-def setup_code(strategy: str = "ddp", extra: str = "[]") -> str:
-    return SETUP.format(n=N, g=G, lr=LR, strategy=strategy, extra=extra)
+def setup_code(strategy: str = "ddp", extra: str = "[]", g: int = G) -> str:
+    """The elastic run's setup cell; ``g``: the global batch (a multiple of every world size it runs at)."""
+    return SETUP.format(n=N, g=g, lr=LR, strategy=strategy, extra=extra)
 
 
 @pytest.fixture(scope="module")
@@ -98,16 +99,16 @@ def four(pool):
 
 
 @functools.lru_cache
-def reference(steps: int) -> dict:
-    """The same training in this process: step k takes samples [kG, (k+1)G) of the epoch's permutation."""
+def reference(steps: int, g: int = G) -> dict:
+    """The same training in this process: step k takes samples [kg, (k+1)g) of the epoch's permutation."""
     torch.manual_seed(0)
     x, y = regression_data(N, d_in=8, d_out=2)
     x, y = x.double(), y.double()
     model = MLP(MLPConfig(d_in=8, d_hidden=32, d_out=2, n_layers=2)).double()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(steps):
-        epoch, k = divmod(step, PER_EPOCH)
-        idx = permutation(epoch)[k * G:(k + 1) * G]
+        epoch, k = divmod(step, N // g)
+        idx = permutation(epoch)[k * g:(k + 1) * g]
         loss = MLP.loss_fn(model(x[idx]), y[idx])
         opt.zero_grad()
         loss.backward()
@@ -140,7 +141,7 @@ def step_reached(s: Session, step: int, timeout: float = 60) -> bool:
         beacons.close()
 
 
-def check_every_sample_once(logs: list[list], steps: int) -> None:
+def check_every_sample_once(logs: list[list], steps: int, g: int = G) -> None:
     """Each committed step's slice tiles the epoch; the ranks' own samples sit inside it, disjoint."""
     by_step: dict[int, list] = {}
     for rank_log in logs:
@@ -158,7 +159,7 @@ def check_every_sample_once(logs: list[list], steps: int) -> None:
         if len(records) == world:  # every rank of that step is here: together they took its whole slice
             assert sorted(mine) == sorted(window), f"step {step} skipped samples"
     for epoch, offsets in covered.items():
-        assert sorted(offsets) == list(range(0, G * len(offsets), G)), f"epoch {epoch}: {sorted(offsets)}"
+        assert sorted(offsets) == list(range(0, g * len(offsets), g)), f"epoch {epoch}: {sorted(offsets)}"
 
 
 def kill_during_run(s: Session, victim: int, at_step: int, steps: int, how: str = "kill"):
