@@ -38,7 +38,15 @@ def start_pool_in_kernel():
 
 
 def zygotes_of(pid: int) -> list[psutil.Process]:
-    return [c for c in psutil.Process(pid).children() if c.name() == "wb-zygote"]
+    """The kernel's zygotes; a child that ends while they are listed (the last pool's) is none of them."""
+    out = []
+    for child in psutil.Process(pid).children():
+        try:
+            if child.name() == "wb-zygote":
+                out.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return out
 
 
 def wait_gone(pids, seconds):
@@ -84,7 +92,7 @@ def test_a_pool_takes_the_spare_started_at_load_ext_and_sigkill_ends_a_spare():
     try:
         assert kc.execute_interactive("%load_ext workbench", timeout=60)["content"]["status"] == "ok"
         kernel = km.provisioner.process.pid
-        assert until(lambda: len(zygotes_of(kernel)) == 1)  # named once its interpreter runs
+        assert until(lambda: len(zygotes_of(kernel)) == 1, timeout=60)  # named once its interpreter runs
         [spare] = zygotes_of(kernel)
         out = []
         reply = kc.execute_interactive(
@@ -96,7 +104,8 @@ def test_a_pool_takes_the_spare_started_at_load_ext_and_sigkill_ends_a_spare():
         reply = kc.execute_interactive("%dist stop\n%reload_ext workbench", timeout=60)
         assert reply["content"]["status"] == "ok"
         assert not spare.is_running() or spare.status() == psutil.STATUS_ZOMBIE
-        assert until(lambda: len(zygotes_of(kernel)) == 1)  # a new spare, waiting for the next pool
+        # a new spare, waiting for the next pool
+        assert until(lambda: len(zygotes_of(kernel)) == 1, timeout=60)
         [second] = zygotes_of(kernel)
         kc.stop_channels()
         os.kill(kernel, signal.SIGKILL)
