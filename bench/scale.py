@@ -190,12 +190,12 @@ def one(n: int, rounds: int, block: int, settle_s: float = SETTLE_S) -> dict:
         out["kernel_maxrss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     finally:
         cell("%dist stop")()
-    out.update(_bare_ipyparallel(n, cell))
+    out.update(_bare_ipyparallel(n))
     out["load_end"] = load_now()
     return out
 
 
-def _bare_ipyparallel(n: int, cell) -> dict:
+def _bare_ipyparallel(n: int) -> dict:
     """A plain ``ipyparallel.Cluster`` of ``n`` engines: ready, then its first cells through ``%%px``."""
     import ipyparallel as ipp
 
