@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -49,6 +50,36 @@ def zygotes_of(pid: int) -> list[psutil.Process]:
     return out
 
 
+def children_seen(pid: int) -> str:
+    """The kernel's children as ps shows them: what a failed wait for a spare prints."""
+    rows = []
+    for child in psutil.Process(pid).children():
+        with contextlib.suppress(psutil.Error):
+            rows.append(f"{child.pid} {child.name()} {child.status()} {' '.join(child.cmdline())[:80]} "
+                        f"started {time.time() - child.create_time():.1f} s ago")
+    return "; ".join(rows) or "none"
+
+
+ASK_SPARE = """
+from workbench.pool import spare, state
+z = spare.waiting()
+print("none waiting" if z is None else
+      f"pid {z.pid}, exit code {z.proc.poll()}, log: {state.log_path(z.pool_id).read_text()[-2000:]!r}")
+"""
+
+
+def one_spare(kc, kernel: int) -> psutil.Process:
+    """The kernel's one zygote, once its interpreter runs and names it (else why not, in the failure)."""
+    if not until(lambda: len(zygotes_of(kernel)) == 1, timeout=60):
+        out = []
+        kc.execute_interactive(ASK_SPARE, timeout=30,
+                               output_hook=lambda m: out.append(m["content"].get("text", "")))
+        pytest.fail(f"no single spare after 60 s; the kernel's children: {children_seen(kernel)}; "
+                    f"the kernel's spare: {''.join(out).strip()}")
+    [zygote] = zygotes_of(kernel)
+    return zygote
+
+
 def wait_gone(pids, seconds):
     deadline = time.monotonic() + seconds
     while alive(pids) and time.monotonic() < deadline:
@@ -92,8 +123,7 @@ def test_a_pool_takes_the_spare_started_at_load_ext_and_sigkill_ends_a_spare():
     try:
         assert kc.execute_interactive("%load_ext workbench", timeout=60)["content"]["status"] == "ok"
         kernel = km.provisioner.process.pid
-        assert until(lambda: len(zygotes_of(kernel)) == 1, timeout=60)  # named once its interpreter runs
-        [spare] = zygotes_of(kernel)
+        spare = one_spare(kc, kernel)
         out = []
         reply = kc.execute_interactive(
             "%dist start -n 2 --timeout 60\nimport workbench\n"
@@ -105,8 +135,7 @@ def test_a_pool_takes_the_spare_started_at_load_ext_and_sigkill_ends_a_spare():
         assert reply["content"]["status"] == "ok"
         assert not spare.is_running() or spare.status() == psutil.STATUS_ZOMBIE
         # a new spare, waiting for the next pool
-        assert until(lambda: len(zygotes_of(kernel)) == 1, timeout=60)
-        [second] = zygotes_of(kernel)
+        second = one_spare(kc, kernel)
         kc.stop_channels()
         os.kill(kernel, signal.SIGKILL)
         assert wait_gone([second.pid], 15) == [], "an unclaimed spare outlived its kernel"

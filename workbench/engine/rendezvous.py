@@ -187,7 +187,8 @@ def _standby(folder: str | None, address: str) -> dict:
 
 class RegroupAbandoned(RuntimeError):
     """A regroup that cannot complete: a newer plan came while the members met (another rank was lost
-    meanwhile), or some members did not answer within the bound. The caller takes the next plan."""
+    meanwhile), some members did not answer within the bound, or one that said it was ready never
+    connected (lost in between). The caller takes the next plan."""
 
 
 def await_members(store, world_size: int, generation: int, wait_s: float,
@@ -246,8 +247,11 @@ def regroup(plan: dict, superseded: Callable[[], bool] = agent.plan_pending,
     store.set(f"ready/{rank}", "1")
     await_members(store, world_size, plan["generation"], wait_s, superseded)
     dev = _state.get("device", torch.device("cpu"))
-    _init_group(_state["backend"], store, rank, world_size, dev,
-                rendezvous_s=min(wait_s, _state["timeout_s"]))
+    try:  # a member lost after it said ready never connects: the next plan forms without it
+        _init_group(_state["backend"], store, rank, world_size, dev,
+                    rendezvous_s=min(wait_s, _state["timeout_s"]))
+    except (RuntimeError, dist.DistError) as exc:
+        raise RegroupAbandoned(f"group {plan['generation']} did not form: {exc}") from None
     agent.regroup_status.clear()
     _state.update(rank=rank, world_size=world_size, generation=plan["generation"])
     now = agent.current()
