@@ -22,6 +22,7 @@ START = """
 import json, sys, workbench
 print("PIDS", json.dumps(workbench.current().pids()))
 print("TORCH", "torch" in sys.modules)
+print("POOL", workbench.current().pool_id)
 """
 
 
@@ -105,13 +106,21 @@ def test_kernel_restart_ends_the_pool():
 
 
 def test_kernel_sigkill_ends_the_pool_through_the_lease():
+    from workbench.pool import sharing, state
+
     km, kc, pids, text = start_pool_in_kernel()
     assert "TORCH False" in text, "the kernel imported torch to start a pool"
+    pool_id = text.split("POOL ", 1)[1].split()[0]
+    left = [state.state_dir() / f"pool-{pool_id}.{what}" for what in ("json", "clients", "lock")]
+    assert left[1].is_dir()  # the kernel's own record: it drives the pool
     kernel_pid = km.provisioner.process.pid
     kc.stop_channels()
     os.kill(kernel_pid, signal.SIGKILL)
     try:
         assert wait_gone(pids, 30) == []
+        # nothing of the pool is left in the runtime folder, and a notebook still attached hears why
+        assert until(lambda: not any(p.exists() for p in left), timeout=10), [p for p in left if p.exists()]
+        assert sharing.stopped(pool_id)["by"] == "its owner's exit"
     finally:
         km.shutdown_kernel(now=True)
         for pid in alive(pids):  # only if the assertion above failed: never leave them running

@@ -58,18 +58,24 @@ def test_a_member_that_never_comes_is_named_within_the_bound_never_the_store_tim
 
 LOST_AFTER_READY = """
 import datetime, json, time
+import torch
 import torch.distributed as dist
 from workbench.engine import rendezvous
 master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                        timeout=datetime.timedelta(seconds=180))
-rendezvous._state.update(backend="gloo", timeout_s=30.0, standby=master)
+rendezvous._state.update(backend="gloo", timeout_s=30.0, collective_timeout_s=30.0, standby=master)
 plan = {"generation": 2, "members": [rendezvous.me(), ["n3", 4242]], "host": rendezvous.me(), "lost": [[2]]}
 dist.PrefixStore("workbench-elastic/2/", master).set("ready/1", "1")  # it said ready, then its host was cut
 t0 = time.monotonic()
 try:
     rendezvous.regroup(plan, superseded=lambda: False, wait_s=1.0)
 except rendezvous.RegroupAbandoned as exc:
-    print(json.dumps({"abandoned": str(exc), "s": time.monotonic() - t0, "formed": dist.is_initialized()}))
+    outcome = {"abandoned": str(exc), "s": time.monotonic() - t0, "formed": dist.is_initialized()}
+plan = {"generation": 3, "members": [rendezvous.me()], "host": rendezvous.me(), "lost": [[1]]}  # the next
+rendezvous.regroup(plan, superseded=lambda: False, wait_s=5.0)
+t = torch.ones(1)
+dist.all_reduce(t)
+print(json.dumps({**outcome, "next": [dist.get_world_size(), t.item(), rendezvous.generation()]}))
 """
 
 
@@ -83,6 +89,7 @@ def test_a_member_lost_after_it_said_ready_abandons_the_regroup_for_the_next_pla
     outcome = json.loads(done.stdout.splitlines()[-1])
     assert outcome["abandoned"].startswith("group 2 did not form: "), outcome
     assert not outcome["formed"] and outcome["s"] < 20, outcome  # the regroup's bound, not the store's 180 s
+    assert outcome["next"] == [1, 1.0, 3], outcome  # and the next plan's group forms and works
 
 
 def _beacon(key: str, *, rank: int, pid: int, host: str, seq: int = 0) -> list[bytes]:

@@ -5,7 +5,8 @@ after minutes of missed heartbeats. The lease starts before any other process of
 on the owner named in the pool's state file (a pidfd: it wakes the moment the owner exits). When the
 owner is gone it cancels the pool's batch jobs and remote engines, SIGKILLs every process of the pool
 on this machine at once (their state died with the owner), also those a launch cut short had not
-recorded yet (:mod:`workbench.pool.reap` finds them by their tag), and removes the files. When the
+recorded yet (:mod:`workbench.pool.reap` finds them by their tag), removes the files and leaves word
+for any notebook still attached (:mod:`workbench.pool.sharing`). When the
 state file goes away (the pool was stopped normally) it exits.
 
 Run as ``python -m workbench.pool.lease STATE_FILE``.
@@ -19,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from workbench.pool import sharing
 from workbench.pool.reap import clean_up
 from workbench.pool.state import process_alive, read_state
 
@@ -55,6 +57,9 @@ def watch(path: Path) -> None:
             state = read_state(path) or state  # the latest processes, if the owner wrote more meanwhile
             clean_up(state, grace=0.0)
             path.unlink(missing_ok=True)
+            # a notebook still attached hears why, and nothing of the pool is left in the runtime folder
+            sharing.note_stopped(state["id"], state.get("name"), "its owner's exit")
+            sharing.forget(state["id"])
             # the lease's output goes to the pool's log
             print(f"workbench lease: the owner (pid {state['owner']['pid']}) of pool {state.get('id')} "
                   f"exited; the pool was ended in {time.monotonic() - t0:.2f} s", flush=True)

@@ -86,6 +86,14 @@ def unregister(pool_id: str) -> None:
         folder.rmdir()  # the last one out: nothing of the pool is left in the runtime folder
 
 
+def forget(pool_id: str) -> None:
+    """After the pool ended without its owner's stop (its lease ended it): the records of sessions that
+    are gone, and the folder once nobody is left (an attached session unregisters itself)."""
+    clients(pool_id)
+    with contextlib.suppress(OSError):
+        _clients_dir(pool_id).rmdir()
+
+
 def clients(pool_id: str) -> list[dict]:
     """The sessions driving the pool whose process is alive: ``[{"pid", "notebook", "role", "since"}]``."""
     out = []
