@@ -187,6 +187,22 @@ def shell():
     return ip
 
 
+@contextmanager
+def without_spare():
+    """The pools started in the block pay their own imports (no spare zygote: the cold start measured);
+    the environment is as it was afterwards (the benches also run inside the test suite's process).
+    A decorator too: ``@without_spare()``."""
+    old = os.environ.get("WORKBENCH_PREWARM")
+    os.environ["WORKBENCH_PREWARM"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("WORKBENCH_PREWARM", None)
+        else:
+            os.environ["WORKBENCH_PREWARM"] = old
+
+
 def cell(code: str):
     """A function that runs ``code`` as a cell of :func:`shell`, its output captured; a failed cell raises."""
     from IPython.utils.capture import capture_output

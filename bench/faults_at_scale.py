@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 
-from bench.common import ROOT, load_now, print_json, run_json
+from bench.common import ROOT, load_now, print_json, run_json, without_spare
 
 LOOP = "for i in range(4000):\n    dist.all_reduce(torch.ones(1))\n    time.sleep(0.05)"
 
@@ -38,9 +38,9 @@ def _after(times: list[float]) -> dict:
     return {"median": round(statistics.median(times), 3), "max": round(max(times), 3)} if times else {}
 
 
+@without_spare()
 def one(n: int, reps: int) -> dict:
     """``reps`` kills in one ``n``-rank pool (each victim restarted before the next), in this process."""
-    os.environ["WORKBENCH_PREWARM"] = "0"
     from workbench import Session
 
     s = Session(n=n, timeout=120 + 4 * n, oversubscribe=True)

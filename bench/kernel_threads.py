@@ -20,15 +20,15 @@ import sys
 import threading
 import time
 
-from bench.common import cell, load_now, print_json
+from bench.common import cell, load_now, print_json, without_spare
 from bench.scale import SETTLE_S, _threads
 
 SIDES = {"ours": "%%distributed\nx = 1", "px": "%%px\nx = 1"}
 
 
+@without_spare()
 def run(n: int = 8, rounds: int = 4, block: int = 20, settle_s: float = SETTLE_S) -> dict:
     """Start an ``n``-rank pool in this process, measure, stop it."""
-    os.environ["WORKBENCH_PREWARM"] = "0"
     from workbench import session as session_mod
 
     out: dict = {"n": n, "rounds": rounds, "block": block, "load_start": load_now()}

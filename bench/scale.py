@@ -35,7 +35,7 @@ import time
 
 import psutil
 
-from bench.common import ROOT, cell, load_now, print_json, run_json, summary
+from bench.common import ROOT, cell, load_now, print_json, run_json, summary, without_spare
 
 SIZES = (2, 4, 8, 16, 32, 64)
 MEMORY_PER_RANK_MIB = 150  # a rank's share of its pool (PSS 142 MiB with its zygote); the bare ipyparallel
@@ -137,9 +137,9 @@ def _block(fn, n: int, pool: list[int]) -> dict:
     return {"walls": walls, "kernel": (_kernel_cpu() - k0) / n, "pool": (_cpu(pool) - p0) / n}
 
 
+@without_spare()
 def one(n: int, rounds: int, block: int, settle_s: float = SETTLE_S) -> dict:
     """Measure one pool of ``n`` ranks in this process (settled: ``settle_s`` after its start)."""
-    os.environ["WORKBENCH_PREWARM"] = "0"
     from workbench import session as session_mod
 
     out: dict = {"n": n, "load_start": load_now()}

@@ -66,6 +66,23 @@ def pool_through_magics(ip, start: str = "%dist start -n 2 --timeout 60"):
     assert alive(pids) == [], "processes of the pool survived %dist stop"
 
 
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    """``monkeypatch`` for a module-scoped fixture: undone when the module's tests are done."""
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+@pytest.fixture(scope="module", autouse=True)
+def environment_kept():
+    """What a module's tests set in ``os.environ`` ends with the module. A bench run in-process once set
+    WORKBENCH_PREWARM=0 for every later test, and a kernel started later had no spare zygote."""
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
+
+
 @pytest.fixture(scope="session")
 def ipshell():
     """The IPython shell the magics run in, with ``%load_ext workbench`` done."""

@@ -50,9 +50,9 @@ batches = [b for b in DataLoader(Slow(), batch_size=2, num_workers=2)]
 
 
 @pytest.fixture(scope="module")
-def pool():
+def pool(monkeypatch_module):
     if PYSPY_HERE.is_dir():
-        os.environ["PATH"] = f"{PYSPY_HERE}:{os.environ['PATH']}"  # the engines inherit it
+        monkeypatch_module.setenv("PATH", f"{PYSPY_HERE}:{os.environ['PATH']}")  # the engines inherit it
     s = Session(n=3, timeout=30).start()
     started = set(s.pids())
     yield s
