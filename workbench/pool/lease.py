@@ -58,8 +58,9 @@ def watch(path: Path) -> None:
             clean_up(state, grace=0.0)
             path.unlink(missing_ok=True)
             # a notebook still attached hears why, and nothing of the pool is left in the runtime folder
-            sharing.note_stopped(state["id"], state.get("name"), "its owner's exit")
-            sharing.forget(state["id"])
+            if state.get("id"):
+                sharing.note_stopped(state["id"], state.get("name"), "its owner's exit")
+                sharing.forget(state["id"])
             # the lease's output goes to the pool's log
             print(f"workbench lease: the owner (pid {state['owner']['pid']}) of pool {state.get('id')} "
                   f"exited; the pool was ended in {time.monotonic() - t0:.2f} s", flush=True)
