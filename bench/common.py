@@ -14,6 +14,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import psutil
 
@@ -187,20 +188,11 @@ def shell():
     return ip
 
 
-@contextmanager
 def without_spare():
     """The pools started in the block pay their own imports (no spare zygote: the cold start measured);
     the environment is as it was afterwards (the benches also run inside the test suite's process).
     A decorator too: ``@without_spare()``."""
-    old = os.environ.get("WORKBENCH_PREWARM")
-    os.environ["WORKBENCH_PREWARM"] = "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("WORKBENCH_PREWARM", None)
-        else:
-            os.environ["WORKBENCH_PREWARM"] = old
+    return mock.patch.dict(os.environ, {"WORKBENCH_PREWARM": "0"})
 
 
 def cell(code: str):

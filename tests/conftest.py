@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from unittest import mock
 
 import psutil
 import pytest
@@ -77,10 +78,8 @@ def monkeypatch_module():
 def environment_kept():
     """What a module's tests set in ``os.environ`` ends with the module. A bench run in-process once set
     WORKBENCH_PREWARM=0 for every later test, and a kernel started later had no spare zygote."""
-    before = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(before)
+    with mock.patch.dict(os.environ):
+        yield
 
 
 @pytest.fixture(scope="session")

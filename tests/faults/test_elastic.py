@@ -33,7 +33,6 @@ from workbench.train.models import MLP, MLPConfig
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 N, G, LR = 960, 48, 0.05
-PER_EPOCH = N // G
 KILL_TO_STEP_S = 3.0  # the issue's bound: training continues within 3 s of the kill
 
 SETUP = """

@@ -23,6 +23,7 @@ import json, sys, workbench
 print("PIDS", json.dumps(workbench.current().pids()))
 print("TORCH", "torch" in sys.modules)
 print("POOL", workbench.current().pool_id)
+workbench.current().run("x = 1")  # a cell on the ranks: the pool's cell lock exists now
 """
 
 
@@ -112,7 +113,7 @@ def test_kernel_sigkill_ends_the_pool_through_the_lease():
     assert "TORCH False" in text, "the kernel imported torch to start a pool"
     pool_id = text.split("POOL ", 1)[1].split()[0]
     left = [state.state_dir() / f"pool-{pool_id}.{what}" for what in ("json", "clients", "lock")]
-    assert left[1].is_dir()  # the kernel's own record: it drives the pool
+    assert all(p.exists() for p in left), left  # its state, the kernel's record as its driver, its cell lock
     kernel_pid = km.provisioner.process.pid
     kc.stop_channels()
     os.kill(kernel_pid, signal.SIGKILL)

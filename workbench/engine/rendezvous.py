@@ -237,7 +237,7 @@ def regroup(plan: dict, superseded: Callable[[], bool] = agent.plan_pending,
     else:
         try:  # bounded: the member that hosts the meeting may be lost too
             base = stores.pool_store(plan["store"], min(wait_s, _state["timeout_s"]))
-        except (RuntimeError, dist.DistError) as exc:
+        except RuntimeError as exc:  # a store that does not answer: DistError, a RuntimeError
             raise RegroupAbandoned(f"the meeting place of group {plan['generation']} did not answer: "
                                    f"{exc}") from None
         _state["peer_store"] = base  # the group's gloo pairs met through it: keep it with the group
@@ -250,7 +250,7 @@ def regroup(plan: dict, superseded: Callable[[], bool] = agent.plan_pending,
     try:  # a member lost after it said ready never connects: the next plan forms without it
         _init_group(_state["backend"], store, rank, world_size, dev,
                     rendezvous_s=min(wait_s, _state["timeout_s"]))
-    except (RuntimeError, dist.DistError) as exc:
+    except RuntimeError as exc:  # the connect timed out (DistStoreError, a RuntimeError)
         raise RegroupAbandoned(f"group {plan['generation']} did not form: {exc}") from None
     agent.regroup_status.clear()
     _state.update(rank=rank, world_size=world_size, generation=plan["generation"])
