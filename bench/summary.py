@@ -129,7 +129,7 @@ def render(folder: Path = RESULTS) -> str:
 def write_page(table: str, page: Path = PAGE, markers: tuple[str, str] = (BEGIN, END)) -> bool:
     """Put ``table`` between the ``markers`` in ``page``; False when the markers are missing.
 
-    >>> write_page("| a |\n", Path("docs/performance.md"), SCALE_MARKERS)   # doctest: +SKIP
+    >>> write_page("| a |\\n", Path("docs/performance.md"), SCALE_MARKERS)   # doctest: +SKIP
     True
     """
     begin, end = markers
