@@ -10,14 +10,14 @@ LABEXT     := workbench/labextension/package.json
 EXT_SRC    := $(wildcard extension/src/*.ts extension/src/*.tsx extension/style/*) extension/package.json extension/yarn.lock
 JLPM       := $(abspath $(VENV))/bin/jlpm
 
-.PHONY: setup demo notebooks test test-js lab lint lint-js clean
+.PHONY: setup demo notebooks test test-js lab lint lint-js docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# the pinned torch first: an open requirement alone would pull a multi-GB CUDA build
 	$(PY) -m pip install -q "$(TORCH_SPEC)" numpy
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,docs]"
 	touch $(STAMP)
 
 $(LABEXT): $(EXT_SRC) | $(STAMP)
@@ -43,6 +43,10 @@ test-js: setup
 lab: setup
 	$(VENV)/bin/workbench kernels install --sys-prefix
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1
+
+# the docs site (mkdocs.yml) into build/site, every warning an error; make test builds it too (tests/docs)
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d build/site
 
 lint: setup lint-js
 	$(VENV)/bin/ruff check workbench tests bench

@@ -1,5 +1,5 @@
 """Run the benchmarks side by side and write ``bench/results/*.json``, ``bench/results/RESULTS.md`` and the
-README's Performance table (:mod:`bench.summary`; only a full run into ``bench/results``).
+Performance page's table (:mod:`bench.summary`; only a full run into ``bench/results``).
 
     make bench                                  # sets up .venv and bench/.venv-anchors, then this
     .venv/bin/python -m bench.run               # everything (about 10 minutes on 2 busy cores)
@@ -165,16 +165,18 @@ def main(argv=None) -> int:
     if not args.quick and args.out.resolve() == RESULTS.resolve():
         from bench import summary
 
-        if not summary.write_readme(summary.render(args.out)):
-            print("README.md has no bench:summary markers: its Performance table was not updated",
+        if not summary.write_page(summary.render(args.out)):
+            print(f"{summary.PAGE} has no bench:summary markers: its Performance table was not updated",
                   file=sys.stderr)
     if "scale" in only and args.out.resolve() == RESULTS.resolve():  # the sweep's tables, also from --only
         from bench import summary
         from bench.table import load, scale_table
 
-        tables = "\n".join(scale_table(load(args.out)["scale"])[2:])  # under the README's own heading
-        if not summary.write_readme(tables, markers=summary.SCALE_MARKERS):
-            print("README.md has no bench:scale markers: its scale tables were not updated", file=sys.stderr)
+        # under the Performance page's own heading
+        tables = "\n".join(scale_table(load(args.out)["scale"])[2:])
+        if not summary.write_page(tables, markers=summary.SCALE_MARKERS):
+            print(f"{summary.PAGE} has no bench:scale markers: its scale tables were not updated",
+                  file=sys.stderr)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -1,7 +1,7 @@
-"""The README's Performance table: each figure a notebook user feels (issue 14), ours beside the others.
+"""The Performance page's table: each figure a notebook user feels (issue 14), ours beside the others.
 
 ``python -m bench.summary`` prints it from ``bench/results/*.json``; ``make bench`` (``bench.run``) writes it
-into README.md between the ``<!-- bench:summary -->`` markers. Every row says the load average its
+into docs/performance.md between the ``<!-- bench:summary -->`` markers. Every row says the load average its
 benchmark ran at; a row whose benchmark is missing says so.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from bench.common import RESULTS, ROOT, fmt
 from bench.table import load
 
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "performance.md"  # the docs site's Performance page
 BEGIN, END = "<!-- bench:summary -->", "<!-- /bench:summary -->"
 SCALE_MARKERS = ("<!-- bench:scale -->", "<!-- /bench:scale -->")  # the scale sweep's tables
 
@@ -126,18 +126,18 @@ def render(folder: Path = RESULTS) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_readme(table: str, readme: Path = README, markers: tuple[str, str] = (BEGIN, END)) -> bool:
-    """Put ``table`` between the ``markers`` in ``readme``; False when the markers are missing.
+def write_page(table: str, page: Path = PAGE, markers: tuple[str, str] = (BEGIN, END)) -> bool:
+    """Put ``table`` between the ``markers`` in ``page``; False when the markers are missing.
 
-    >>> write_readme("| a |\n", Path("README.md"), SCALE_MARKERS)   # doctest: +SKIP
+    >>> write_page("| a |\\n", Path("docs/performance.md"), SCALE_MARKERS)   # doctest: +SKIP
     True
     """
     begin, end = markers
-    text = readme.read_text()
+    text = page.read_text()
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     if not pattern.search(text):
         return False
-    readme.write_text(pattern.sub(lambda _: f"{begin}\n{table}{end}", text))
+    page.write_text(pattern.sub(lambda _: f"{begin}\n{table}{end}", text))
     return True
 
 

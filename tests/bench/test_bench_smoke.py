@@ -158,17 +158,17 @@ def test_run_writes_json_and_table(tmp_path):
     assert "## Memory of one rank" in table and "Quick run" in table
 
 
-def test_summary_fills_the_readme_table_between_its_markers(tmp_path):
+def test_summary_fills_the_performance_table_between_its_markers(tmp_path):
     from bench import summary
 
     shutil.copy(RESULTS / "memory.json", tmp_path / "memory.json")
     table = summary.render(tmp_path)
     assert "| engine memory | USS" in table and "| `%dist restart` of one rank | not measured" in table
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n{summary.BEGIN}\nold\n{summary.END}\nafter\n")
-    assert summary.write_readme(table, readme)
-    assert readme.read_text() == f"# x\n{summary.BEGIN}\n{table}{summary.END}\nafter\n"
-    assert not summary.write_readme(table, tmp_path / "memory.json")
+    page = tmp_path / "performance.md"
+    page.write_text(f"# x\n{summary.BEGIN}\nold\n{summary.END}\nafter\n")
+    assert summary.write_page(table, page)
+    assert page.read_text() == f"# x\n{summary.BEGIN}\n{table}{summary.END}\nafter\n"
+    assert not summary.write_page(table, tmp_path / "memory.json")
 
 
 def test_scale_sweep_and_a_kill_at_scale_render_their_tables(tmp_path):
