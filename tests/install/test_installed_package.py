@@ -141,6 +141,9 @@ def _walkthrough_imports(folder: Path) -> list[str]:
     import ast
     import json
 
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    python = TransformerManager()  # magics and `x = %dist ...` into Python, as the kernel runs them
     found = set()
     for path in sorted(folder.glob("*.ipynb")):
         for cell in json.loads(path.read_text())["cells"]:
@@ -149,8 +152,7 @@ def _walkthrough_imports(folder: Path) -> list[str]:
             lines = "".join(cell["source"]).splitlines()
             if lines and lines[0].startswith("%%"):
                 continue  # a cell magic's body runs elsewhere (the ranks: the same environment)
-            code = "\n".join(line for line in lines if not line.lstrip().startswith(("%", "!")))
-            for node in ast.walk(ast.parse(code)):
+            for node in ast.walk(ast.parse(python.transform_cell("\n".join(lines)))):
                 if isinstance(node, ast.Import):
                     found |= {a.name.split(".")[0] for a in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.level == 0:
@@ -165,9 +167,9 @@ def test_every_walkthrough_imports_only_what_the_wheel_brings(venv, user):
                         "print(w.notebooks_dir())"], here, env).stdout.strip())
     modules = _walkthrough_imports(folder)
     assert "workbench" in modules and "pandas" in modules, modules
-    missing = _run([str(venv / "python"), "-c", "import importlib.util as u, sys; print(' '.join("
-                    "m for m in sys.argv[1:] if u.find_spec(m) is None))", *modules], here, env).stdout.split()
-    assert missing == [], f"the walkthroughs import {missing}, which `pip install` of the wheel does not bring"
+    find = "import importlib.util as u, sys; print(*[m for m in sys.argv[1:] if u.find_spec(m) is None])"
+    missing = _run([str(venv / "python"), "-c", find, *modules], here, env).stdout.split()
+    assert missing == [], f"the walkthroughs import {missing}, which a `pip install` of the wheel lacks"
 
 
 def test_the_dashboard_walkthrough_runs_from_the_wheel_and_leaves_nothing(venv, user):
