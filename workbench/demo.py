@@ -16,11 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import nbformat
-from jupyter_core.utils import run_sync
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
-
 from workbench.walkthroughs import QUICKSTART, notebooks_dir
 
 ROOT = Path(__file__).resolve().parent.parent  # the source checkout (in one)
@@ -35,6 +30,11 @@ def run_notebook(path: Path, out_dir: Path, timeout: int = 600, log=print,
 
     ``gpu``: run the cells tagged ``gpu`` (default: only where a GPU is visible).
     """
+    # here, not at the top: nbformat's schema validation takes seconds to import, and `workbench pools`
+    # (which builds the demo's arguments) must answer at once
+    import nbformat
+    from jupyter_core.utils import run_sync
+    from nbclient import NotebookClient
     if gpu is None:
         from workbench.pool.devices import visible_gpu_count
 
@@ -73,6 +73,7 @@ def run_notebook(path: Path, out_dir: Path, timeout: int = 600, log=print,
 
 def to_html(executed: Path) -> Path:
     """Render an executed notebook to a standalone HTML file next to it."""
+    import nbformat
     from nbconvert import HTMLExporter
 
     body, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4))
@@ -114,6 +115,8 @@ def main(argv=None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``args.notebooks`` one after another; 1 at the first that fails."""
+    from nbclient.exceptions import CellExecutionError
+
     try:
         notebooks = [resolve(n) for n in args.notebooks]
     except ValueError as exc:

@@ -113,10 +113,8 @@ class RankError(WorkbenchError):
                 ", ".join(map(str, ranks))
             super().__init__(f"ranks {span} raised {err.ename}: {err.evalue}")
             return
-        super().__init__(
-            f"rank {info.rank} ({info.host}, {info.device}) raised "
-            f"{err.ename}: {err.evalue}{more}"
-        )
+        what = f"died: {err.evalue}" if _died(err) else f"raised {err.ename}: {err.evalue}"
+        super().__init__(f"rank {info.rank} ({info.host}, {info.device}) {what}{more}")
 
     @property
     def rank(self) -> int:
@@ -131,20 +129,28 @@ class RankError(WorkbenchError):
         info, err = self.failures[0]
         lines += relabel_cells(err.render_traceback(), _notebook_cell())
         for info, err in self.failures[1:]:
-            lines.append(f"rank {info.rank} ({info.host}, {info.device}): {err.ename}: {err.evalue}")
+            what = f"died: {err.evalue}" if _died(err) else f"{err.ename}: {err.evalue}"
+            lines.append(f"rank {info.rank} ({info.host}, {info.device}): {what}")
         stopped = self.result.ranks_with("stopped")
         if stopped:
             lines.append(f"stopped (cut short when rank {self.rank} failed): rank "
                          + ", ".join(map(str, stopped)))
+        dead = self.result.ranks_with("died", "killed")
+        back = f"`%dist restart` brings rank {', '.join(map(str, dead))} back"
         if self.result.fault is not None and self.result.fault.abort_s:
             broken = getattr(self.result, "group_broken", True)
-            dead = self.result.ranks_with("died", "killed")
             promise = "; the process group was not touched." if not broken else \
-                f"; `%dist restart` brings rank {', '.join(map(str, dead))} back" if dead else \
-                "; the next cell re-forms the process group."
+                f"; {back}" if dead else "; the next cell re-forms the process group."
             lines.append(self.result.fault.summary() + promise)
+        elif dead:  # said once: by the fault's line where there is one
+            lines.append(f"{back} (Session.restart()); the other ranks keep their state.")
         lines += getattr(self.result, "hints", [])
         return lines
+
+
+def _died(err) -> bool:
+    """A rank whose process is gone (session.results.RankDied: this leaf knows it by name)."""
+    return getattr(err, "ename", None) == "RankDied"
 
 
 def _notebook_cell() -> int | None:

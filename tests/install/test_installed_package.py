@@ -134,3 +134,47 @@ def test_lab_and_server_extensions_are_enabled(venv, user):
     pools = _run([str(venv / "workbench"), "pools"], here, env).stdout
     assert "no pool of this user runs on this machine" in pools
     assert list(here.iterdir()) == []
+
+
+def _walkthrough_imports(folder: Path) -> list[str]:
+    """The top-level modules the walkthroughs' code cells import (magic lines left out)."""
+    import ast
+    import json
+
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    python = TransformerManager()  # magics and `x = %dist ...` into Python, as the kernel runs them
+    found = set()
+    for path in sorted(folder.glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            lines = "".join(cell["source"]).splitlines()
+            if lines and lines[0].startswith("%%"):
+                continue  # a cell magic's body runs elsewhere (the ranks: the same environment)
+            for node in ast.walk(ast.parse(python.transform_cell("\n".join(lines)))):
+                if isinstance(node, ast.Import):
+                    found |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                    found.add(node.module.split(".")[0])
+    return sorted(found)
+
+
+def test_every_walkthrough_imports_only_what_the_wheel_brings(venv, user):
+    """Notebook 06 failed from the wheel with "No module named 'pandas'" (only the test extra had it)."""
+    here, env = user
+    folder = Path(_run([str(venv / "python"), "-c", "import workbench.walkthroughs as w; "
+                        "print(w.notebooks_dir())"], here, env).stdout.strip())
+    modules = _walkthrough_imports(folder)
+    assert "workbench" in modules and "pandas" in modules, modules
+    find = "import importlib.util as u, sys; print(*[m for m in sys.argv[1:] if u.find_spec(m) is None])"
+    missing = _run([str(venv / "python"), "-c", find, *modules], here, env).stdout.split()
+    assert missing == [], f"the walkthroughs import {missing}, which a `pip install` of the wheel lacks"
+
+
+def test_the_dashboard_walkthrough_runs_from_the_wheel_and_leaves_nothing(venv, user):
+    here, env = user
+    with PidsLimit(4000) as group:
+        done = _run([str(venv / "workbench"), "demo", "06_watching_a_run"], here, env, timeout=600)
+        assert until(lambda: group.pids() == [], timeout=15), f"the notebook left processes: {group.pids()}"
+    assert "executed notebook: workbench-demo/06_watching_a_run.ipynb" in done.stdout, done.stdout[-2000:]

@@ -128,7 +128,7 @@ async def test_an_attached_notebook_gets_the_dashboard_deaths_hangs_and_restart(
         named_in = time.monotonic() - killed_at
         # the dead rank named first, in one line (after the per-rank view's one-line text)
         first = [line for line in shown.strip().splitlines() if not line.startswith("per rank")][0]
-        assert status == "error" and "rank 1 (" in first and ("RankDied" in first or "dead" in first), shown
+        assert status == "error" and "rank 1 (" in first and ("died" in first or "dead" in first), shown
         assert named_in < 10, f"{named_in:.1f} s"  # a hang guard; the figure is in bench/
         status, shown = await nb.run("%dist restart")
         assert status == "ok" and "restarted rank 1" in shown, shown

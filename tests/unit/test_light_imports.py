@@ -29,3 +29,13 @@ KERNEL_SIDE = ["workbench.remote", "workbench.magics", "workbench.session.recove
 @pytest.mark.parametrize("module", KERNEL_SIDE)
 def test_what_the_kernel_imports_and_sends_the_engines_imports_no_torch(module):
     assert "torch" not in imported_by(module)
+
+
+def test_workbench_pools_imports_no_notebook_machinery():
+    """``workbench pools`` answers within a second (issue 40, point 10): it took 9-11 s under load because
+    every subcommand imported nbformat (its schema validation alone took 4 s to import here)."""
+    code = ("import sys\nfrom workbench import cli\ncli.build_parser()\n"
+            "print(' '.join(m for m in ('nbformat', 'nbclient', 'jsonschema', 'torch', 'ipyparallel')"
+            " if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == [], done.stdout

@@ -142,6 +142,9 @@ def _pane(r, in_error_block: bool = False) -> str:
         said = f"raised {r.error.ename}: {r.error.evalue} (its traceback is in the error below)"
         parts.append(f'<pre class="wb-err">{html.escape(said)}</pre>')
         return "".join(parts)
+    if r.outcome in ("died", "killed") and getattr(r.error, "ename", None) == "RankDied":
+        parts.append(f'<pre class="wb-err">{html.escape(f"{r.outcome}: {r.error.evalue}")}</pre>')
+        return "".join(parts)
     error = plain_traceback(r.error) or (str(r.error) if r.error is not None else "")
     if error:
         parts.append(f'<pre class="wb-err">{html.escape(error)}</pre>')

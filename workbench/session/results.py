@@ -78,15 +78,23 @@ class CellResult:
 
 
 class RankDied:
-    """The error of a rank whose engine process is gone."""
+    """The error of a rank whose engine process is gone: it has no traceback of its own, only how it went.
+
+    >>> died = RankDied(_info(1), "exited")
+    >>> str(died), died.render_traceback()
+    ('its engine process 101 exited', [])
+    """
 
     ename = "RankDied"
 
     def __init__(self, info: RankInfo, how: str):
-        self.evalue = f"the engine process {info.pid} of rank {info.rank} {how}"
+        self.evalue = f"its engine process {info.pid} {how}"
+
+    def __str__(self) -> str:
+        return self.evalue
 
     def render_traceback(self) -> list[str]:
-        return [f"RankDied: {self.evalue}. `%dist restart` (Session.restart()) brings the rank back."]
+        return []  # the cell's error says how it died and what brings it back (errors.RankError)
 
 
 def where_in_cell(error) -> str | None:
@@ -125,7 +133,9 @@ def summary_line(ranks: list[RankResult]) -> str:
         part = f"{len(these)} {outcome}{'s' if outcome == 'error' and len(these) > 1 else ''}"
         if outcome in ("error", "died", "killed"):
             first = these[0]
-            part += f" (rank {first.rank.rank}: {first.error.ename}: {_short(first.error.evalue)})"
+            said = "" if isinstance(first.error, RankDied) else \
+                f": {first.error.ename}: {_short(first.error.evalue)}"  # how it died: the line above says
+            part += f" (rank {first.rank.rank}{said})"
         parts.append(part)
     return " · ".join(parts)
 
