@@ -23,7 +23,7 @@ from jupyter_server.base.handlers import APIHandler
 from workbench.server.manager import PoolBusy, PoolManager, PoolNotFound, ShuttingDown
 from workbench.server.panel_words import problem
 from workbench.server.start_request import interfaces, parse_start_request, start_form
-from workbench.widgets.assets import DASHBOARD_JS, plotly_js
+from workbench.widgets.assets import dashboard_js, plotly_js
 
 AUTH_RESOURCE = "workbench"
 POOL_ID = r"(?P<pool_id>[A-Za-z0-9_-]+)"
@@ -162,7 +162,7 @@ class StacksHandler(WorkbenchHandler):
 
 
 class DashboardCodeHandler(WorkbenchHandler):
-    FILES = {"dashboard.js": lambda: DASHBOARD_JS, "plotly.min.js": plotly_js}
+    FILES = {"dashboard.js": dashboard_js, "plotly.min.js": plotly_js}
 
     @tornado.web.authenticated
     @authorized
