@@ -4,10 +4,13 @@ PY         := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-# The JupyterLab extension is built by the package build (hatch-jupyter-builder runs jlpm in
-# extension/, which needs Node >= 20.19 and npm's registry); rebuilt when its sources change.
+# The JupyterLab extension and the dashboard's ES module (extension/src/widget/dashboard.ts ->
+# workbench/widgets/dashboard.js) are built by the package build (hatch-jupyter-builder runs jlpm in
+# extension/, which needs Node >= 20.19 and npm's registry); rebuilt when their sources change.
 LABEXT     := workbench/labextension/package.json
-EXT_SRC    := $(wildcard extension/src/*.ts extension/src/*.tsx extension/style/*) extension/package.json extension/yarn.lock
+DASHBOARD_JS := workbench/widgets/dashboard.js
+EXT_SRC    := $(wildcard extension/src/*.ts extension/src/*.tsx extension/src/widget/*.ts extension/style/*) \
+              $(wildcard extension/tsconfig*.json) extension/package.json extension/yarn.lock
 JLPM       := $(abspath $(VENV))/bin/jlpm
 
 .PHONY: setup demo notebooks test test-js lab lint lint-js docs clean
@@ -20,11 +23,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[test,docs]"
 	touch $(STAMP)
 
-$(LABEXT): $(EXT_SRC) | $(STAMP)
+$(LABEXT) $(DASHBOARD_JS) &: $(EXT_SRC) | $(STAMP)
 	$(PY) -m pip install -q --no-deps -e .
-	touch $(LABEXT)
+	touch $(LABEXT) $(DASHBOARD_JS)
 
-setup: $(STAMP) $(LABEXT)
+setup: $(STAMP) $(LABEXT) $(DASHBOARD_JS)
 
 demo: setup
 	$(VENV)/bin/workbench demo --out build
@@ -36,7 +39,7 @@ notebooks: setup
 test: setup test-js
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# TypeScript unit tests of the sidebar (jest)
+# TypeScript unit tests of the sidebar and the dashboard's module (jest)
 test-js: setup
 	cd extension && $(JLPM) test
 

@@ -33,5 +33,24 @@ export default tseslint.config(
       // English only for now: no translation bundle to wrap strings in.
       'jupyter/no-untranslated-string': 'off'
     }
+  },
+  {
+    // the dashboard's module is loaded alone (from the kernel or the server): it imports nothing
+    files: ['src/widget/**/*.ts'],
+    rules: {
+      '@typescript-eslint/no-restricted-imports': [
+        'error',
+        {
+          patterns: [
+            {
+              group: ['*'],
+              allowTypeImports: true,
+              message:
+                'workbench/widgets/dashboard.js is loaded as one ES module: it may import types only.'
+            }
+          ]
+        }
+      ]
+    }
   }
 );

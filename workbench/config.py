@@ -16,10 +16,18 @@ _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")
 
 
 def _about(help: str, *, flag: str | None = None, words: str | None = None, choices: tuple = (),
-           group: str | None = None) -> dict:
+           group: str | None = None, label: str | None = None, unit: str | None = None,
+           hint: str | None = None, launchers: tuple = (), dialog: int | None = None) -> dict:
     """A field's metadata: ``help``, its ``flag`` (default ``--field-name``), how a sentence names it
-    (``words``), its ``choices``, and a ``group`` of options that exclude each other."""
-    return {"help": help, "flag": flag, "words": words, "choices": tuple(choices), "group": group}
+    (``words``), its ``choices``, and a ``group`` of options that exclude each other.
+
+    For the panel's start dialog ("Advanced..."): its ``label`` there (default: ``words``, capitalised) and
+    the ``unit`` after it; the ``hint`` an empty box shows (``{default_n}``: the server's default number of
+    engines); the ``launchers`` it applies to (none named: all); ``dialog``: its place among the dialog's
+    fields (``None``: the dialog does not offer it, only code and the magic do).
+    """
+    return {"help": help, "flag": flag, "words": words, "choices": tuple(choices), "group": group,
+            "label": label, "unit": unit, "hint": hint, "launchers": tuple(launchers), "dialog": dialog}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,35 +75,47 @@ class PoolConfig:
     ValueError: n must be at least 1 (got 0): the pool needs one engine per rank.
     """
 
-    # each field's metadata: the help text of its option (the magic's ``%dist start``, the panel's request)
-    n: int | None = field(default=None, metadata=_about("number of ranks (default: GPUs, else 2)",
-                                                        flag="-n", words="engines"))
-    launcher: str = field(default="local", metadata=_about("how engines start", choices=LAUNCHERS))
-    backend: str = field(default="auto", metadata=_about("collective backend", choices=BACKENDS))
-    timeout: float = field(default=60.0, metadata=_about("seconds for engines to register and the group "
-                                                         "to form"))
+    # each field's metadata: the help text of its option (the magic's ``%dist start``, the panel's request),
+    # and how the panel's start dialog offers it (``dialog``: its place there)
+    n: int | None = field(default=None, metadata=_about(
+        "number of ranks (default: GPUs, else 2)", flag="-n", words="engines", unit="ranks",
+        hint="default: {default_n} here, one per GPU on a cluster", dialog=2))
+    launcher: str = field(default="local", metadata=_about("how engines start", choices=LAUNCHERS, dialog=1))
+    backend: str = field(default="auto", metadata=_about("collective backend", choices=BACKENDS, dialog=10))
+    timeout: float = field(default=60.0, metadata=_about(
+        "seconds for engines to register and the group to form", label="Start timeout", unit="s",
+        dialog=11))
     address: str = field(default="127.0.0.1", metadata=_about(
         "IP address to listen on instead of an interface name", group="network"))
     interface: str | None = field(default=None, metadata=_about(
-        "network interface the engines reach this kernel on (default: loopback)", group="network"))
-    nodes: int | None = field(default=None, metadata=_about("Slurm: nodes to run engines on"))
+        "network interface the engines reach this kernel on (default: loopback)", group="network",
+        hint="none: loopback, this machine only", launchers=("slurm", "mpi", "ssh"), dialog=6))
+    nodes: int | None = field(default=None, metadata=_about(
+        "Slurm: nodes to run engines on", hint="1", launchers=("slurm",), dialog=4))
     gpus_per_node: int | None = field(default=None, metadata=_about(
-        "one engine per GPU on every node or host, each pinned to its GPU", words="GPUs per node"))
-    partition: str | None = field(default=None, metadata=_about("Slurm partition"))
-    time: str | None = field(default=None, metadata=_about("Slurm time limit, e.g. 30 or 2:00:00"))
-    account: str | None = field(default=None, metadata=_about("Slurm account"))
+        "one engine per GPU on every node or host, each pinned to its GPU", words="GPUs per node",
+        hint="none: CPU engines", launchers=("slurm", "ssh"), dialog=5))
+    partition: str | None = field(default=None, metadata=_about(
+        "Slurm partition", hint="the cluster's default", launchers=("slurm",), dialog=7))
+    time: str | None = field(default=None, metadata=_about(
+        "Slurm time limit, e.g. 30 or 2:00:00", label="Time limit", hint="e.g. 30, 2:00:00 or 1-00:00",
+        launchers=("slurm",), dialog=8))
+    account: str | None = field(default=None, metadata=_about(
+        "Slurm account", hint="your default account", launchers=("slurm",), dialog=9))
     hosts: tuple[str, ...] = field(default=(), metadata=_about(
-        "ssh/mpi: hosts to start engines on, e.g. node1,node2"))
+        "ssh/mpi: hosts to start engines on, e.g. node1,node2", hint="node1,node2",
+        launchers=("mpi", "ssh"), dialog=3))
     idle_release: float | None = field(default=None, metadata=_about(
         "stop the pool (release its nodes) after this many idle seconds"))
     oversubscribe: bool = field(default=False, metadata=_about(
-        "start more local ranks than this machine holds (4 per core, ~330 MiB each)"))
+        "start more local ranks than this machine holds (4 per core, ~330 MiB each)",
+        hint="more ranks than this machine holds", launchers=("local",), dialog=12))
     name: str | None = field(default=None, metadata=_about(
         "what to call the pool (default: made up from its id, e.g. pool-glad-heron)"))
     collective_timeout: float | None = field(default=None, metadata=_about(
         "seconds one collective may wait before the backend gives up (default: 15 minutes)"))
     share_gpus: bool = field(default=False, metadata=_about(
-        "let more ranks than GPUs share them (over gloo) instead of refusing"))
+        "let more ranks than GPUs share them (over gloo) instead of refusing", label="Share GPUs"))
     keep: bool = field(default=False, metadata=_about(
         "hand the pool to the Jupyter server: it outlives this kernel (`%dist attach` takes it back)"))
     launcher_options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False, metadata=_about(
@@ -183,8 +203,8 @@ class PoolConfig:
 
 @dataclass(frozen=True)
 class PoolOption:
-    """One :class:`PoolConfig` field as an option: what the magic's parser and the panel's request are
-    made from (so each reaches every field)."""
+    """One :class:`PoolConfig` field as an option: what the magic's parser, the panel's request and the
+    panel's start dialog are made from (so each reaches every field)."""
 
     name: str
     kind: str  # count (whole, >= 1), seconds (> 0), switch, text, hosts, mapping
@@ -194,6 +214,11 @@ class PoolOption:
     default: Any
     choices: tuple = ()
     group: str | None = None
+    label: str = ""  # the start dialog's name for it (and so every sentence the panel shows)
+    unit: str | None = None
+    hint: str | None = None
+    launchers: tuple = ()  # the launchers it applies to; none: every one
+    dialog: int | None = None  # its place in the start dialog; None: not offered there
 
 
 _KINDS = {int: "count", float: "seconds", bool: "switch", str: "text", tuple: "hosts", dict: "mapping"}
@@ -206,6 +231,8 @@ def pool_options() -> list[PoolOption]:
     [('-n', 'count'), ('--launcher', 'text'), ('--backend', 'text'), ('--timeout', 'seconds')]
     >>> [o.name for o in pool_options()] == [f.name for f in fields(PoolConfig)]
     True
+    >>> [o.label for o in pool_options()][:4]
+    ['Engines', 'Launcher', 'Backend', 'Start timeout']
     """
     hints = get_type_hints(PoolConfig)
     out = []
@@ -213,9 +240,35 @@ def pool_options() -> list[PoolOption]:
         base = next(t for t in (int, float, bool, str, tuple, dict) if _is(hints[f.name], t))
         about = f.metadata
         default = f.default_factory() if f.default is MISSING else f.default
+        words = about["words"] or f.name.replace("_", " ")
         out.append(PoolOption(f.name, _KINDS[base], about["flag"] or "--" + f.name.replace("_", "-"),
-                              about["help"], about["words"] or f.name.replace("_", " "), default,
-                              about["choices"], about["group"]))
+                              about["help"], words, default, about["choices"], about["group"],
+                              about["label"] or words[:1].upper() + words[1:], about["unit"], about["hint"],
+                              about["launchers"], about["dialog"]))
+    return out
+
+
+def options_schema() -> list[dict[str, Any]]:
+    """The start options as JSON, for a form in another language (the panel's start dialog renders them):
+    every field of :class:`PoolConfig` with its label, unit, help, kind, choices, default, the launchers it
+    applies to (``[]``: all) and whether the dialog ("Advanced...") offers it, the dialog's fields first in
+    their places. A field added to :class:`PoolConfig` with a ``dialog`` place appears in the dialog.
+
+    >>> [o["name"] for o in options_schema() if o["advanced"]][:4]
+    ['launcher', 'n', 'hosts', 'nodes']
+    >>> next(o for o in options_schema() if o["name"] == "timeout")  # doctest: +NORMALIZE_WHITESPACE
+    {'name': 'timeout', 'label': 'Start timeout', 'unit': 's',
+     'help': 'seconds for engines to register and the group to form', 'kind': 'seconds', 'choices': [],
+     'default': 60.0, 'hint': None, 'launchers': [], 'advanced': True}
+    """
+    options = pool_options()
+    placed = sorted((o for o in options if o.dialog is not None), key=lambda o: o.dialog)
+    out = []
+    for o in placed + [o for o in options if o.dialog is None]:
+        default = list(o.default) if isinstance(o.default, tuple) else o.default
+        out.append({"name": o.name, "label": o.label, "unit": o.unit, "help": o.help, "kind": o.kind,
+                    "choices": list(o.choices), "default": default, "hint": o.hint,
+                    "launchers": list(o.launchers), "advanced": o.dialog is not None})
     return out
 
 

@@ -21,8 +21,25 @@ class PoolStartError(WorkbenchError):
     """The engines or the process group did not come up.
 
     The message says which step failed, what the engines printed, and that every
-    process started for the pool has been stopped again.
+    process started for the pool has been stopped again. Its parts, for a page that shows them apart:
+    ``what`` failed (the message's first sentence), the launcher's last lines (``tail``), the ``log``'s
+    path and what to do (``todo``); one made from a sentence alone has that sentence as ``what``.
+
+    >>> e = PoolStartError("it failed.\\nLog: /tmp/x.log\\nRetry.", what="it failed.", log="/tmp/x.log",
+    ...                    todo="Retry.")
+    >>> (e.what, e.tail, e.log, e.todo)
+    ('it failed.', (), '/tmp/x.log', 'Retry.')
+    >>> PoolStartError("no engine came.").what
+    'no engine came.'
     """
+
+    def __init__(self, message: str = "", *, what: str | None = None, tail: tuple[str, ...] = (),
+                 log: str | None = None, todo: str = ""):
+        super().__init__(message)
+        self.what = message if what is None else what
+        self.tail = tuple(tail)
+        self.log = log
+        self.todo = todo
 
 
 class NoPoolError(WorkbenchError, ValueError):

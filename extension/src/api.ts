@@ -4,9 +4,9 @@ import { ServerConnection } from '@jupyterlab/services';
 import { IDashboardAnswer, IDashboardSource } from './dashboard';
 import {
   IInfo,
-  IInterface,
   IPool,
   IStacks,
+  IStartForm,
   IStartOptions,
   IWorkbenchAPI
 } from './model';
@@ -20,11 +20,9 @@ export class WorkbenchAPI implements IWorkbenchAPI, IDashboardSource {
     return requestAPI<IInfo>('info', {}, this._settings);
   }
 
-  async interfaces(): Promise<IInterface[]> {
-    const path = 'interfaces';
-    return (
-      await requestAPI<{ interfaces: IInterface[] }>(path, {}, this._settings)
-    ).interfaces;
+  /** The start dialog's fields, made by the server from `PoolConfig`'s (this machine's interfaces too). */
+  startForm(): Promise<IStartForm> {
+    return requestAPI<IStartForm>('options', {}, this._settings);
   }
 
   async list(countOnly: string[] = []): Promise<IPool[]> {

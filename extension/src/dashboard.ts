@@ -1,6 +1,7 @@
 /**
  * The docked dashboard's logic, without the page: what the server answers, and the small model that
- * the notebook's own dashboard module (workbench/widgets/dashboard.js) draws from.
+ * the notebook's own dashboard module (./widget/dashboard.ts, compiled to workbench/widgets/dashboard.js)
+ * draws from.
  *
  * The module is an anywidget: it reads traits with `model.get`, listens to `change:<trait>` and to
  * `msg:custom` point messages, and asks the widget manager for plotly.js. `DashboardModel` is that
@@ -27,12 +28,14 @@ export interface IDashboardAnswer {
   extend: { indices: number[]; x: unknown[][]; y: unknown[][] }[];
 }
 
+import type { IWidgetModel } from './widget/dashboard';
+
 export const TEXTS = ['header', 'note', 'devices', 'bars'] as const;
 
 type Listener = (value?: unknown) => void;
 
 /** As much of an anywidget model as dashboard.js uses. */
-export class DashboardModel {
+export class DashboardModel implements IWidgetModel {
   /**
    * @param uid the view's id (dashboard.js keeps its points per uid)
    * @param plotly loads plotly.js's code (asked once per page, by the first view drawn)

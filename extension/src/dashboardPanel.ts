@@ -2,7 +2,9 @@ import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { WorkbenchAPI } from './api';
-import { DashboardFeed, DashboardModel } from './dashboard';
+import { DashboardFeed } from './dashboard';
+// the notebook dashboard's module, as the server serves it (compiled from ./widget/dashboard.ts)
+import type { IDashboardModule } from './widget/dashboard';
 
 /** How often a visible dashboard asks the server (the kernel's dashboard refreshes about as often). */
 export const DASHBOARD_POLL_MS = 1000;
@@ -13,12 +15,6 @@ export const DASHBOARD_POLL_MS = 1000;
 export const DASHBOARD_HIDDEN_POLL_MS = 10000;
 
 type Cleanup = (() => void) | void;
-
-/** workbench/widgets/dashboard.js: the anywidget module the notebook's dashboard draws with. */
-interface IDashboardModule {
-  initialize?(props: { model: DashboardModel }): Cleanup | Promise<Cleanup>;
-  render(props: { model: DashboardModel; el: HTMLElement }): Cleanup | Promise<Cleanup>;
-}
 
 let dashboardModule: Promise<IDashboardModule> | null = null;
 

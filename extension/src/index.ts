@@ -107,11 +107,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
     // the Start dialog, asked again with the server's sentence while it refuses the values
     const startAdvanced = async (initial: IStartOptions = {}) => {
       const { askStartOptions } = await import('./dialogs');
-      const interfaces = await model.interfaces();
+      const form = await model.startForm(); // the fields, as the server describes them
+      if (form === null) {
+        return false;
+      }
       return startFromDialog(
         model,
-        (values, error) =>
-          askStartOptions(model.info, interfaces, values, error),
+        (values, error) => askStartOptions(model.info, form, values, error),
         initial
       );
     };

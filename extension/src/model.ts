@@ -24,7 +24,10 @@ export interface IPool {
   n: number;
   engines_up: number;
   message: string;
+  /** Why the start failed, as the workbench says it anywhere (the card shows `problem`). */
   error: string | null;
+  /** Why the start failed, in the panel's words, as its parts. */
+  problem?: IProblem | null;
   log: string[];
   launcher: string;
   backend: string | null;
@@ -95,7 +98,7 @@ function attachedNotebooks(pool: IPool): string[] {
   return (pool.notebooks ?? []).filter(n => n.role === 'attached').map(n => n.notebook);
 }
 
-/** What the Start dialog offers. */
+/** What the server says about the Start button: the engines a start gets here, whether there are GPUs. */
 export interface IInfo {
   launchers: string[];
   backends: string[];
@@ -103,143 +106,108 @@ export interface IInfo {
   default_n: number;
 }
 
-/** How to start a pool: the fields of the Start dialog (empty ones are left out). */
-export interface IStartOptions {
-  n?: number;
-  launcher?: string;
-  backend?: string;
-  timeout?: number;
-  nodes?: number;
-  gpus_per_node?: number;
-  partition?: string;
-  time?: string;
-  account?: string;
-  hosts?: string;
-  interface?: string;
-  oversubscribe?: boolean;
-}
+/**
+ * How to start a pool: the start options by name (`PoolConfig`'s fields), as the server's start
+ * request takes them; empty ones left out.
+ */
+export type IStartOptions = Record<string, unknown>;
 
-/** A network interface of the server's machine. */
-export interface IInterface {
+/** One start option as the server describes it (`GET /workbench/options`, made from `PoolConfig`). */
+export interface IStartOption {
   name: string;
-  address: string;
-  loopback: boolean;
+  /** What the dialog calls it, and so every sentence the panel shows. */
+  label: string;
+  unit: string | null;
+  help: string;
+  kind: 'count' | 'seconds' | 'switch' | 'text' | 'hosts' | 'mapping';
+  /** The values to pick from (a select); none: typed. */
+  choices: { value: string; label: string }[];
+  default: unknown;
+  /** What an empty box shows (beside a box to tick: what ticking it does). */
+  hint: string | null;
+  /** The launchers it applies to; none: every one. */
+  launchers: string[];
+  /** Offered in the start dialog ("Advanced…"). */
+  advanced: boolean;
 }
 
-/** The fields of the Start dialog each launcher has, besides launcher, backend and timeout. */
-export const LAUNCHER_FIELDS: Record<string, (keyof IStartOptions)[]> = {
-  local: ['n', 'oversubscribe'],
-  slurm: ['n', 'nodes', 'gpus_per_node', 'partition', 'time', 'account', 'interface'],
-  mpi: ['n', 'hosts', 'interface'],
-  ssh: ['n', 'hosts', 'gpus_per_node', 'interface']
-};
+/** The start dialog as the server describes it: its fields in order, and the sentence under them. */
+export interface IStartForm {
+  options: IStartOption[];
+  note: string;
+}
 
-/** What each field is called in the dialog (and so in every sentence the panel shows). */
-export const FIELD_LABELS: Record<keyof IStartOptions, string> = {
-  n: 'Engines',
-  launcher: 'Launcher',
-  backend: 'Backend',
-  timeout: 'Start timeout',
-  nodes: 'Nodes',
-  gpus_per_node: 'GPUs per node',
-  partition: 'Partition',
-  time: 'Time limit',
-  account: 'Account',
-  hosts: 'Hosts',
-  interface: 'Interface',
-  oversubscribe: 'Oversubscribe'
-};
+/** The field whose value decides which others the dialog shows. */
+export const LAUNCHER = 'launcher';
 
-const NUMBER_FIELDS: (keyof IStartOptions)[] = ['n', 'timeout', 'nodes', 'gpus_per_node'];
+/** The dialog's fields that apply to `launcher` (the launcher field itself included). */
+export function dialogFields(form: IStartForm, launcher: string): IStartOption[] {
+  return form.options.filter(
+    o => o.advanced && (o.launchers.length === 0 || o.launchers.includes(launcher))
+  );
+}
 
 /**
  * The start request for what the dialog's fields hold: only the fields of the chosen
  * launcher, empty ones left out; numbers as numbers (what is not one is sent as typed,
  * for the server to say what is wrong with it); a ticked box as `true`.
  */
-export function startRequest(fields: Record<string, string>): IStartOptions {
-  const launcher = fields.launcher || 'local';
-  const keep: (keyof IStartOptions)[] = [
-    'launcher',
-    'backend',
-    'timeout',
-    ...(LAUNCHER_FIELDS[launcher] ?? [])
-  ];
-  const out: Record<string, string | number | boolean> = {};
-  for (const key of keep) {
-    const value = (fields[key] ?? '').trim();
+export function startRequest(form: IStartForm, fields: Record<string, string>): IStartOptions {
+  const launcher = fields[LAUNCHER] || String(form.options.find(o => o.name === LAUNCHER)?.default ?? '');
+  const out: IStartOptions = {};
+  for (const option of dialogFields(form, launcher)) {
+    const value = (fields[option.name] ?? '').trim();
     if (value === '') {
       continue;
     }
+    if (option.kind === 'switch') {
+      if (value === 'true') {
+        out[option.name] = true;
+      }
+      continue;
+    }
     const number = Number(value);
-    out[key] =
-      NUMBER_FIELDS.includes(key) && isFinite(number) ? number : value;
+    const numeric = option.kind === 'count' || option.kind === 'seconds';
+    out[option.name] = numeric && isFinite(number) ? number : value;
   }
-  if (out.oversubscribe !== undefined) {
-    out.oversubscribe = out.oversubscribe === 'true';
-  }
-  return out as IStartOptions;
+  return out;
 }
 
-// the command-line flags our messages may name -> the dialog's field
-const FLAGS: Record<string, keyof IStartOptions> = {
-  '-n': 'n',
-  '--launcher': 'launcher',
-  '--backend': 'backend',
-  '--timeout': 'timeout',
-  '--nodes': 'nodes',
-  '--gpus-per-node': 'gpus_per_node',
-  '--partition': 'partition',
-  '--time': 'time',
-  '--account': 'account',
-  '--hosts': 'hosts',
-  '--interface': 'interface',
-  '--oversubscribe': 'oversubscribe'
-};
-// flags that take no value: the word after them is the sentence's
-const SWITCHES = ['--oversubscribe'];
-
 /**
- * A message from the server as a person reads it in the panel: no Python class name in
- * front (`PoolStartError: ...`), and the command-line flags of our own messages named as
- * the dialog's fields (`--interface eth0` -> `Interface “eth0”`).
+ * A failure as the server sends it, in the panel's words: what went wrong, the launcher's last
+ * lines as it said them, the log's path, what to do.
  */
-export function inWords(message: string): string {
-  return message
-    .replace(
-      /^[ \t]*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception):[ \t]*/gm,
-      ''
-    )
-    // what only code or the magics can do: the Python spelling, the panel-less address, a magic
-    .replace(/ \(PoolConfig\([^)]*\)\)/g, '')
-    .replace(/ or --address\b/g, '')
-    .replace(/:\s*`?%dist [^`.\n]*`?/g, '')
-    // a switch is a box in the dialog: ticked, not added
-    .replace(/\badd (--oversubscribe)\b/g, 'tick $1')
-    .replace(/(^|[\s(;:,])gpus-per-node\b/g, `$1${FIELD_LABELS.gpus_per_node}`)
-    // a field named as the code spells it, where a sentence begins: "n must be at least 1" -> Engines
-    .replace(
-      /(^|[.;:]\s+)(n|nodes|timeout|time|partition|account|hosts|interface)(?= (?:must|is|should)\b)/g,
-      (_, before: string, name: keyof IStartOptions) => `${before}${FIELD_LABELS[name]}`
-    )
-    .replace(
-      /(^|[\s(;:,])(--[a-z][a-z-]*|-n)(?:[ =]([^\s(]+))?/g,
-      (whole, before: string, flag: string, value: string | undefined) => {
-        const field = FLAGS[flag];
-        if (!field) {
-          return whole;
-        }
-        const label = FIELD_LABELS[field];
-        if (SWITCHES.includes(flag)) {
-          return `${before}${label}${value === undefined ? '' : ` ${value}`}`;
-        }
-        // a value ends before the sentence's punctuation: "--hosts a,b." -> Hosts “a,b”.
-        const [, bare, tail] = /^(.*?)([.,;:)]*)$/.exec(value ?? '') ?? [];
-        return bare
-          ? `${before}${label} “${bare}”${tail}`
-          : `${before}${label}${tail ?? ''}`;
-      }
-    );
+export interface IProblem {
+  what: string;
+  tail: string[];
+  log: string | null;
+  todo: string;
+}
+
+/** The problem an error carries (an answer of the server), else its message as the whole of it. */
+export function problemOf(error: unknown): IProblem {
+  const problem = (error as { problem?: IProblem | null } | null)?.problem;
+  if (problem && typeof problem.what === 'string') {
+    return problem;
+  }
+  return { what: messageOf(error), tail: [], log: null, todo: '' };
+}
+
+/** A problem as lines of text: what, the tail (`  | ` before each line), the log, what to do. */
+export function problemText(problem: IProblem): string {
+  return [
+    problem.what,
+    ...problem.tail.map(line => `  | ${line}`),
+    problem.log ? `Log: ${problem.log}` : '',
+    problem.todo
+  ]
+    .filter(line => line !== '')
+    .join('\n');
+}
+
+/** A failed pool's problem (a server that sends none: its error, whole). */
+export function poolProblem(pool: IPool): IProblem {
+  return pool.problem ?? { what: pool.error ?? '', tail: [], log: null, todo: '' };
 }
 
 /** How many ranks are in each state, counted in one pass over the ranks. */
@@ -273,7 +241,8 @@ export const RANKS_SHOWN = 4;
 /** The REST calls the model needs (the real one is `WorkbenchAPI`). */
 export interface IWorkbenchAPI {
   info(): Promise<IInfo>;
-  interfaces(): Promise<IInterface[]>;
+  /** The start dialog's fields (made on the server from `PoolConfig`'s). */
+  startForm(): Promise<IStartForm>;
   /** The pools; those `countOnly` names without per-rank CPU, memory and GPU figures (only states). */
   list(countOnly?: string[]): Promise<IPool[]>;
   start(options: IStartOptions): Promise<IPool>;
@@ -380,7 +349,8 @@ export class PoolsModel {
   get error(): string | null {
     return this._error;
   }
-  /** The last action (start, stop, restart) that failed, as the server said it; kept until dismissed. */
+  /** The last action (start, stop, restart) that failed, as the server said it to the panel; kept until
+   * dismissed. */
   get actionError(): string | null {
     return this._actionError;
   }
@@ -517,18 +487,20 @@ export class PoolsModel {
         if ((error as { status?: unknown })?.status !== 400) {
           throw error;
         }
-        refused = inWords(messageOf(error));
+        refused = problemText(problemOf(error));
       }
     });
     return refused;
   }
 
-  /** The network interfaces of the server's machine (none when it cannot say). */
-  async interfaces(): Promise<IInterface[]> {
+  /** The start dialog's fields; `null` (and the reason in `actionError`) when the server cannot say. */
+  async startForm(): Promise<IStartForm | null> {
     try {
-      return await this.api.interfaces();
-    } catch {
-      return [];
+      return await this.api.startForm();
+    } catch (error) {
+      this._actionError = `The start dialog did not open: ${problemText(problemOf(error))}`;
+      this._changed.emit();
+      return null;
     }
   }
 
@@ -570,7 +542,7 @@ export class PoolsModel {
     try {
       await action();
     } catch (error) {
-      this._actionError = inWords(messageOf(error));
+      this._actionError = problemText(problemOf(error));
     } finally {
       if (id !== null) {
         this._busy.delete(id);

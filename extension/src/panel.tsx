@@ -7,11 +7,12 @@ import {
   elapsedSeconds,
   formatBytes,
   formatPercent,
-  inWords,
   IPool,
+  IProblem,
   IRank,
   keptBadge,
   poolHealth,
+  poolProblem,
   PoolsModel,
   poolStatusText,
   progressText,
@@ -134,7 +135,7 @@ function PoolsView(props: {
       )}
       {model.actionError !== null && (
         <div className="wb-Banner wb-mod-error" role="alert">
-          {inWords(model.actionError)}
+          {model.actionError}
           <button
             className="wb-Banner-close"
             aria-label="Dismiss"
@@ -332,7 +333,7 @@ function PoolCard(props: {
 
       {pool.state === 'failed' && (
         <div className="wb-Error" role="alert">
-          <pre className="wb-Error-text">{inWords(pool.error ?? '')}</pre>
+          <ProblemText problem={poolProblem(pool)} />
           <div className="wb-Card-actions">
             <button
               className="jp-mod-styled jp-mod-accept"
@@ -409,6 +410,24 @@ function PoolCard(props: {
         </div>
       )}
     </section>
+  );
+}
+
+/**
+ * A failure as the server sent it: what went wrong, the launcher's last lines, the log's path, what to
+ * do; one line each, as the workbench prints it.
+ */
+function ProblemText(props: { problem: IProblem }): JSX.Element {
+  const { what, tail, log, todo } = props.problem;
+  return (
+    <pre className="wb-Error-text">
+      <span className="wb-Error-what">{what}</span>
+      {tail.length > 0 && (
+        <span className="wb-Error-tail">{tail.map(line => `\n  | ${line}`).join('')}</span>
+      )}
+      {log && <span className="wb-Error-log">{`\nLog: ${log}`}</span>}
+      {todo && <span className="wb-Error-todo">{`\n${todo}`}</span>}
+    </pre>
   );
 }
 

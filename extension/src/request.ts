@@ -1,14 +1,18 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import type { IProblem } from './model';
+
 /**
  * An error from the workbench server extension, with the sentence the server
- * gave (or one that says what went wrong on the way there).
+ * gave (or one that says what went wrong on the way there), and the server's
+ * `problem`: the same in the panel's words, as parts (`null` when it sent none).
  */
 export class WorkbenchAPIError extends Error {
   constructor(
     message: string,
-    readonly status: number | null
+    readonly status: number | null,
+    readonly problem: IProblem | null = null
   ) {
     super(message);
     this.name = 'WorkbenchAPIError';
@@ -20,7 +24,8 @@ export class WorkbenchAPIError extends Error {
  *
  * Resolves with the parsed JSON body (or `null` for an empty one); rejects with
  * a `WorkbenchAPIError` whose message is the server's own `message` field when
- * there is one, so it can be shown to the person as it is.
+ * there is one, and whose `problem` is the server's sentence for the panel, shown
+ * to the person as it is.
  */
 export async function requestAPI<T>(
   endPoint = '',
@@ -61,14 +66,16 @@ export async function requestAPI<T>(
     }
   }
   if (!response.ok) {
+    const said = (data ?? {}) as { message?: unknown; problem?: IProblem };
     const message =
-      data !== null &&
-      typeof data === 'object' &&
-      typeof (data as { message?: unknown }).message === 'string' &&
-      (data as { message: string }).message
-        ? (data as { message: string }).message
+      typeof said.message === 'string' && said.message
+        ? said.message
         : `the server answered ${response.status} ${response.statusText}`;
-    throw new WorkbenchAPIError(message, response.status);
+    const problem =
+      said.problem && typeof said.problem === 'object' && typeof said.problem.what === 'string'
+        ? said.problem
+        : null;
+    throw new WorkbenchAPIError(message, response.status, problem);
   }
   return data as T;
 }

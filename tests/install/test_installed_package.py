@@ -97,6 +97,24 @@ def test_the_installed_package_is_the_one_that_runs(venv, user):
     assert where[1].endswith("site-packages/workbench/notebooks")
 
 
+def test_the_wheel_carries_the_compiled_dashboard_module(venv, user):
+    """workbench/widgets/dashboard.js is compiled by the build from extension/src/widget/dashboard.ts (git
+    ignores it, so the wheel's copy can only come from the build); the widget and the server load it."""
+    here, env = user
+    code = ("from workbench.widgets.assets import dashboard_js\n"
+            "from workbench.widgets.view import DashboardView\n"
+            "p = dashboard_js(); print(p); print(str(DashboardView._esm) == p.read_text())")
+    path, same = _run([str(venv / "python"), "-c", code], here, env).stdout.split()
+    assert path.startswith(str(venv.parent / "lib")), path
+    assert path.endswith("site-packages/workbench/widgets/dashboard.js"), path
+    assert same == "True"
+    module = Path(path).read_text()
+    # an ES module (no CDN, nothing imported), compiled: no TypeScript left in it
+    assert "export default dashboard;" in module and "export function fit(layout, width)" in module
+    assert not re.search(r"^\s*import\b", module, re.M) and "http" not in module
+    assert ": ILayout" not in module and "interface " not in module
+
+
 def test_workbench_demo_runs_the_quickstart_in_an_empty_folder(venv, user):
     here, env = user
     with PidsLimit(4000) as group:

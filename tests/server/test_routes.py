@@ -32,6 +32,7 @@ def test_route_table_covers_the_verbs():
     assert {(r.pattern, tuple(r.methods)) for r in ROUTES} == {
         ("/workbench/info", ("GET",)),
         ("/workbench/interfaces", ("GET",)),
+        ("/workbench/options", ("GET",)),
         ("/workbench/pools", ("GET", "POST")),
         ("/workbench/pools/(?P<pool_id>[A-Za-z0-9_-]+)", ("GET", "DELETE")),
         ("/workbench/pools/(?P<pool_id>[A-Za-z0-9_-]+)/restart", ("POST",)),
@@ -71,6 +72,55 @@ async def test_a_bad_start_request_says_what_is_wrong(api, payload, says):
     code, body, _ = await api("POST", "pools", body=payload)
     assert code == 400
     assert says in body["message"]
+    # and in the panel's words, as the dialog shows it: no command-line flag, no Python spelling
+    from workbench.server.panel_words import in_panel_words
+
+    assert body["problem"] == {"what": in_panel_words(body["message"]), "tail": [], "log": None, "todo": ""}
+    assert "--" not in body["problem"]["what"] and "PoolConfig" not in body["problem"]["what"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("payload", "shown"), [
+    ({"n": 0}, "Engines must be at least 1 (got 0)"),
+    ({"n": 100_000}, "Engines “100000” is more than this machine holds"),
+    ({"launcher": "slurm"}, "e.g. Interface “"),
+    ({"launcher": "ssh", "interface": "lo"}, "Launcher “ssh” needs the hosts to start engines on: Hosts “"),
+])
+async def test_a_refusal_comes_in_the_dialogs_words(api, payload, shown):
+    code, body, _ = await api("POST", "pools", body=payload)
+    assert code == 400 and shown in body["problem"]["what"], body
+
+
+@pytest.mark.timeout(30)
+async def test_options_are_the_start_dialogs_fields_made_from_the_config(api):
+    """``GET options``: every PoolConfig field, the dialog's first and in their order, each with what the
+    page needs to render it; the interfaces are this machine's, the hints filled in."""
+    from dataclasses import fields
+
+    from workbench.config import PoolConfig
+    from workbench.server.start_request import interfaces
+
+    code, body, _ = await api("GET", "options")
+    assert code == 200
+    options = body["options"]
+    assert sorted(o["name"] for o in options) == sorted(f.name for f in fields(PoolConfig))
+    dialog = [o["name"] for o in options if o["advanced"]]
+    assert dialog == ["launcher", "n", "hosts", "nodes", "gpus_per_node", "interface", "partition", "time",
+                      "account", "backend", "timeout", "oversubscribe"]
+    assert options[: len(dialog)] == [o for o in options if o["advanced"]]
+    by_name = {o["name"]: o for o in options}
+    assert set(by_name["n"]) == {"name", "label", "unit", "help", "kind", "choices", "default", "hint",
+                                 "launchers", "advanced"}
+    n = by_name["n"]
+    assert (n["label"], n["unit"], n["kind"], n["default"]) == ("Engines", "ranks", "count", None)
+    code, info, _ = await api("GET", "info")
+    assert n["hint"] == f"default: {info['default_n']} here, one per GPU on a cluster"
+    assert [c["value"] for c in by_name["launcher"]["choices"]] == info["launchers"]
+    assert by_name["launcher"]["default"] == "local" and by_name["launcher"]["launchers"] == []
+    assert by_name["partition"]["launchers"] == ["slurm"] and by_name["oversubscribe"]["kind"] == "switch"
+    assert by_name["timeout"]["hint"] == "60"
+    assert [c["value"] for c in by_name["interface"]["choices"]] == [i["name"] for i in interfaces()]
+    assert body["note"] == "Interface: where engines on other machines reach this server's pool."
 
 
 @pytest.mark.timeout(60)
@@ -234,6 +284,11 @@ async def test_a_failed_start_keeps_the_real_error_until_dismissed(api):
     failed = await wait_for(api, body["pool"]["id"], "failed")
     # in words: no Python class name in front of the sentence
     assert re.match(r"only \d of 2 engines registered within 0\.001 s", failed["error"]), failed["error"]
+    # and as its parts, in the panel's words (what the card shows as it comes)
+    problem = failed["problem"]
+    assert re.match(r"only \d of 2 engines registered within 0\.001 s", problem["what"]), problem
+    assert problem["todo"].startswith("Try a longer Start timeout, or fewer engines."), problem
+    assert problem["log"] and problem["log"] in failed["error"] and "--timeout" in failed["error"]
     assert failed["options"] == {"n": 2, "launcher": "local", "backend": "auto", "timeout": 0.001}
     assert failed["ranks"] == [] and failed["attach"] is None
     assert failed["name"].startswith("pool-")  # a failed start has its name too (issue 24 item 9)

@@ -6,8 +6,8 @@ One server and one browser page for the module; each test leaves the page as it 
 - a card is compact (name, state, counts), its 5 ranks sit behind an expander, nothing overflows at the
   default width, "Use in notebook" looks disabled without a notebook, the dot turns amber when a rank dies;
 - the panel is open again after a page reload;
-- the Advanced dialog has each launcher's fields, checks them before anything starts and says what is
-  wrong in the dialog's own words;
+- the Advanced dialog has each launcher's fields, as the server's options say, checks them before anything
+  starts and says what is wrong in the dialog's own words; a field the options gain is in the dialog;
 - a failed start says what failed in words, and Retry reopens the dialog with the values it had;
 - a failed Slurm or ssh start says what sbatch or ssh said (a failing one first on the server's PATH);
 - the card shows the whole name, "degraded" beside the amber dot, a big pool's counts as its expander.
@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -358,6 +359,64 @@ def test_the_slurm_dialog_has_its_fields_and_checks_them_before_starting(page, l
     assert [p["id"] for p in _pools(lab)] == before
 
 
+@pytest.mark.timeout(120)
+def test_the_dialog_has_the_fields_the_servers_options_name(page, lab):
+    """The dialog is rendered from GET /workbench/options: each launcher shows the options that apply to it,
+    labelled as the server labels them; an option the server's answer gains (what a field added to
+    PoolConfig makes it say; here added to the answer on its way to the page) is offered and sent, with no
+    change to the page's code."""
+    from playwright.sync_api import expect
+
+    _no_dialog(page)
+    _, form_said = _api(lab, "GET", "workbench/options")
+    dialog = [o for o in form_said["options"] if o["advanced"]]
+    panel = page.locator("#workbench-pools")
+    panel.get_by_role("button", name="Advanced…").click()
+    form = page.locator(".jp-Dialog .wb-StartForm")
+    expect(form).to_be_visible()
+    for launcher in ("local", "slurm", "mpi", "ssh"):
+        _field(form, "launcher").select_option(launcher)
+        assert _visible_fields(form) == {o["name"] for o in dialog
+                                         if not o["launchers"] or launcher in o["launchers"]}, launcher
+    labels = form.locator("[data-field] > span:first-child").all_inner_texts()
+    assert labels == [f"{o['label']} ({o['unit']})" if o["unit"] else o["label"] for o in dialog]
+    page.locator(".jp-Dialog").get_by_role("button", name="Cancel").click()
+    expect(page.locator(".jp-Dialog")).to_have_count(0)
+
+    margin = {"name": "walltime_margin", "label": "Walltime margin", "unit": "s", "kind": "seconds",
+              "help": "seconds kept free before the allocation ends", "choices": [], "default": None,
+              "hint": "300", "launchers": ["slurm"], "advanced": True}
+
+    def gains_a_field(route):
+        answer = route.fetch()
+        route.fulfill(response=answer, json={**answer.json(), "options": [*dialog, margin]})
+
+    page.route("**/workbench/options*", gains_a_field)
+    try:
+        panel.get_by_role("button", name="Advanced…").click()
+        form = page.locator(".jp-Dialog .wb-StartForm")
+        expect(form.get_by_text("Walltime margin (s)", exact=True)).to_be_hidden()
+        _field(form, "launcher").select_option("slurm")
+        expect(form.get_by_text("Walltime margin (s)", exact=True)).to_be_visible()
+        expect(_field(form, "walltime_margin")).to_have_attribute("placeholder", "300")
+        _field(form, "walltime_margin").fill("120")
+        _field(form, "interface").select_option("lo")
+        _shot(page, "dialog-a-field-the-options-gained.png")
+        def a_start(request) -> bool:  # (Lab adds a number to each URL against caches)
+            return request.method == "POST" and urllib.parse.urlsplit(request.url).path == "/workbench/pools"
+
+        with page.expect_request(a_start) as sent:
+            page.locator(".jp-Dialog").get_by_role("button", name="Start").click()
+        assert json.loads(sent.value.post_data)["walltime_margin"] == 120
+        # this server's PoolConfig has no such field: it says so, in the dialog, and nothing starts
+        refused = page.locator(".jp-Dialog .wb-StartForm-error")
+        expect(refused).to_contain_text("unknown field 'walltime_margin'")
+        page.locator(".jp-Dialog").get_by_role("button", name="Cancel").click()
+        expect(page.locator(".jp-Dialog")).to_have_count(0)
+    finally:
+        page.unroute("**/workbench/options*")
+
+
 @pytest.mark.timeout(180)
 def test_a_failed_start_says_it_in_words_and_retry_reopens_the_dialog(page, lab):
     from playwright.sync_api import expect
@@ -394,6 +453,11 @@ def test_a_failed_start_says_it_in_words_and_retry_reopens_the_dialog(page, lab)
     expect(error).to_contain_text("Try a longer Start timeout")
     text = error.inner_text()
     assert "PoolStartError" not in text and "--timeout" not in text, text
+    # the server's parts, as it sent them: what, the log's path, what to do
+    card = next(p for p in _pools(lab) if p["id"] == failed.get_attribute("data-pool-id"))
+    expect(error.locator(".wb-Error-what")).to_have_text(card["problem"]["what"])
+    expect(error.locator(".wb-Error-log")).to_have_text(f"\nLog: {card['problem']['log']}")
+    expect(error.locator(".wb-Error-todo")).to_have_text(f"\n{card['problem']['todo']}")
     assert _no_overflow(page) == []
     first_id = failed.get_attribute("data-pool-id")
     _shot(page, "sidebar-failed-start-in-words.png")

@@ -6,12 +6,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 
 from workbench.config import PoolConfig, pool_options
 from workbench.magics.args import parse_dist, pool_config_options
-from workbench.server.start_request import parse_start_request, start_options
+from workbench.server.start_request import parse_start_request, start_form, start_options
 
 SLURM = {"launcher": "slurm", "interface": "lo"}
 # field -> (a value other than its default, the other fields that value needs to be valid)
@@ -76,3 +77,29 @@ def test_the_panels_request_reaches_every_field(name):
 def test_a_start_line_without_options_is_the_default_config():
     assert dataclasses.asdict(PoolConfig(**pool_config_options(parse_dist("start")))) == \
         dataclasses.asdict(PoolConfig())
+
+
+# The browser's tests (extension/src/__tests__) render the start dialog from this copy of the server's
+# answer to GET /workbench/options, this machine's interfaces replaced by two fixed ones. Written again by
+# `python -m tests.unit.test_pool_options` when PoolConfig's fields change.
+FORM_FIXTURE = Path(__file__).resolve().parents[2] / "extension" / "src" / "__tests__" / "start-form.json"
+FIXED_INTERFACES = [{"value": "lo", "label": "lo (127.0.0.1)"}, {"value": "eth0", "label": "eth0 (10.0.0.5)"}]
+
+
+def browser_form() -> dict:
+    form = start_form(default_n=2)
+    for option in form["options"]:
+        if option["name"] == "interface":
+            option["choices"] = FIXED_INTERFACES
+    return form
+
+
+def test_the_browsers_tests_render_the_servers_start_form():
+    assert json.loads(FORM_FIXTURE.read_text()) == browser_form(), (
+        f"{FORM_FIXTURE} is not what the server answers: write it again with "
+        "`python -m tests.unit.test_pool_options`")
+
+
+if __name__ == "__main__":
+    FORM_FIXTURE.write_text(json.dumps(browser_form(), indent=2) + "\n")
+    print(f"wrote {FORM_FIXTURE}")

@@ -63,7 +63,9 @@ def start_error(what: str, todo: str, *, log: Path | None, output: str | None = 
     if log:
         lines.append(f"Log: {log}")
     lines.append(f"{todo} {STOPPED}")
-    return PoolStartError("\n".join(lines))
+    said = tuple(ln.removeprefix("  | ") for ln in shown.splitlines())  # the parts, for the panel's card
+    return PoolStartError("\n".join(lines), what=lines[0], tail=said, log=str(log) if log else None,
+                          todo=lines[-1])
 
 
 # What to check when a launcher's command refused the start, in the launcher's own terms.

@@ -2,9 +2,12 @@
 
 Every verb is authenticated and authorised (resource ``workbench``); only POST and
 DELETE change anything; ``GET pools/<id>/dashboard`` is the pool's live dashboard, polled by
-the panel docked beside a notebook. Errors come back as JSON ``{"message": ...}`` with the right
-status: 400 for a malformed request, 404 for an unknown pool, 409 for a pool that is
-busy starting or stopping, 503 while the server shuts down.
+the panel docked beside a notebook; ``GET options`` is the start dialog's fields. Errors come back as
+JSON ``{"message": ..., "problem": {...}}`` with the right status: 400 for a malformed request, 404 for an
+unknown pool, 409 for a pool that is busy starting or stopping, 503 while the server shuts down.
+``message`` is the sentence as the workbench says it anywhere (the magic, a kernel keeping a pool);
+``problem`` is the same in the panel's words, as parts (:func:`~workbench.server.panel_words.problem`),
+which the page shows as they come.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
 from workbench.server.manager import PoolBusy, PoolManager, PoolNotFound, ShuttingDown
-from workbench.server.start_request import interfaces, parse_start_request
-from workbench.widgets.assets import DASHBOARD_JS, plotly_js
+from workbench.server.panel_words import problem
+from workbench.server.start_request import interfaces, parse_start_request, start_form
+from workbench.widgets.assets import dashboard_js, plotly_js
 
 AUTH_RESOURCE = "workbench"
 POOL_ID = r"(?P<pool_id>[A-Za-z0-9_-]+)"
@@ -44,6 +48,16 @@ class WorkbenchHandler(APIHandler):
     def reply(self, data, status: int = 200) -> None:
         self.set_status(status)
         self.finish(json.dumps(data))
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        """Jupyter's JSON error (``message``, ``reason``), with the ``problem`` in the panel's words."""
+        exc = (kwargs.get("exc_info") or (None, None, None))[1]
+        if not isinstance(exc, tornado.web.HTTPError) or not exc.log_message:
+            return super().write_error(status_code, **kwargs)
+        self.set_header("Content-Type", "application/json")
+        self.log.warning("wrote error: %r", exc.log_message)
+        self.finish(json.dumps({"message": exc.log_message, "reason": exc.reason,
+                                "problem": problem(exc.log_message)}))
 
     async def guarded(self, coro):
         """Turn the manager's exceptions into JSON errors with the right status."""
@@ -72,6 +86,15 @@ class InterfacesHandler(WorkbenchHandler):
     async def get(self):
         """The network interfaces of this machine, for the dialog's Interface field."""
         self.reply({"interfaces": interfaces()})
+
+
+class OptionsHandler(WorkbenchHandler):
+    @tornado.web.authenticated
+    @authorized
+    async def get(self):
+        """The start dialog's fields, made from the config's (:func:`.start_request.start_form`)."""
+        form = await asyncio.to_thread(start_form, self.manager.info()["default_n"])
+        self.reply(form)
 
 
 class PoolsHandler(WorkbenchHandler):
@@ -139,7 +162,7 @@ class StacksHandler(WorkbenchHandler):
 
 
 class DashboardCodeHandler(WorkbenchHandler):
-    FILES = {"dashboard.js": lambda: DASHBOARD_JS, "plotly.min.js": plotly_js}
+    FILES = {"dashboard.js": dashboard_js, "plotly.min.js": plotly_js}
 
     @tornado.web.authenticated
     @authorized
@@ -166,6 +189,7 @@ class Route:
 ROUTES = [
     Route("/workbench/info", InfoHandler, "/workbench/info"),
     Route("/workbench/interfaces", InterfacesHandler, "/workbench/interfaces"),
+    Route("/workbench/options", OptionsHandler, "/workbench/options"),
     Route("/workbench/pools", PoolsHandler, "/workbench/pools"),
     Route(f"/workbench/pools/{POOL_ID}", PoolHandler, "/workbench/pools/abc123"),
     Route(f"/workbench/pools/{POOL_ID}/restart", RestartHandler, "/workbench/pools/abc123/restart"),

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from workbench.config import BACKENDS, LAUNCHERS, PoolConfig
-from workbench.errors import WorkbenchError
+from workbench.errors import PoolStartError, WorkbenchError
 from workbench.pool import launchers, sharing
 from workbench.pool import state as pool_state
 from workbench.pool.queues import rank_states
 from workbench.server.dashboards import IDLE_S, DashboardSources
+from workbench.server.panel_words import problem
 from workbench.server.start_request import start_options
 from workbench.server.usage import UsageSampler
 
@@ -80,6 +81,7 @@ class _Started:
     message: str = "starting"
     engines_up: int = 0
     error: str | None = None
+    problem: dict | None = None  # the error in the panel's words, as its parts (what the card shows)
     log: list[str] = field(default_factory=list)
     created: float = field(default_factory=time.time)
     known_id: str | None = None  # kept after a failed start, so the card keeps its id
@@ -291,6 +293,7 @@ class PoolManager:
             "engines_up": engines_up,
             "message": message,
             "error": rec.error if rec is not None else None,
+            "problem": rec.problem if rec is not None else None,
             "log": list(rec.log) if rec is not None else [],
             "launcher": (state or {}).get("launcher") or (rec.config.launcher if rec else "local"),
             "backend": (state or {}).get("backend"),
@@ -387,6 +390,7 @@ class PoolManager:
                 return
             rec.phase = "failed"
             rec.error = in_words(exc)
+            rec.problem = problem(exc if isinstance(exc, PoolStartError) else rec.error)
             rec.message = "failed to start"
             rec.log.append(rec.error)
             rec.session = None

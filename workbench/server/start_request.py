@@ -1,4 +1,5 @@
-"""What the panel's Start dialog sends, checked before anything starts; and what it can offer.
+"""What the panel's Start dialog offers (:func:`start_form`, rendered by the page from the config's
+fields), what it sends, checked before anything starts.
 
 A start request is a JSON object with any of the fields of :class:`~workbench.config.PoolConfig`
 (:func:`~workbench.config.pool_options`: the same list the magic's ``%dist start`` is made from; the
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.config import PoolConfig, PoolOption, pool_options
+from workbench.config import PoolConfig, PoolOption, options_schema, pool_options
 from workbench.pool import capacity, launchers, netif
 
 OPTIONS = {o.name: o for o in pool_options()}
@@ -109,3 +110,33 @@ def interfaces() -> list[dict]:
     named = [{"name": name, "address": addrs[0], "loopback": netif.is_loopback(addrs[0])}
              for name, addrs in netif.ipv4_addresses().items() if addrs]
     return sorted(named, key=lambda i: (not i["loopback"], i["name"]))
+
+
+def start_form(default_n: int) -> dict:
+    """The start dialog's fields, for the page to render (``GET /workbench/options``): every option of
+    :func:`~workbench.config.options_schema` (those with ``advanced`` are the dialog's, in their order),
+    each choice with its label, the interface's choices this machine's, the hint of an empty box filled in
+    (``default_n``: the engines a start without ``n`` gets here); and the sentence under the fields.
+
+    >>> form = start_form(2)
+    >>> [(o["name"], o["label"]) for o in form["options"] if o["advanced"]][:3]
+    [('launcher', 'Launcher'), ('n', 'Engines'), ('hosts', 'Hosts')]
+    >>> next(o["hint"] for o in form["options"] if o["name"] == "n")
+    'default: 2 here, one per GPU on a cluster'
+    >>> next(o for o in form["options"] if o["name"] == "interface")["choices"][0]
+    {'value': 'lo', 'label': 'lo (127.0.0.1)'}
+    >>> form["note"]
+    "Interface: where engines on other machines reach this server's pool."
+    """
+    options = []
+    for option in options_schema():
+        choices = [{"value": c, "label": c} for c in option["choices"]]
+        if option["name"] == "interface":
+            choices = [{"value": i["name"], "label": f"{i['name']} ({i['address']})"} for i in interfaces()]
+        hint = option["hint"]
+        if hint is None and option["kind"] in ("count", "seconds") and option["default"] is not None:
+            hint = f"{option['default']:g}"  # an empty box starts with the default: say which
+        options.append({**option, "choices": choices,
+                        "hint": hint.format(default_n=default_n) if hint is not None else None})
+    label = OPTIONS["interface"].label
+    return {"options": options, "note": f"{label}: where engines on other machines reach this server's pool."}

@@ -19,7 +19,7 @@ import anywidget
 import ipywidgets as W
 import traitlets as T
 
-from workbench.widgets.assets import DASHBOARD_JS, plotly_js
+from workbench.widgets.assets import dashboard_js, plotly_js
 
 
 class PlotlyLibrary(W.Widget):
@@ -43,7 +43,7 @@ class DashboardView(anywidget.AnyWidget):
     """The live dashboard in the page: HTML header, device table and note; loss and throughput lines
     (``figure``, extended by ``{"extend": {"indices", "x", "y"}}`` messages); step-time bars (``bars``)."""
 
-    _esm = DASHBOARD_JS
+    _esm = dashboard_js()  # compiled from extension/src/widget/dashboard.ts by the package's build
     uid = T.Unicode().tag(sync=True)
     # the PlotlyLibrary's model id, not a widget reference: the view shows its text at once, the plot
     # as soon as plotly.js is in the page (a reference would hold the view back until then)

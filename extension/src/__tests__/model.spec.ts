@@ -5,17 +5,20 @@ import {
   elapsedSeconds,
   formatBytes,
   formatPercent,
+  dialogFields,
   IInfo,
-  IInterface,
   IPool,
   IRank,
+  IStartForm,
   IStartOptions,
-  inWords,
   IWorkbenchAPI,
   keptBadge,
   MAX_BACKOFF_MS,
   SETTLE_MS,
   poolHealth,
+  poolProblem,
+  problemOf,
+  problemText,
   PoolsModel,
   rankCounts,
   ranksInOrder,
@@ -25,6 +28,7 @@ import {
   startFromDialog,
   startRequest
 } from '../model';
+import { FORM, MARGIN } from './startForms';
 
 function rank(r: number, state: IRank['state'] = 'idle'): IRank {
   return {
@@ -73,11 +77,12 @@ const INFO: IInfo = {
   default_n: 2
 };
 
-/** An error as the REST client throws it: the server's sentence and the HTTP status. */
+/** An error as the REST client throws it: the server's sentence, the HTTP status, and the problem. */
 class HTTPError extends Error {
   constructor(
     message: string,
-    readonly status: number
+    readonly status: number,
+    readonly problem: unknown = null
   ) {
     super(message);
   }
@@ -92,11 +97,11 @@ class FakeAPI implements IWorkbenchAPI {
     this.calls.push('info');
     return INFO;
   }
-  async interfaces(): Promise<IInterface[]> {
+  async startForm(): Promise<IStartForm> {
     if (this.failWith) {
       throw this.failWith;
     }
-    return [{ name: 'lo', address: '127.0.0.1', loopback: true }];
+    return FORM;
   }
   countOnly: string[][] = [];
   async list(countOnly: string[] = []): Promise<IPool[]> {
@@ -206,7 +211,7 @@ describe('the start dialog', () => {
       hosts: 'left,over',
       interface: 'ib0'
     };
-    expect(startRequest(fields)).toEqual({
+    expect(startRequest(FORM, fields)).toEqual({
       launcher: 'slurm',
       backend: 'auto',
       timeout: 120,
@@ -217,7 +222,7 @@ describe('the start dialog', () => {
       interface: 'ib0'
     });
     expect(
-      startRequest({ ...fields, launcher: 'ssh', hosts: 'a,b', nodes: '3' })
+      startRequest(FORM, { ...fields, launcher: 'ssh', hosts: 'a,b', nodes: '3' })
     ).toEqual({
       launcher: 'ssh',
       backend: 'auto',
@@ -227,15 +232,15 @@ describe('the start dialog', () => {
       interface: 'ib0'
     });
     // not a number: sent as typed, for the server to say what is wrong with it
-    expect(startRequest({ launcher: 'mpi', n: 'two' })).toEqual({
+    expect(startRequest(FORM, { launcher: 'mpi', n: 'two' })).toEqual({
       launcher: 'mpi',
       n: 'two'
     });
     // a ticked box is true; an unticked one is left out
     expect(
-      startRequest({ launcher: 'local', n: '9', oversubscribe: 'true' })
+      startRequest(FORM, { launcher: 'local', n: '9', oversubscribe: 'true' })
     ).toEqual({ launcher: 'local', n: 9, oversubscribe: true });
-    expect(startRequest({ launcher: 'local', oversubscribe: '' })).toEqual({
+    expect(startRequest(FORM, { launcher: 'local', oversubscribe: '' })).toEqual({
       launcher: 'local'
     });
   });
@@ -251,10 +256,12 @@ describe('the start dialog', () => {
     const start = api.start.bind(api);
     api.start = async options => {
       if (options.time === 'soon') {
-        throw new HTTPError(
-          "time 'soon' is not a Slurm time limit: write minutes ('30').",
-          400
-        );
+        throw new HTTPError("time 'soon' is not a Slurm time limit: write minutes ('30').", 400, {
+          what: "Time limit 'soon' is not a Slurm time limit: write minutes ('30').",
+          tail: [],
+          log: null,
+          todo: ''
+        });
       }
       return start(options);
     };
@@ -271,7 +278,8 @@ describe('the start dialog', () => {
       [{ launcher: 'local', n: 2 }, null],
       [
         { launcher: 'slurm', time: 'soon', interface: 'lo' },
-        "time 'soon' is not a Slurm time limit: write minutes ('30')."
+        // the sentence the server wrote for the panel, as it came
+        "Time limit 'soon' is not a Slurm time limit: write minutes ('30')."
       ]
     ]);
     // the refusal started nothing and is not a banner: the dialog said it
@@ -294,93 +302,86 @@ describe('the start dialog', () => {
     const model = new PoolsModel(api, 1000);
     expect(await model.tryStart({ n: 2 })).toBeNull();
     expect(model.actionError).toBe('could not reach the Jupyter server');
-    expect(await model.interfaces()).toEqual([]);
+    // the dialog cannot open without its fields: the banner says why
+    expect(await model.startForm()).toBeNull();
+    expect(model.actionError).toBe(
+      'The start dialog did not open: could not reach the Jupyter server'
+    );
     model.dispose();
   });
 });
 
-describe('messages in words', () => {
-  it('drops the Python class name in front', () => {
-    expect(
-      inWords('PoolStartError: only 1 of 2 engines registered within 0.2 s.')
-    ).toBe('only 1 of 2 engines registered within 0.2 s.');
-    // the field is called "Engines" in the dialog, so the sentence under it says so (issue 24 item 9)
-    expect(inWords('ValueError: n must be at least 1 (got 0): the pool needs one engine per rank.')).toBe(
-      'Engines must be at least 1 (got 0): the pool needs one engine per rank.'
+describe('the start options, as the server describes them', () => {
+  it('shows each launcher its own fields, in the order the server gives', () => {
+    const names = (launcher: string) => dialogFields(FORM, launcher).map(o => o.name);
+    expect(names('local')).toEqual(['launcher', 'n', 'backend', 'timeout', 'oversubscribe']);
+    expect(names('slurm')).toEqual([
+      'launcher', 'n', 'nodes', 'gpus_per_node', 'interface', 'partition', 'time', 'account',
+      'backend', 'timeout'
+    ]);
+    expect(names('mpi')).toEqual(['launcher', 'n', 'hosts', 'interface', 'backend', 'timeout']);
+    expect(names('ssh')).toEqual([
+      'launcher', 'n', 'hosts', 'gpus_per_node', 'interface', 'backend', 'timeout'
+    ]);
+  });
+
+  it('sends a field it was never told of, by its kind (a field added to PoolConfig)', () => {
+    const form: IStartForm = { ...FORM, options: [...FORM.options, MARGIN] };
+    expect(dialogFields(form, 'slurm').map(o => o.name)).toContain('walltime_margin');
+    expect(dialogFields(form, 'local').map(o => o.name)).not.toContain('walltime_margin');
+    expect(startRequest(form, { launcher: 'slurm', walltime_margin: '120', interface: 'lo' })).toEqual({
+      launcher: 'slurm',
+      walltime_margin: 120,
+      interface: 'lo'
+    });
+    expect(startRequest(form, { launcher: 'local', walltime_margin: '120' })).toEqual({
+      launcher: 'local'
+    });
+  });
+});
+
+describe('problems, as the server sends them', () => {
+  const problem = {
+    what: 'only 0 of 2 engines registered within 0.001 s:',
+    tail: ['--- engine 0 ---', 'boom'],
+    log: '/tmp/pool.log',
+    todo: 'Try a longer Start timeout, or fewer engines. Every process started for the pool has been stopped.'
+  };
+
+  it('are shown as they came, one part a line', () => {
+    expect(problemText(problem)).toBe(
+      'only 0 of 2 engines registered within 0.001 s:\n  | --- engine 0 ---\n  | boom\n' +
+        'Log: /tmp/pool.log\n' +
+        'Try a longer Start timeout, or fewer engines. Every process started for the pool has been stopped.'
     );
-    expect(inWords('nodes must be at least 1 (got 0).')).toBe('Nodes must be at least 1 (got 0).');
-    expect(inWords('the pool needs n engines')).toBe('the pool needs n engines');
-    expect(
-      inWords('engines exited. Their output:\nipyparallel.error.TimeoutError: no')
-    ).toBe('engines exited. Their output:\nno');
-    expect(inWords('rank 1 raised a ValueError: bad')).toBe(
-      'rank 1 raised a ValueError: bad'
+    expect(problemText({ what: 'Engines must be at least 1 (got 0).', tail: [], log: null, todo: '' })).toBe(
+      'Engines must be at least 1 (got 0).'
     );
   });
 
-  it("names the dialog's fields instead of command-line flags", () => {
-    expect(
-      inWords(
-        '--launcher slurm starts engines on other machines, and cluster nodes cannot reach ' +
-          'this kernel on loopback (127.0.0.1). Name the interface they reach it on, e.g. ' +
-          '--interface eth0 (interfaces here: eth0 10.0.0.5, lo 127.0.0.1); --interface lo ' +
-          'only works when the nodes are this machine.'
-      )
-    ).toBe(
-      'Launcher “slurm” starts engines on other machines, and cluster nodes cannot reach ' +
-        'this kernel on loopback (127.0.0.1). Name the interface they reach it on, e.g. ' +
-        'Interface “eth0” (interfaces here: eth0 10.0.0.5, lo 127.0.0.1); Interface “lo” ' +
-        'only works when the nodes are this machine.'
+  it('come from the error, or are its message where the server sent none', () => {
+    expect(problemOf(new HTTPError('--timeout', 400, problem))).toBe(problem);
+    expect(problemOf(new HTTPError('could not reach the Jupyter server', 503))).toEqual({
+      what: 'could not reach the Jupyter server',
+      tail: [],
+      log: null,
+      todo: ''
+    });
+    // a failed pool: its problem; a server that sends none, its error whole (never rewritten here)
+    expect(poolProblem(pool({ state: 'failed', problem }))).toBe(problem);
+    expect(poolProblem(pool({ state: 'failed', error: 'PoolStartError: --timeout' })).what).toBe(
+      'PoolStartError: --timeout'
     );
-    expect(
-      inWords(
-        '--launcher ssh needs the hosts to start engines on: --hosts node1,node2.'
-      )
-    ).toBe(
-      'Launcher “ssh” needs the hosts to start engines on: Hosts “node1,node2”.'
-    );
-    expect(
-      inWords(
-        'only 0 of 2 engines registered within 0.2 s. Try a longer --timeout, or fewer engines.'
-      )
-    ).toBe(
-      'only 0 of 2 engines registered within 0.2 s. Try a longer Start timeout, or fewer engines.'
-    );
-    expect(
-      inWords('-n 3 does not match 2 nodes x 4 GPUs = 8 engines: give one of them.')
-    ).toBe(
-      'Engines “3” does not match 2 nodes x 4 GPUs = 8 engines: give one of them.'
-    );
-    expect(inWords('gpus-per-node must be at least 1 (got 0).')).toBe(
-      'GPUs per node must be at least 1 (got 0).'
-    );
-    expect(inWords('--- engine 0 ---\nboom')).toBe('--- engine 0 ---\nboom');
   });
 
-  it('leaves out what only code or the magics can set', () => {
-    expect(
-      inWords(
-        '-n 9 is more than this machine holds: 2 cores x 4 = 8 ranks. Start at most 8, or add ' +
-          '--oversubscribe (PoolConfig(oversubscribe=True)) to start 9 anyway; nothing was started.'
-      )
-    ).toBe(
-      'Engines “9” is more than this machine holds: 2 cores x 4 = 8 ranks. Start at most 8, or tick ' +
-        'Oversubscribe to start 9 anyway; nothing was started.'
-    );
-    expect(
-      inWords(
-        'the controller exited. Check --interface or --address: it must name an address of this machine.'
-      )
-    ).toBe(
-      'the controller exited. Check Interface: it must name an address of this machine.'
-    );
-    expect(
-      inWords(
-        'Run where `sbatch` is, or start a local pool: %dist start -n 2. Every process was stopped.'
-      )
-    ).toBe('Run where `sbatch` is, or start a local pool. Every process was stopped.');
+  it('go on the banner as the server said them to the panel', async () => {
+    const api = new FakeAPI();
+    api.failWith = new HTTPError('pool abc is stopping: wait.', 409, { ...problem, tail: [], log: null });
+    const model = new PoolsModel(api, 1000);
+    await model.stop('abc');
+    expect(model.actionError).toBe(problemText({ ...problem, tail: [], log: null }));
+    model.dispose();
   });
-
   it('turns the dot amber when a rank of a running pool failed', () => {
     expect(poolHealth(pool())).toBe('running');
     expect(poolHealth(pool({ ranks: [rank(0), rank(1, 'failed')] }))).toBe(
