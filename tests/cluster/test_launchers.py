@@ -10,18 +10,19 @@ from IPython.core.error import UsageError
 
 from workbench.config import PoolConfig
 from workbench.magics.args import parse_dist
-from workbench.pool import launchers, netif
+from workbench.pool import netif
+from workbench.pool.launch import launcher_for
 from workbench.pool.rankmap import EngineInfo, build_rank_map, remap_engines
 
 
 def kwargs(config, n):
-    return launchers.engine_set_kwargs(config, n, work_dir="/scratch", env={"A": "1"}, engine_args=["--x"])
+    return launcher_for(config).engine_set_kwargs(n, work_dir="/scratch", env={"A": "1"}, engine_args=["--x"])
 
 
 def test_slurm_one_engine_per_gpu_on_every_node():
     config = PoolConfig(launcher="slurm", nodes=2, gpus_per_node=4, partition="gpu", time="1:00:00",
                         account="proj", interface="lo")
-    assert launchers.default_engines(config) == 8
+    assert launcher_for(config).default_engines() == 8
     kw = kwargs(config, 8)
     script = kw["batch_template"]
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
@@ -72,9 +73,9 @@ def test_config_rejects(options, message):
 
 def test_loopback_refused_where_engines_are_elsewhere():
     with pytest.raises(ValueError, match="cannot reach this kernel on loopback.*here: .*lo 127.0.0.1"):
-        launchers.check_address(PoolConfig(launcher="ssh", hosts="n1,n2"), "127.0.0.1")
-    launchers.check_address(PoolConfig(launcher="ssh", hosts="localhost"), "127.0.0.1")
-    launchers.check_address(PoolConfig(launcher="slurm", interface="lo"), "127.0.0.1")  # one-node box
+        launcher_for(PoolConfig(launcher="ssh", hosts="n1,n2")).check_address("127.0.0.1")
+    launcher_for(PoolConfig(launcher="ssh", hosts="localhost")).check_address("127.0.0.1")
+    launcher_for(PoolConfig(launcher="slurm", interface="lo")).check_address("127.0.0.1")  # one-node box
     assert netif.resolve(PoolConfig(interface="lo")).address == "127.0.0.1"
     with pytest.raises(ValueError, match="no network interface 'nope0'"):
         netif.resolve(PoolConfig(interface="nope0"))

@@ -25,8 +25,9 @@ from typing import Any
 
 from workbench.config import BACKENDS, LAUNCHERS, PoolConfig
 from workbench.errors import WorkbenchError
-from workbench.pool import launchers, sharing
+from workbench.pool import sharing
 from workbench.pool import state as pool_state
+from workbench.pool.launch import launcher_for
 from workbench.pool.queues import rank_states
 from workbench.server.dashboards import IDLE_S, DashboardSources
 from workbench.server.start_request import start_options
@@ -363,7 +364,7 @@ class PoolManager:
         ``pool_id``: start it under that id (a restarted pool keeps its id and its name)."""
         self._open()
         if config.n is None:  # what Session.start will take: one per GPU (on every node or host), else 2
-            config = replace(config, n=launchers.default_engines(config, self._usage.gpu_count()))
+            config = replace(config, n=launcher_for(config).default_engines(self._usage.gpu_count()))
         asked = config
         if config.name is None:  # named now: the card's title is the same from the click on (and if it fails)
             config = replace(config, name=sharing.name_for(pool_id or uuid.uuid4().hex[:8]))

@@ -33,7 +33,7 @@ from workbench.pool import state as pool_state
 from workbench.pool.cluster import EnginePool, interrupts_held
 from workbench.pool.devices import check_gpu_fit, visible_gpu_count
 from workbench.pool.idle import IdleRelease
-from workbench.pool.launchers import default_engines
+from workbench.pool.launch import default_engines
 from workbench.pool.queues import rank_states
 from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks, ranks_text
 from workbench.pool.watch import BeaconReceiver
