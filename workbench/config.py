@@ -16,10 +16,18 @@ _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")
 
 
 def _about(help: str, *, flag: str | None = None, words: str | None = None, choices: tuple = (),
-           group: str | None = None) -> dict:
+           group: str | None = None, launchers: tuple[str, ...] = (), refused: str | None = None,
+           needed_by: tuple[str, ...] = (), needed: str | None = None) -> dict:
     """A field's metadata: ``help``, its ``flag`` (default ``--field-name``), how a sentence names it
-    (``words``), its ``choices``, and a ``group`` of options that exclude each other."""
-    return {"help": help, "flag": flag, "words": words, "choices": tuple(choices), "group": group}
+    (``words``), its ``choices``, and a ``group`` of options that exclude each other. An option of some
+    launchers only names them (``launchers``; empty: every launcher takes it) and, if not the general one,
+    the sentence that refuses it elsewhere (``refused``); ``needed_by``: the launchers that cannot start
+    without it, and the sentence that says so (``needed``, ``{launcher}`` in it). The panel can show an
+    option with the launchers that take it; validation reads these (what each launcher does with its
+    options is :mod:`workbench.pool.launch`'s)."""
+    return {"help": help, "flag": flag, "words": words, "choices": tuple(choices), "group": group,
+            "launchers": tuple(launchers), "refused": refused, "needed_by": tuple(needed_by),
+            "needed": needed}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,14 +86,20 @@ class PoolConfig:
         "IP address to listen on instead of an interface name", group="network"))
     interface: str | None = field(default=None, metadata=_about(
         "network interface the engines reach this kernel on (default: loopback)", group="network"))
-    nodes: int | None = field(default=None, metadata=_about("Slurm: nodes to run engines on"))
+    nodes: int | None = field(default=None, metadata=_about("Slurm: nodes to run engines on",
+                                                            launchers=("slurm",)))
     gpus_per_node: int | None = field(default=None, metadata=_about(
-        "one engine per GPU on every node or host, each pinned to its GPU", words="GPUs per node"))
-    partition: str | None = field(default=None, metadata=_about("Slurm partition"))
-    time: str | None = field(default=None, metadata=_about("Slurm time limit, e.g. 30 or 2:00:00"))
-    account: str | None = field(default=None, metadata=_about("Slurm account"))
+        "one engine per GPU on every node or host, each pinned to its GPU", words="GPUs per node",
+        launchers=("slurm", "mpi", "ssh"),
+        refused="gpus-per-node is for cluster launchers; a local pool takes -n (default: one engine per "
+                "visible GPU)."))
+    partition: str | None = field(default=None, metadata=_about("Slurm partition", launchers=("slurm",)))
+    time: str | None = field(default=None, metadata=_about("Slurm time limit, e.g. 30 or 2:00:00",
+                                                           launchers=("slurm",)))
+    account: str | None = field(default=None, metadata=_about("Slurm account", launchers=("slurm",)))
     hosts: tuple[str, ...] = field(default=(), metadata=_about(
-        "ssh/mpi: hosts to start engines on, e.g. node1,node2"))
+        "ssh/mpi: hosts to start engines on, e.g. node1,node2", launchers=("ssh", "mpi"), needed_by=("ssh",),
+        needed="--launcher {launcher} needs the hosts to start engines on: --hosts node1,node2."))
     idle_release: float | None = field(default=None, metadata=_about(
         "stop the pool (release its nodes) after this many idle seconds"))
     oversubscribe: bool = field(default=False, metadata=_about(
@@ -124,18 +138,7 @@ class PoolConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1 (got {value}).")
-        slurm_only = [name for name in ("nodes", "partition", "time", "account") if getattr(self, name)]
-        if slurm_only and self.launcher != "slurm":
-            raise ValueError(f"{', '.join(slurm_only)} only apply to --launcher slurm "
-                             f"(this pool's launcher is {self.launcher}).")
-        if self.hosts and self.launcher not in ("ssh", "mpi"):
-            raise ValueError(f"hosts apply to --launcher ssh or mpi (this pool's launcher is "
-                             f"{self.launcher}).")
-        if self.launcher == "ssh" and not self.hosts:
-            raise ValueError("--launcher ssh needs the hosts to start engines on: --hosts node1,node2.")
-        if self.gpus_per_node and self.launcher == "local":
-            raise ValueError("gpus-per-node is for cluster launchers; a local pool takes -n (default: one "
-                             "engine per visible GPU).")
+        self._check_launcher_options()
         if self.time is not None and not _SLURM_TIME.match(self.time):
             raise ValueError(f"time {self.time!r} is not a Slurm time limit: write minutes ('30'), "
                              "'HH:MM:SS' or 'D-HH:MM'.")
@@ -144,6 +147,39 @@ class PoolConfig:
         if self.engines is not None and self.n is not None and self.n != self.engines:
             raise ValueError(f"-n {self.n} does not match {self._places()} x {self.gpus_per_node} GPUs "
                              f"= {self.engines} engines: give one of them.")
+
+    def _check_launcher_options(self) -> None:
+        """Options of other launchers refused, and options this launcher needs asked for, as the fields'
+        metadata says (``launchers``, ``needed_by``, ``refused``): a sentence for each kind, in this order.
+
+        >>> PoolConfig(partition="gpu", time="30")
+        Traceback (most recent call last):
+        ...
+        ValueError: partition, time only apply to --launcher slurm (this pool's launcher is local).
+        >>> PoolConfig(launcher="slurm", hosts="a")
+        Traceback (most recent call last):
+        ...
+        ValueError: hosts apply to --launcher ssh or mpi (this pool's launcher is slurm).
+        """
+        refused: dict[tuple[str, ...], list[str]] = {}  # the launchers that take them -> options given
+        own = []  # options whose refusal is a sentence of their own
+        for f in fields(self):
+            takers = f.metadata["launchers"]
+            if takers and getattr(self, f.name) and self.launcher not in takers:
+                if f.metadata["refused"]:
+                    own.append(f.metadata["refused"])
+                else:
+                    refused.setdefault(takers, []).append(f.name)
+        if refused:
+            takers, names = next(iter(refused.items()))
+            only = "only " if len(takers) == 1 else ""
+            raise ValueError(f"{', '.join(names)} {only}apply to --launcher {' or '.join(takers)} (this "
+                             f"pool's launcher is {self.launcher}).")
+        for f in fields(self):
+            if self.launcher in f.metadata["needed_by"] and not getattr(self, f.name):
+                raise ValueError(f.metadata["needed"].format(launcher=self.launcher))
+        if own:
+            raise ValueError(own[0])
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, as JSON takes it (the pool's state file carries it; :meth:`from_dict` reads it back).
