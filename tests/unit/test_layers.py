@@ -1,5 +1,5 @@
 """The layering contract (issue 22): arrows run down, one door to the engines, no privates across rooms,
-no two modules with one file name.
+no two modules with one file name, no per-launcher comparison outside the launcher objects.
 
 Each rule is a function over ``{module name: source}``, so the tests below run it on the package and on a
 small crafted tree that breaks it (a rule that cannot fail would hold nothing).
@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 import workbench
+from workbench.config import LAUNCHERS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,6 +57,14 @@ FOREIGN_PRIVATES = {"_targets": "ipyparallel's AsyncResult._targets (the engine 
 PENDING_RENAMES: dict[str, str] = {}  # house-b renamed session/elastic.py (cell_elastic.py, recovery.py)
 # A code string that imports a project module on the ranks: "import workbench..." / "from workbench... import"
 CODE_IMPORT = re.compile(r"(^|[\n;])\s*(import|from)\s+workbench\b")
+# Where per-launcher behaviour lives (issue 36): one class per launcher, chosen once from the config.
+LAUNCHER_HOME = "workbench.pool.launch"
+# Per-launcher comparisons the lead converts once the session's rewrite (issue 36, "funnel") is merged, with
+# how many each module may still hold: the ``local`` property of Session, ProcessGroup and Recovery
+# (``pool.launcher.on_this_machine``) and Recovery.bring_back's MPI test (``pool.launcher.can_add_engines``).
+# Lower a count as its sites go; remove the entry at 0.
+PENDING_LAUNCHER_SITES = {"workbench.session.session": 1, "workbench.session.group": 1,
+                          "workbench.session.recovery": 2}
 
 
 def unit_of(module: str) -> str:
@@ -227,7 +236,93 @@ def shared_file_names(sources: dict[str, str]) -> list[str]:
     return [f"{name}.py: {', '.join(mods)}" for name, mods in sorted(seen.items()) if len(mods) > 1]
 
 
-RULES = [arrows_up, second_doors, privates_across_rooms, shared_file_names]
+def launcher_comparisons(sources: dict[str, str]) -> list[str]:
+    """Rule (e): what differs between launchers is asked of the launcher objects (:data:`LAUNCHER_HOME`),
+    never decided elsewhere by a launcher's name: outside them no comparison (``==``, ``!=``, ``in``,
+    ``not in``) of a launcher's name written out (``"slurm"``, or a tuple of names) with a value that holds
+    one (``config.launcher``, ``launcher``, ``state.get("launcher")``, ``pool.launcher.name``), no ``match``
+    on one with such a case, no table looked up by one (``ADVICE[config.launcher]``, ``.get(launcher)``),
+    and no ``isinstance`` against a launcher class.
+
+    Not an exemption but how it holds there: the config declares in each option's metadata which launchers
+    take it (``launchers``, ``needed_by``: the options schema the magic and the panel are made from), and its
+    validation reads that table without naming a launcher. A word that is also a launcher's name but means
+    something else (a fault's origin ``"local"``) compares with no launcher, so it passes.
+    """
+    names, bad = set(LAUNCHERS), []
+    for module, source in sources.items():
+        if module == LAUNCHER_HOME or module.startswith(LAUNCHER_HOME + "."):
+            continue
+        tree = ast.parse(source)
+        classes = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                   and (node.module or "").startswith(LAUNCHER_HOME) for a in node.names
+                   if a.name[:1].isupper() and a.name not in ("Launcher", "KINDS", "LAUNCHERS")}
+        for node in ast.walk(tree):
+            what = None
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                if any(_launcher_names(o, names) for o in operands) and any(map(_holds_launcher, operands)):
+                    what = "compares a launcher's name"
+            elif isinstance(node, ast.Match) and _holds_launcher(node.subject) and any(
+                    isinstance(p, ast.MatchValue) and _launcher_names(p.value, names)
+                    for case in node.cases for p in ast.walk(case.pattern)):
+                what = "matches a launcher's name"
+            elif isinstance(node, ast.Subscript) and _keyed_by_launcher(node.slice):
+                what = "looks up a table by launcher"
+            elif _called(node, "get") and node.args and _keyed_by_launcher(node.args[0]):
+                what = "looks up a table by launcher"
+            elif _called(node, "isinstance") and len(node.args) == 2 and classes & {
+                    n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}:
+                what = "tests for a launcher class"
+            if what:
+                bad.append(f"{module}:{node.lineno} {what}: {ast.unparse(node)[:80]}")
+    return bad
+
+
+def _called(node: ast.AST, name: str) -> bool:
+    """A call of ``name(...)`` or ``something.name(...)``."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    return (isinstance(func, ast.Name) and func.id == name) or (isinstance(func, ast.Attribute)
+                                                                  and func.attr == name)
+
+
+def _launcher_names(node: ast.AST, names: set[str]) -> bool:
+    """A launcher's name written out: ``"slurm"``, or a tuple, list or set holding one."""
+    if isinstance(node, ast.Constant):
+        return node.value in names
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_launcher_names(e, names) for e in node.elts)
+    return False
+
+
+def _holds_launcher(node: ast.AST) -> bool:
+    """An expression that holds a launcher (its name or its object): it reads a ``launcher`` (a name, an
+    attribute, or the key ``"launcher"``)."""
+    return any((isinstance(n, ast.Name) and n.id == "launcher") or (isinstance(n, ast.Attribute)
+               and n.attr == "launcher") or (isinstance(n, ast.Constant) and n.value == "launcher")
+               for n in ast.walk(node))
+
+
+def _keyed_by_launcher(key: ast.AST) -> bool:
+    """A lookup key that is a launcher (``config.launcher``), not the key ``"launcher"`` of a record."""
+    return not isinstance(key, ast.Constant) and _holds_launcher(key)
+
+
+def _pending_launcher_sites(found: list[str]) -> list[str]:
+    """``found`` less the sites :data:`PENDING_LAUNCHER_SITES` still allows (never more than it counts)."""
+    seen: dict[str, int] = {}
+    left = []
+    for line in found:
+        module = line.split(":")[0]
+        seen[module] = seen.get(module, 0) + 1
+        if seen[module] > PENDING_LAUNCHER_SITES.get(module, 0):
+            left.append(line)
+    return left
+
+
+RULES = [arrows_up, second_doors, privates_across_rooms, shared_file_names, launcher_comparisons]
 
 
 def in_a_fresh_interpreter(rule) -> list:
@@ -248,6 +343,8 @@ def test_the_package_keeps_the_rule(rule):
     found = in_a_fresh_interpreter(rule)
     if rule is shared_file_names:
         found = [line for line in found if line.split(":")[0] not in PENDING_RENAMES]
+    if rule is launcher_comparisons:
+        found = _pending_launcher_sites(found)
     assert found == []
 
 
@@ -268,8 +365,22 @@ BROKEN = {
                             "workbench.pool.netif": "", "workbench.config": "_FIELDS = ()\n"},
     shared_file_names: {"workbench.widgets.cell": "", "workbench.session.cell": "", "workbench.session": "",
                         "workbench.widgets": ""},
+    launcher_comparisons: {
+        "workbench.session.group": 'def local(self):\n    return self.config.launcher == "local"\n',
+        "workbench.pool.cluster": 'SET = {"mpi": "mpiexec"}\ndef f(self):\n'
+                                  '    if self.launcher.name in ("mpi", "slurm"):\n'
+                                  '        return SET[self.launcher.name] + ADVICE.get(launcher)\n',
+        "workbench.server.manager": 'def f(state):\n    match state.get("launcher"):\n'
+                                    '        case "ssh" | "mpi":\n            return state["launcher"]\n',
+        "workbench.session.recovery": "from workbench.pool.launch.mpi import MPI\n"
+                                      "def f(pool):\n    return isinstance(pool.launcher, MPI)\n",
+        # not broken: a fault's origin "local" is no launcher; the launcher objects compare their own names
+        "workbench.faults": 'def f(origin):\n    return origin == "local"\n',
+        "workbench.pool.launch": 'def launcher_for(config):\n    return KINDS[config.launcher]\n',
+        "workbench.pool.launch.ssh": 'def f(config):\n    return config.launcher == "ssh"\n'},
 }
-EXPECTED = {arrows_up: 3, second_doors: 2, privates_across_rooms: 4, shared_file_names: 1}
+EXPECTED = {arrows_up: 3, second_doors: 2, privates_across_rooms: 4, shared_file_names: 1,
+            launcher_comparisons: 6}
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.__name__)
