@@ -138,7 +138,7 @@ async def test_a_pool_of_another_notebook_docks_its_live_dashboard_until_it_stop
         await wait_for(api, pool_id, "running")
         from workbench.pool import state as pool_state
 
-        out = pool_state.read_state(pool_state.state_path(pool_id))["channel"]["out"]
+        out = pool_state.read_state(pool_state.state_path(pool_id)).channel["out"]
 
         async def poll(page: Page) -> dict:
             body, raw = await _poll(api, pool_id, page)

@@ -149,7 +149,7 @@ def test_start_use_and_stop_a_pool_from_the_sidebar(lab, tmp_path):
             from workbench.pool import state as pool_state
 
             state = pool_state.read_state(lab["state_dir"] / f"pool-{pool_id}.json")
-            pids = [rec["pid"] for rec in state["processes"]] + [r["pid"] for r in state["ranks"]]
+            pids = [rec["pid"] for rec in state.processes] + [r["pid"] for r in state.ranks]
             assert len(alive(pids)) >= 4, state  # controller, 2 engines, lease
 
             # the notebook on the workbench kernel: attach via "Use in notebook", run the cell
@@ -271,7 +271,7 @@ def test_the_sidebar_follows_a_notebook_that_starts_loses_a_rank_and_stops(lab, 
             from workbench.pool import state as pool_state
 
             state = pool_state.read_state(lab["state_dir"] / f"pool-{pool_id}.json")
-            pids = [rec["pid"] for rec in state["processes"]] + [r["pid"] for r in state["ranks"]]
+            pids = [rec["pid"] for rec in state.processes] + [r["pid"] for r in state.ranks]
 
             # the elastic run: rank 1 is killed after step 100, rank 0 goes on alone
             _run_cell(page, 1)

@@ -26,7 +26,7 @@ def mode(path) -> int:
 
 
 def test_state_file_and_folder_are_private(state_dir):
-    path = pool_state.write_state("1a2b3c4d", {"id": "1a2b3c4d", "owner": {}})
+    path = pool_state.write_state("1a2b3c4d", pool_state.PoolState(id="1a2b3c4d"))
     assert mode(path) == 0o600
     assert mode(state_dir) == 0o700
 

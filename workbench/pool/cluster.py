@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import ipyparallel as ipp
@@ -31,6 +32,7 @@ from workbench.pool import exposure, reap, sharing, spare, spawn, start_errors
 from workbench.pool import state as pool_state
 from workbench.pool.launch import Launcher, launcher_for
 from workbench.pool.relay import Relay
+from workbench.pool.state import PoolState
 from workbench.pool.zygote import Zygote
 
 # The controller counts newly registered engines only at its next heartbeat round:
@@ -102,7 +104,7 @@ class EnginePool:
         self.log_file: Path | None = None  # the controller's and engines' output
         self._lease: subprocess.Popen | None = None
         self.attached = False  # True when another process started this pool
-        self.state: dict = {}
+        self.state = PoolState()  # what the state file says (workbench.pool.state)
         self._controller_watch: pool_state.ProcessWatch | None = None
         self.relay: Relay | None = None  # the side channel (beacons, metrics, commands); owner only
         self.channel: dict | None = None  # how to reach it: {"up": url, "out": url, "key": hex}
@@ -367,25 +369,25 @@ class EnginePool:
     def attach(cls, ref: str, timeout: float = 10.0) -> EnginePool:
         """Connect to a pool another process started (a kernel, or the Jupyter server), by name or id."""
         running = pool_state.list_states()
-        state = next((s for s in running if ref in (s["id"], s.get("name"))), None)
+        state = next((s for s in running if ref in (s.id, s.name)), None)
         if state is None:
-            names = ", ".join(s.get("name") or s["id"] for s in running) or "none"
+            names = ", ".join(s.name or s.id for s in running) or "none"
             raise ValueError(f"no running pool {ref!r}; running pools: {names}.")
         config = pool_state.config_of(state)
-        self = cls(n=state["n"], launcher=config.launcher, timeout=timeout, address=config.address,
-                   config=config, pool_id=state["id"])
-        self.name = state.get("name") or self.name
+        self = cls(n=state.n, launcher=config.launcher, timeout=timeout, address=config.address,
+                   config=config, pool_id=state.id)
+        self.name = state.name or self.name
         self.state = state
         # engines this process starts for the pool (a restart from an attached notebook) carry its tag, so
         # the owner's stop finds and ends them though it never recorded them
         self.env = {**self.env, **reap.tag(self.pool_id)}
         # quiet: when the owner stops the pool, ipyparallel would log the controller's whole output here
-        self.cluster = ipp.Cluster.from_file(state["cluster_file"], log_level=logging.CRITICAL,
+        self.cluster = ipp.Cluster.from_file(state.cluster_file, log_level=logging.CRITICAL,
                                              shutdown_atexit=False)
         self.client = self.cluster.connect_client_sync()
         self.client.wait_for_engines(self.n, timeout=timeout)
         self.state_file = pool_state.state_path(self.pool_id)
-        self.channel = state.get("channel")
+        self.channel = state.channel
         self.attached = True
         return self
 
@@ -396,7 +398,7 @@ class EnginePool:
         Engines started through Slurm or ssh run elsewhere: their jobs are in :meth:`jobs`.
         """
         if self.attached:
-            return [rec["pid"] for rec in self.state.get("processes", []) if pool_state.process_alive(rec)]
+            return [rec["pid"] for rec in self.state.processes if pool_state.process_alive(rec)]
         pids = []
         if self.zygote is not None and self.zygote.alive():
             pids.append(self.zygote.pid)
@@ -418,7 +420,7 @@ class EnginePool:
                 return pool_state.process_record(pid)
             except Exception:
                 pass  # gone already: the record written before, if any, says which it was
-        return self.state.get("controller")
+        return self.state.controller
 
     def controller_exited(self) -> int | None:
         """The pid of this pool's controller if it has exited (killed, crashed), else None.
@@ -426,7 +428,7 @@ class EnginePool:
         Every request to the engines passes through the controller: without it a request (a cell, the
         ranks' queue states) would wait for ever, so the session asks this first. The controller runs on
         this machine for every launcher (the engines reach it over the network)."""
-        record = self.state.get("controller")
+        record = self.state.controller
         if not record:
             return None
         if self._controller_watch is None or self._controller_watch.record != record:
@@ -451,7 +453,7 @@ class EnginePool:
     def jobs(self) -> list[str]:
         """The Slurm job ids of the pool's engine sets."""
         if self.attached:
-            return [j["id"] for j in self.state.get("jobs", [])]
+            return [j["id"] for j in self.state.jobs]
         return [es.job_id for es in self.engine_sets() if isinstance(es, BatchSystemLauncher) and es.job_id]
 
     def _record(self, **extra) -> None:
@@ -464,40 +466,37 @@ class EnginePool:
                 pass  # already gone: nothing to clean up later
         cluster_id = self.cluster.cluster_id if self.cluster else ""
         security = Path(self.cluster.profile_dir, "security") if self.cluster else None
-        state = {
-            **self.state,  # what update_state added (ranks, backend)
-            "id": self.pool_id,
-            "name": self.name,
-            "owner": pool_state.process_record(os.getpid()),
-            "launcher": self.config.launcher,
-            "address": self.address,
-            "n": self.n,
-            "config": self.config.to_dict(),  # every field: a restart elsewhere starts it as it was
+        self.state = replace(
+            self.state,  # what update_state added (ranks, backend)
+            id=self.pool_id,
+            name=self.name,
+            owner=pool_state.process_record(os.getpid()),
+            n=self.n,
+            config=self.config,  # every field: a restart elsewhere starts it as it was
             # what the lease cancels if the owner dies: engines on other nodes are not our processes
-            "jobs": [{"id": job, "cancel": [*self._cancel_command(), job]} for job in self.jobs()],
+            jobs=[{"id": job, "cancel": [*self._cancel_command(), job]} for job in self.jobs()],
             # engines started over ssh: what stop and the lease run to end them
-            "remote": [{"id": f"{el.location}:{el.pid}",
-                        "cancel": [*el.ssh_cmd, *el.ssh_args, el.location, "kill", str(el.pid)]}
-                       for el in self.engine_launchers() if isinstance(el, SSHLauncher) and el.pid > 0],
+            remote=[{"id": f"{el.location}:{el.pid}",
+                     "cancel": [*el.ssh_cmd, *el.ssh_args, el.location, "kill", str(el.pid)]}
+                    for el in self.engine_launchers() if isinstance(el, SSHLauncher) and el.pid > 0],
             # the scratch folder; a local pool's store folder (where its ranks meet) goes with it
-            "dirs": ([self.work_dir] if self.work_dir else [])
+            dirs=([self.work_dir] if self.work_dir else [])
             + [folder for folder in [self.launcher.store_folder(self.pool_id, create=False)] if folder],
-            "cluster_file": self.cluster.cluster_file if self.cluster else None,
-            "processes": records,
+            cluster_file=self.cluster.cluster_file if self.cluster else None,
+            processes=records,
             # the controller's own record: without it no rank can be reached (see controller_exited)
-            "controller": self._controller_record(),
-            "channel": self.channel,
+            controller=self._controller_record(),
+            channel=self.channel,
             # ipyparallel's cluster and connection files: a SIGKILLed controller leaves them behind
-            "files": ([self.cluster.cluster_file]
-                      + [str(security / f"ipcontroller-{cluster_id}-{k}.json") for k in ("client", "engine")]
-                      + [str(Path(self.cluster.profile_dir, "log", f"engines{cluster_id}.json"))]
-                      if self.cluster else []),
-            "log": str(self.log_file) if self.log_file else None,
-            "created": time.time(),
+            files=([self.cluster.cluster_file]
+                   + [str(security / f"ipcontroller-{cluster_id}-{k}.json") for k in ("client", "engine")]
+                   + [str(Path(self.cluster.profile_dir, "log", f"engines{cluster_id}.json"))]
+                   if self.cluster else []),
+            log=str(self.log_file) if self.log_file else None,
+            created=time.time(),
             **extra,
-        }
-        self.state = state
-        self.state_file = pool_state.write_state(self.pool_id, state)
+        )
+        self.state_file = pool_state.write_state(self.pool_id, self.state)
         if self._lease is None:
             with pool_state.private_file(self.log_file or Path(os.devnull)) as log:
                 self._lease = subprocess.Popen(
@@ -520,9 +519,9 @@ class EnginePool:
         if not self.attached:
             self._record(**extra)
             return
-        state = pool_state.read_state(self.state_file)
+        state = pool_state.read_state(self.state_file)  # a file that is not a state: StateFileError
         if state is not None:
-            self.state = {**state, **extra}
+            self.state = replace(state, **extra)
             pool_state.write_state(self.pool_id, self.state)
 
     def _engine_processes(self) -> list[psutil.Process]:
@@ -553,7 +552,7 @@ class EnginePool:
         if not self.attached and self.state_file is not None:
             with contextlib.suppress(Exception):
                 self._record()  # the launchers' latest pids, jobs and remote engines
-        state, self.state, self.state_file = dict(self.state), {}, None
+        state, self.state, self.state_file = self.state, PoolState(), None
         self._forget_controller()
         self.launcher.close()
         if self.cluster is not None:
@@ -579,7 +578,7 @@ class EnginePool:
             self._lease.terminate()
             self._lease.wait(timeout=5)
             self._lease = None
-        reap.clean_up(state or {"id": self.pool_id}, grace)
+        reap.clean_up(replace(state, id=self.pool_id), grace)
         if self.zygote is not None:  # ended above with the pool's other processes
             self.zygote.close()
             self.zygote.proc.poll()

@@ -1,23 +1,32 @@
-"""Pool state files in the Jupyter runtime directory.
+"""Pool state files in the Jupyter runtime directory, and the pool's processes they record.
 
-One JSON file per running pool, written by the process that owns the pool. The
-lease process, the server extension and other kernels read them. They never hold
-the ipyparallel key: only the path of ipyparallel's own cluster file.
+One JSON file per running pool, written by the process that owns the pool (and the sessions' part of it by
+any session driving the pool). The lease process, the server extension, the command line and other kernels
+read them. They never hold the ipyparallel key: only the path of ipyparallel's own cluster file. The file is
+a :class:`PoolState`: this module is the only code that reads or writes its JSON (:func:`write_state`,
+:func:`read_state`, :func:`list_states`); everyone else reads its attributes.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
 import select
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import NoneType, UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import psutil
 
 from workbench.config import PoolConfig
+
+log = logging.getLogger("workbench.pool")
 
 # Logs of pools that no longer run that are kept, newest first: a failed start names its log.
 KEEP_LOGS = 20
@@ -81,57 +90,207 @@ def private_file(path: Path, mode: str = "a"):
     return os.fdopen(fd, mode)
 
 
-def write_state(pool_id: str, state: dict) -> Path:
+class StateFileError(ValueError):
+    """A pool state file that is not one (not JSON, not an object, a field of the wrong type). The file is
+    left as it is: nothing reads it as something else, and nothing writes over it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolState:
+    """What a pool's state file says: who owns the pool, how it was started, its processes and files (the
+    owner's :class:`~workbench.pool.cluster.EnginePool` writes these), and its ranks and process group (the
+    sessions driving it write these, through ``EnginePool.update_state``). Changed by
+    ``dataclasses.replace``: a misspelt field is a TypeError, never a key nobody reads.
+
+    >>> state = PoolState(id="1a2b3c4d", n=2, config=PoolConfig(n=2, launcher="mpi"))
+    >>> state.launcher, PoolState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+    ('mpi', True)
+    """
+
+    # -- the owner's (EnginePool._record)
+    id: str = ""
+    name: str | None = None
+    owner: dict = field(default_factory=dict)  # the owner's process record: the lease waits on it
+    n: int = 0  # engines now (a scale changes it)
+    config: PoolConfig = field(default_factory=PoolConfig)  # how it was started: a restart starts it so again
+    jobs: list[dict] = field(default_factory=list)  # batch jobs: {"id", "cancel": argv} (the lease runs it)
+    remote: list[dict] = field(default_factory=list)  # engines started over ssh, the same way
+    dirs: list[str] = field(default_factory=list)  # the scratch folder, a local pool's store folder
+    cluster_file: str | None = None  # ipyparallel's cluster file (attach reads it)
+    processes: list[dict] = field(default_factory=list)  # process records on this machine
+    controller: dict | None = None  # the controller's record: without it no rank can be reached
+    channel: dict | None = None  # the side channel: {"up": url, "out": url, "key": hex}
+    files: list[str] = field(default_factory=list)  # ipyparallel's files a SIGKILLed controller leaves
+    log: str | None = None  # the pool's log
+    created: float = 0.0
+    # -- the sessions' (Shared.publish)
+    ranks: list[dict] = field(default_factory=list)  # RankInfo fields, one dict per rank
+    backend: str | None = None
+    backend_requested: str | None = None
+    generation: int = 0  # the process group's
+    endpoints: dict[int, list] = field(default_factory=dict)  # rank -> its gloo listeners
+    group_ok: bool = True  # False: a fault aborted the group, the next cell re-forms it
+    # keys this version does not know (a newer one wrote them): kept, so a write here loses nothing
+    unknown: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def launcher(self) -> str:
+        return self.config.launcher
+
+    @property
+    def address(self) -> str:
+        return self.config.address
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON of the state file: every field (the config as :meth:`PoolConfig.to_dict` writes it),
+        ``launcher`` and ``address`` beside it as before, and the keys another version wrote."""
+        out: dict[str, Any] = {**self.unknown}
+        for f in fields(self):
+            if f.name != "unknown":
+                out[f.name] = getattr(self, f.name)
+        out["config"] = self.config.to_dict()
+        out["launcher"], out["address"] = self.launcher, self.address
+        out["endpoints"] = {str(rank): eps for rank, eps in self.endpoints.items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PoolState:
+        """The state :meth:`to_dict` wrote; a ValueError naming the field for anything else. A field left
+        out takes its default (a record written before the field existed).
+
+        >>> PoolState.from_dict({"id": "1a2b3c4d", "n": "two"})
+        Traceback (most recent call last):
+        ...
+        ValueError: n must be int, not str ('two')
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"a pool state is a JSON object, not {type(data).__name__}")
+        rest = dict(data)  # what is left once every field took its own: kept as it is
+        hints = _hints()
+        known = hints.keys() - {"unknown"}
+        values: dict[str, Any] = {}
+        for name in known & data.keys():
+            value = rest.pop(name)
+            if name == "config":
+                values[name] = _config(value, data)
+                continue
+            _check(name, value, hints[name])
+            values[name] = value
+        if "config" not in values:  # a record from before the state carried its config
+            values["config"] = _config({}, data)
+        values["endpoints"] = {int(rank): eps for rank, eps in values.get("endpoints", {}).items()}
+        for derived in ("launcher", "address"):  # the config's: written beside it for older readers
+            rest.pop(derived, None)
+        return cls(**values, unknown=rest)
+
+
+@functools.cache
+def _hints() -> dict[str, Any]:
+    """Each field of :class:`PoolState` with its type (read once: the server lists the pools every second)."""
+    return get_type_hints(PoolState)
+
+
+def _config(value: Any, data: dict) -> PoolConfig:
+    """The config of a state: its ``config`` object, else (a record from before it had one) what the record
+    says of it."""
+    if not isinstance(value, dict):
+        raise ValueError(f"config must be an object, not {type(value).__name__}")
+    if not value:
+        value = {"launcher": data.get("launcher", "local"), "address": data.get("address", "127.0.0.1"),
+                 "backend": data.get("backend_requested") or "auto", "name": data.get("name")}
+    try:
+        return PoolConfig.from_dict(value)
+    except TypeError as exc:  # a field of the wrong type that PoolConfig's checks compare
+        raise ValueError(f"config: {exc}") from None
+
+
+def _check(name: str, value: Any, hint: Any) -> None:
+    """A ValueError unless ``value`` is of the field's type (its outer type: ``list[dict]`` is a list).
+
+    >>> _check("created", 3, float)
+    >>> _check("owner", [], dict | None)
+    Traceback (most recent call last):
+    ...
+    ValueError: owner must be dict or None, not list ([])
+    """
+    options = get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+    kinds = tuple(get_origin(o) or o for o in options)
+    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        names = " or ".join("None" if k is NoneType else k.__name__ for k in kinds)
+        raise ValueError(f"{name} must be {names}, not {type(value).__name__} ({value!r:.40})")
+
+
+def write_state(pool_id: str, state: PoolState) -> Path:
     """Write atomically (rename), so a reader never sees half a file; 0600."""
     path = state_path(pool_id)
     tmp = path.with_suffix(".tmp")
     with private_file(tmp, "w") as f:  # the file holds the pool's side-channel key
-        f.write(json.dumps(state, indent=1))
+        f.write(json.dumps(state.to_dict(), indent=1))
     os.replace(tmp, path)
     return path
 
 
-def config_of(state: dict) -> PoolConfig:
+def config_of(state: PoolState) -> PoolConfig:
     """The :class:`PoolConfig` a pool was started with, from its state file: what attach, a restart, the
     panel and the server start it again with. Its size is the pool's now (a scaled pool restarts at its
     new size), unless the cluster options fix the size.
 
-    >>> config_of({"n": 4, "config": PoolConfig(n=2, launcher="mpi", name="team-a").to_dict()})
+    >>> config_of(PoolState(n=4, config=PoolConfig(n=2, launcher="mpi", name="team-a")))
     PoolConfig(n=4, launcher='mpi', backend='auto', timeout=60.0, address='127.0.0.1', interface=None, \
 nodes=None, gpus_per_node=None, partition=None, time=None, account=None, hosts=(), idle_release=None, \
 oversubscribe=False, name='team-a', collective_timeout=None, share_gpus=False, keep=False, \
 launcher_options={})
     """
-    config = PoolConfig.from_dict(state.get("config") or {
-        # a state file from before it carried the config: what it has
-        "launcher": state["launcher"], "backend": state.get("backend_requested", "auto"),
-        "address": state.get("address", "127.0.0.1"), "name": state.get("name")})
-    if config.engines is None and state.get("n"):
-        config = PoolConfig.from_dict(config.to_dict(), n=state["n"])
+    config = state.config
+    if config.engines is None and state.n:
+        config = PoolConfig.from_dict(config.to_dict(), n=state.n)
     return config
 
 
 def prune_logs(keep: int = KEEP_LOGS) -> None:
     """Remove the logs of pools that no longer run, beyond the ``keep`` newest."""
-    running = {s["id"] for s in list_states()}
+    running = {s.id for s in list_states()}
     logs = sorted(state_dir().glob("pool-*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
     for log in [p for p in logs if p.stem.removeprefix("pool-") not in running][keep:]:
         log.unlink(missing_ok=True)
 
 
-def read_state(path: Path) -> dict | None:
+def read_state(path: Path) -> PoolState | None:
+    """The state in the file at ``path``; None when there is none (the pool stopped); a
+    :class:`StateFileError` that names the file and what is wrong when it is not a pool state (the file
+    stays as it is)."""
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        text = Path(path).read_text()
+    except OSError:
         return None
+    try:
+        return PoolState.from_dict(json.loads(text))
+    except ValueError as exc:  # not JSON (json.JSONDecodeError is one), or not a pool state
+        raise StateFileError(f"{path} is not a pool state file ({exc}); it was left as it is: remove it "
+                             "once no process of that pool runs (`workbench pools` lists those that do)."
+                             ) from None
 
 
-def list_states() -> list[dict]:
-    """Every pool state file whose owner process is still alive."""
+_reported: set[tuple[str, float]] = set()  # broken state files already logged (a file and its mtime)
+
+
+def list_states() -> list[PoolState]:
+    """Every pool state file whose owner process is still alive. A file that is not a pool state is passed
+    over (logged once): it must not hide the others."""
     states = []
     for path in sorted(state_dir().glob("pool-*.json")):
-        state = read_state(path)
-        if state and process_alive(state.get("owner", {})):
+        try:
+            state = read_state(path)
+        except StateFileError as exc:
+            with_time = (str(path), path.stat().st_mtime if path.exists() else 0.0)
+            if with_time not in _reported:
+                _reported.add(with_time)
+                log.warning("%s", exc)
+            continue
+        if state and process_alive(state.owner):
             states.append(state)
     return states
 
@@ -278,9 +437,9 @@ def cancel_jobs(jobs: list[dict]) -> None:
             pass
 
 
-def remove_files(state: dict) -> None:
+def remove_files(state: PoolState) -> None:
     """Remove the files and scratch folders a pool recorded."""
-    for extra in state.get("files", []):
+    for extra in state.files:
         Path(extra).unlink(missing_ok=True)
-    for folder in state.get("dirs", []):
+    for folder in state.dirs:
         shutil.rmtree(folder, ignore_errors=True)

@@ -60,7 +60,7 @@ _current: Session | None = None
 def current() -> Session:
     """The session that the magics drive in this process (the one started or attached last)."""
     if _current is None or not _current.running:
-        raise NoPoolError(running=[(p.get("name") or p["id"], p["n"]) for p in running_pools()])
+        raise NoPoolError(running=[(p.name or p.id, p.n) for p in running_pools()])
     return _current
 
 
@@ -75,8 +75,8 @@ def use(session: Session | None) -> None:
     _current = session
 
 
-def running_pools() -> list[dict]:
-    """The pools of this machine's Jupyter runtime folder whose owner is alive: ``[{"id", "name", ...}]``."""
+def running_pools() -> list[pool_state.PoolState]:
+    """The pools of this machine's Jupyter runtime folder whose owner is alive (their state files)."""
     return pool_state.list_states()
 
 
@@ -253,7 +253,7 @@ class Session:
         """Drive ``pool``, attached: its ranks, process group and state as they are."""
         state = pool.state
         self.config = pool_state.config_of(state)
-        if len(state.get("ranks", [])) != state["n"]:
+        if len(state.ranks) != state.n:
             pool.client.close()
             raise PoolStartError(f"pool {pool.name} has not finished starting: try again in a moment.")
         self._pool = pool
