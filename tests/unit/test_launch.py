@@ -11,8 +11,7 @@ from dataclasses import fields
 import pytest
 
 from workbench.config import LAUNCHERS, PoolConfig
-from workbench.pool import start_errors
-from workbench.pool.launch import KINDS, launcher_for
+from workbench.pool.launch import KINDS, launcher_for, start_errors
 from workbench.pool.rankmap import RankInfo
 
 pytestmark = pytest.mark.timeout(30)

@@ -390,7 +390,7 @@ def test_the_rule_fails_on_a_crafted_violation(rule):
 
 
 def test_a_lazy_import_is_still_an_arrow():
-    assert arrows_up({"workbench.pool.spawn": "def f():\n    from workbench.magics import args\n",
+    assert arrows_up({"workbench.pool.launch.spawn": "def f():\n    from workbench.magics import args\n",
                       "workbench.magics": "", "workbench.magics.args": "", "workbench.pool": ""})
 
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from workbench.config import PoolConfig
-from workbench.pool import slurm_steps
-from workbench.pool.launch import launcher_for
+from workbench.pool.launch import launcher_for, slurm_steps
 from workbench.pool.rankmap import RankInfo
 
 pytestmark = pytest.mark.timeout(30)

@@ -28,9 +28,9 @@ from ipyparallel.cluster.launcher import BatchSystemLauncher, LocalProcessLaunch
 from workbench import wire
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
-from workbench.pool import exposure, reap, sharing, spare, spawn, start_errors
+from workbench.pool import exposure, reap, sharing, spare
 from workbench.pool import state as pool_state
-from workbench.pool.launch import Launcher, launcher_for
+from workbench.pool.launch import Launcher, launcher_for, spawn, start_errors
 from workbench.pool.relay import Relay
 from workbench.pool.state import PoolState
 from workbench.pool.zygote import Zygote
@@ -127,7 +127,7 @@ class EnginePool:
         """Start controller and engines; return a connected client once all ``n`` registered.
 
         A start that fails in any way stops every process it started and raises one
-        :class:`PoolStartError` (a :class:`~workbench.pool.start_errors.StartInterrupted` for Ctrl-C).
+        :class:`PoolStartError` (a :class:`~workbench.pool.launch.start_errors.StartInterrupted` for Ctrl-C).
         """
         self.launcher.check_address(self.address)
         self.launcher.check_capacity(self.n)
@@ -318,7 +318,8 @@ class EnginePool:
 
     def fence(self, pids: list[int]) -> None:
         """End these engines (an elastic run declared them lost) where they run, if the launcher can (an ssh
-        pool: over ssh, in the background, once their hosts answer; see :mod:`workbench.pool.fence`)."""
+        pool: over ssh, in the background, once their hosts answer; see
+        :mod:`workbench.pool.launch.fence`)."""
         self.launcher.fence(self, pids)
 
     def fenced_ended(self) -> set[int]:

@@ -7,7 +7,7 @@ name (``tests/unit/test_layers.py`` holds that).
 
 The object is a thin layer over ipyparallel's own launcher family (``ipyparallel.cluster.launcher``): an
 ipyparallel engine-set launcher starts, watches and stops the engine processes (:attr:`Launcher.engine_set`,
-made cancellable and writing the pool's log in :mod:`workbench.pool.spawn`), with the traits
+made cancellable and writing the pool's log in :mod:`workbench.pool.launch.spawn`), with the traits
 :meth:`Launcher.engine_set_kwargs` gives it. The object adds what ipyparallel does not know:
 
 - sizes and places: the default engine count, what this machine holds, the GPUs to fit, whether the

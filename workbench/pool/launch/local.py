@@ -1,10 +1,11 @@
 """``--launcher local``: every engine on this machine, forked from the pool's zygote.
 
-ipyparallel's local engine-set launcher (:class:`~workbench.pool.spawn.CancellableEngineSetLauncher`) starts
-them, one fork each (:mod:`workbench.pool.zygote`) unless the launcher options name their own engine
+ipyparallel's local engine-set launcher (:class:`~workbench.pool.launch.spawn.CancellableEngineSetLauncher`)
+starts them, one fork each (:mod:`workbench.pool.zygote`) unless the launcher options name their own engine
 command. Running here, the engines are this machine's processes: the pool refuses more ranks than the
-machine holds (:mod:`workbench.pool.capacity`) or than its GPUs fit, signals them by pid, never fences them
-(a dead one is dead), and lets their ranks meet in files of a private folder instead of over TCP.
+machine holds (:mod:`workbench.pool.launch.capacity`) or than its GPUs fit, signals them by pid, never
+fences them (a dead one is dead), and lets their ranks meet in files of a private folder instead of over
+TCP.
 
 >>> from workbench.config import PoolConfig
 >>> launcher = Local(PoolConfig(n=4))
@@ -24,11 +25,11 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from workbench.pool import capacity
 from workbench.pool import state as pool_state
 from workbench.pool.devices import check_gpu_fit, visible_gpu_count
+from workbench.pool.launch import capacity
 from workbench.pool.launch.base import ENGINE_MAIN, Launcher
-from workbench.pool.spawn import CancellableEngineSetLauncher
+from workbench.pool.launch.spawn import CancellableEngineSetLauncher
 
 if TYPE_CHECKING:
     from workbench.pool.cluster import EnginePool

@@ -1,7 +1,7 @@
 """``--launcher mpi``: ``mpiexec -n N`` starts every engine at once, optionally over ``--hosts``.
 
-ipyparallel's MPI engine-set launcher (:class:`~workbench.pool.spawn.PoolMPIEngineSetLauncher`) runs our
-engine entry point (:mod:`workbench.pool.engine_main`, which drops the ``--mpi`` it always passes where
+ipyparallel's MPI engine-set launcher (:class:`~workbench.pool.launch.spawn.PoolMPIEngineSetLauncher`) runs
+our engine entry point (:mod:`workbench.pool.engine_main`, which drops the ``--mpi`` it always passes where
 mpi4py is missing) with ``--host a:k,b:k`` for the hosts. One launch for the whole set: mpiexec cannot add
 a process to a running world, so no engine joins a running MPI pool (restart, scale up and replacement
 are refused in one sentence).
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from workbench.pool.launch.base import ENGINE_MAIN, Launcher, go_on, ranks_left, spread
-from workbench.pool.spawn import PoolMPIEngineSetLauncher
+from workbench.pool.launch.spawn import PoolMPIEngineSetLauncher
 
 if TYPE_CHECKING:
     from workbench.pool.cluster import EnginePool

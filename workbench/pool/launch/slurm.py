@@ -1,10 +1,10 @@
 """``--launcher slurm``: one sbatch job whose ``srun`` starts every engine, one task per GPU on every node.
 
-ipyparallel's Slurm engine-set launcher (:class:`~workbench.pool.spawn.PoolSlurmEngineSetLauncher`) submits
-our own batch script (:func:`slurm_script`): ``--nodes``, ``--ntasks-per-node``, ``--gpus-per-node``,
+ipyparallel's Slurm engine-set launcher (:class:`~workbench.pool.launch.spawn.PoolSlurmEngineSetLauncher`)
+submits our own batch script (:func:`slurm_script`): ``--nodes``, ``--ntasks-per-node``, ``--gpus-per-node``,
 ``--partition``, ``--time``, ``--account``. Every engine sees its node's GPUs and the rank map pins rank
 ``local_rank`` to ``cuda:local_rank``. A lost rank comes back as a new step of its own job on its node,
-while that job still holds the node (:mod:`workbench.pool.slurm_steps`); a start that waits says what
+while that job still holds the node (:mod:`workbench.pool.launch.slurm_steps`); a start that waits says what
 Slurm says of its job (``squeue``).
 
 >>> launcher = Slurm(PoolConfig(launcher="slurm", nodes=2, gpus_per_node=4))
@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 from ipyparallel.cluster.launcher import BatchSystemLauncher
 
 from workbench.config import PoolConfig
-from workbench.pool import slurm_steps
+from workbench.pool.launch import slurm_steps
 from workbench.pool.launch.base import Launcher, ranks_left
-from workbench.pool.spawn import CancellableEngineSetLauncher, PoolSlurmEngineSetLauncher
+from workbench.pool.launch.spawn import CancellableEngineSetLauncher, PoolSlurmEngineSetLauncher
 
 if TYPE_CHECKING:
     from workbench.pool.cluster import EnginePool

@@ -1,11 +1,11 @@
 """``--launcher ssh``: engines started over ssh on each of ``--hosts``.
 
-ipyparallel's ssh engine-set launcher (:class:`~workbench.pool.spawn.CancellableSSHEngineSetLauncher`,
+ipyparallel's ssh engine-set launcher (:class:`~workbench.pool.launch.spawn.CancellableSSHEngineSetLauncher`,
 ``engines={host: count}``) starts them with this kernel's interpreter path (a shared file system, or the
 same install on every host); ssh itself is tagged as the pool's process and writes its own messages into
 the pool's log (:func:`ssh_command`). A lost rank's new engine starts on its own host when that host
-answers over ssh, else on another host of the list (:mod:`workbench.pool.ssh_places`); an engine declared
-lost is ended over ssh once its host answers again (:mod:`workbench.pool.fence`).
+answers over ssh, else on another host of the list (:mod:`workbench.pool.launch.ssh_places`); an engine
+declared lost is ended over ssh once its host answers again (:mod:`workbench.pool.launch.fence`).
 
 >>> launcher = SSH(PoolConfig(launcher="ssh", hosts="a,b"))
 >>> kw = launcher.engine_set_kwargs(3, work_dir="/tmp/x", env={}, engine_args=[])
@@ -26,12 +26,12 @@ from ipyparallel.cluster.launcher import SSHLauncher
 
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
-from workbench.pool import ssh_places
-from workbench.pool.fence import Fencer
+from workbench.pool.launch import ssh_places
 from workbench.pool.launch.base import Launcher, spread
+from workbench.pool.launch.fence import Fencer
+from workbench.pool.launch.spawn import CancellableSSHEngineSetLauncher
+from workbench.pool.launch.start_errors import start_error
 from workbench.pool.reap import MARKER
-from workbench.pool.spawn import CancellableSSHEngineSetLauncher
-from workbench.pool.start_errors import start_error
 
 if TYPE_CHECKING:
     from workbench.pool.cluster import EnginePool
@@ -69,7 +69,7 @@ class SSH(Launcher):
     def where_to_start(self, pool: EnginePool | None, lost: list, ranks: list,
                        progress: Callable[[str], None]) -> dict[str, int]:
         """``{host: n}``: on the lost rank's own host when it answers over ssh, else on another host of the
-        list (``progress`` hears which). See :mod:`workbench.pool.ssh_places`."""
+        list (``progress`` hears which). See :mod:`workbench.pool.launch.ssh_places`."""
         ssh = [el for el in pool.engine_launchers() if isinstance(el, SSHLauncher)]
         pids: dict[str, set[int]] = {}
         for r in [*ranks, *lost]:
@@ -87,7 +87,7 @@ class SSH(Launcher):
 
     def fence(self, pool: EnginePool, pids: list[int]) -> None:
         """End these engines on their hosts over ssh, in the background, once their hosts answer (see
-        :mod:`workbench.pool.fence`)."""
+        :mod:`workbench.pool.launch.fence`)."""
         if self._fencer is None:
             self._fencer = Fencer(pool.pool_id, lambda: [el for el in pool.engine_launchers()
                                                          if isinstance(el, SSHLauncher) and el.pid > 0])

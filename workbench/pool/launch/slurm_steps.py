@@ -54,7 +54,7 @@ def step_command(job: str, node: str, gpus_per_node: int | None = None) -> list[
 def step_set_kwargs(job: str, node: str, *, gpus_per_node: int | None, env: dict[str, str],
                     engine_args: list[str], log: str) -> dict:
     """Keyword arguments for ``Cluster.start_engines`` with the pool's local engine set launcher
-    (:class:`workbench.pool.spawn.CancellableEngineSetLauncher`): each engine is its own ``srun`` step,
+    (:class:`workbench.pool.launch.spawn.CancellableEngineSetLauncher`): each engine is its own ``srun`` step,
     with the engine arguments and environment the sbatch job's engines got.
 
     >>> kw = step_set_kwargs("12", "n1", gpus_per_node=None, env={"A": "1"}, engine_args=["--x"], log="/l")

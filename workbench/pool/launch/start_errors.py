@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from workbench.errors import PoolStartError
-from workbench.pool.spawn import LaunchCancelled
+from workbench.pool.launch.spawn import LaunchCancelled
 
 if TYPE_CHECKING:
     from workbench.pool.launch.base import Launcher
