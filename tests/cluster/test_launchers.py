@@ -51,7 +51,7 @@ def test_slurm_cpu_tasks_and_user_options():
 def test_mpi_and_ssh():
     kw = kwargs(PoolConfig(launcher="mpi", hosts="a,b"), 4)
     assert kw["mpi_args"] == ["--host", "a:2,b:2"]
-    assert kw["engine_cmd"] == [sys.executable, "-m", "workbench.pool.engine_main"]
+    assert kw["engine_cmd"] == [sys.executable, "-m", "workbench.pool.processes.engine_main"]
     assert kw["environment"]["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
     kw = kwargs(PoolConfig(launcher="ssh", hosts=("n1", "n2"), gpus_per_node=2), 4)
     assert kw["engines"] == {"n1": 2, "n2": 2} and kw["remote_python"] == sys.executable
@@ -92,9 +92,9 @@ def test_start_options_parse():
 
 
 def test_lease_cancels_jobs_and_remote_engines_of_a_dead_owner(tmp_path):
-    """A kernel that is SIGKILLed runs no atexit: its lease (a real ``python -m workbench.pool.lease``,
-    recorded among the pool's processes as the pool does) stops the engines, cancels the Slurm job, ends
-    ssh engines and removes the files."""
+    """A kernel that is SIGKILLed runs no atexit: its lease (a real ``python -m
+    workbench.pool.processes.lease``, recorded among the pool's processes as the pool does) stops the engines,
+    cancels the Slurm job, ends ssh engines and removes the files."""
     import subprocess
     import time
 
@@ -110,7 +110,7 @@ def test_lease_cancels_jobs_and_remote_engines_of_a_dead_owner(tmp_path):
              "jobs": [{"id": "7", "cancel": ["touch", str(tmp_path / "scancel-7")]}],
              "remote": [{"id": "n1:42", "cancel": ["touch", str(tmp_path / "kill-n1-42")]}]}
     path.write_text(json.dumps(state))
-    lease = subprocess.Popen([sys.executable, "-m", "workbench.pool.lease", str(path)])
+    lease = subprocess.Popen([sys.executable, "-m", "workbench.pool.processes.lease", str(path)])
     try:
         state["processes"].append(pool_state.process_record(lease.pid))
         path.write_text(json.dumps(state))

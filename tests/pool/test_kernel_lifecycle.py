@@ -63,7 +63,8 @@ def children_seen(pid: int) -> str:
 
 
 ASK_SPARE = """
-from workbench.pool import spare, state
+from workbench.pool.processes import spare
+from workbench.pool import state
 z = spare.waiting()
 print("none waiting" if z is None else
       f"pid {z.pid}, exit code {z.proc.poll()}, log: {state.log_path(z.pool_id).read_text()[-2000:]!r}")

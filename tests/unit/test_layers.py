@@ -50,7 +50,7 @@ UNITS = {
 }
 # Arrows that are the design, not a slip: the zygote is the engines' parent (it imports what they import,
 # once, then forks them).
-ALLOWED = {("workbench.pool.zygote", "workbench.engine.agent")}
+ALLOWED = {("workbench.pool.processes.zygote", "workbench.engine.agent")}
 # Privates of other libraries' objects that the package reads, and a room of ours also names.
 FOREIGN_PRIVATES = {"_targets": "ipyparallel's AsyncResult._targets (the engine ids a cell went to)"}
 # Collisions the other half of issue 22 (house-b) removes: remove the entry once it has landed.

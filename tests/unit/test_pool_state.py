@@ -106,7 +106,7 @@ def test_the_lease_keeps_watching_the_owner_it_knew_when_the_file_turns_bad(tmp_
     state = PoolState(owner=pool_state.process_record(owner.pid), dirs=[str(scratch)],
                       processes=[pool_state.process_record(engine.pid)])
     path.write_text(json.dumps(state.to_dict()))
-    lease = subprocess.Popen([sys.executable, "-m", "workbench.pool.lease", str(path)],
+    lease = subprocess.Popen([sys.executable, "-m", "workbench.pool.processes.lease", str(path)],
                              stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "WORKBENCH_STATE_DIR": str(tmp_path / "wb")})
     try:

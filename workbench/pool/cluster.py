@@ -28,12 +28,13 @@ from ipyparallel.cluster.launcher import BatchSystemLauncher, LocalProcessLaunch
 from workbench import wire
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
-from workbench.pool import exposure, reap, sharing, spare
+from workbench.pool import exposure, sharing
 from workbench.pool import state as pool_state
 from workbench.pool.launch import Launcher, launcher_for, spawn, start_errors
+from workbench.pool.processes import reap, spare
+from workbench.pool.processes.zygote import Zygote
 from workbench.pool.relay import Relay
 from workbench.pool.state import PoolState
-from workbench.pool.zygote import Zygote
 
 # The controller counts newly registered engines only at its next heartbeat round:
 # the default 3 s period makes a local start wait seconds for nothing. This is the pace while engines
@@ -501,7 +502,7 @@ class EnginePool:
         if self._lease is None:
             with pool_state.private_file(self.log_file or Path(os.devnull)) as log:
                 self._lease = subprocess.Popen(
-                    [sys.executable, "-m", "workbench.pool.lease", str(self.state_file)],
+                    [sys.executable, "-m", "workbench.pool.processes.lease", str(self.state_file)],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                 )
 

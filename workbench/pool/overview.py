@@ -135,7 +135,7 @@ def stop(pool: dict, by: str) -> str | None:
     it is ended from its state file, as its lease would end it, and the reason is returned.
     """
     from workbench.pool.cluster import stop_pool
-    from workbench.pool.reap import clean_up
+    from workbench.pool.processes.reap import clean_up
 
     try:
         stop_pool(pool["id"], by)

@@ -43,8 +43,8 @@ if TYPE_CHECKING:
 
     from workbench.pool.cluster import EnginePool
 
-# what the engines' entry point is (see workbench.pool.engine_main), for launchers that start a command
-ENGINE_MAIN = [sys.executable, "-m", "workbench.pool.engine_main"]
+# the engines' entry point (workbench.pool.processes.engine_main), for launchers that start a command
+ENGINE_MAIN = [sys.executable, "-m", "workbench.pool.processes.engine_main"]
 
 
 class Launcher:
@@ -114,7 +114,7 @@ class Launcher:
     # -- the engines ----------------------------------------------------------------------------
     @property
     def forks(self) -> bool:
-        """Whether the pool's processes are forked from a zygote (:mod:`workbench.pool.zygote`)."""
+        """Whether the pool's processes are forked from a zygote (:mod:`workbench.pool.processes.zygote`)."""
         return False
 
     def engine_env(self, n: int) -> dict[str, str]:

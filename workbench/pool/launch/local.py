@@ -1,11 +1,10 @@
 """``--launcher local``: every engine on this machine, forked from the pool's zygote.
 
 ipyparallel's local engine-set launcher (:class:`~workbench.pool.launch.spawn.CancellableEngineSetLauncher`)
-starts them, one fork each (:mod:`workbench.pool.zygote`) unless the launcher options name their own engine
-command. Running here, the engines are this machine's processes: the pool refuses more ranks than the
-machine holds (:mod:`workbench.pool.launch.capacity`) or than its GPUs fit, signals them by pid, never
-fences them (a dead one is dead), and lets their ranks meet in files of a private folder instead of over
-TCP.
+starts them, one fork each (:mod:`workbench.pool.processes.zygote`) unless the launcher options name their own
+engine command. Running here, the engines are this machine's processes: the pool refuses more ranks than the
+machine holds (:mod:`workbench.pool.launch.capacity`) or than its GPUs fit, signals them by pid, never fences
+them (a dead one is dead), and lets their ranks meet in files of a private folder instead of over TCP.
 
 >>> from workbench.config import PoolConfig
 >>> launcher = Local(PoolConfig(n=4))

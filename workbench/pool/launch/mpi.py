@@ -1,10 +1,10 @@
 """``--launcher mpi``: ``mpiexec -n N`` starts every engine at once, optionally over ``--hosts``.
 
 ipyparallel's MPI engine-set launcher (:class:`~workbench.pool.launch.spawn.PoolMPIEngineSetLauncher`) runs
-our engine entry point (:mod:`workbench.pool.engine_main`, which drops the ``--mpi`` it always passes where
-mpi4py is missing) with ``--host a:k,b:k`` for the hosts. One launch for the whole set: mpiexec cannot add
-a process to a running world, so no engine joins a running MPI pool (restart, scale up and replacement
-are refused in one sentence).
+our engine entry point (:mod:`workbench.pool.processes.engine_main`, which drops the ``--mpi`` it always
+passes where mpi4py is missing) with ``--host a:k,b:k`` for the hosts. One launch for the whole set: mpiexec
+cannot add a process to a running world, so no engine joins a running MPI pool (restart, scale up and
+replacement are refused in one sentence).
 
 >>> from workbench.config import PoolConfig
 >>> launcher = MPI(PoolConfig(launcher="mpi", hosts="a,b"))

@@ -27,7 +27,7 @@ from ipyparallel.cluster.launcher import (
 )
 from traitlets import Unicode
 
-from workbench.pool.zygote import Zygote
+from workbench.pool.processes.zygote import Zygote
 
 # cluster ids whose launch was cancelled: kept for good (a few bytes a pool), since ipyparallel's thread
 # may reach its next engine only after the pool's stop has returned

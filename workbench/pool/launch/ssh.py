@@ -31,7 +31,7 @@ from workbench.pool.launch.base import Launcher, spread
 from workbench.pool.launch.fence import Fencer
 from workbench.pool.launch.spawn import CancellableSSHEngineSetLauncher
 from workbench.pool.launch.start_errors import start_error
-from workbench.pool.reap import MARKER
+from workbench.pool.processes.reap import MARKER
 
 if TYPE_CHECKING:
     from workbench.pool.cluster import EnginePool

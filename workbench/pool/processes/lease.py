@@ -5,11 +5,11 @@ after minutes of missed heartbeats. The lease starts before any other process of
 on the owner named in the pool's state file (a pidfd: it wakes the moment the owner exits). When the
 owner is gone it cancels the pool's batch jobs and remote engines, SIGKILLs every process of the pool
 on this machine at once (their state died with the owner), also those a launch cut short had not
-recorded yet (:mod:`workbench.pool.reap` finds them by their tag), removes the files and leaves word
+recorded yet (:mod:`workbench.pool.processes.reap` finds them by their tag), removes the files and leaves word
 for any notebook still attached (:mod:`workbench.pool.sharing`). When the
 state file goes away (the pool was stopped normally) it exits.
 
-Run as ``python -m workbench.pool.lease STATE_FILE``.
+Run as ``python -m workbench.pool.processes.lease STATE_FILE``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from workbench.pool import sharing
-from workbench.pool.reap import clean_up
+from workbench.pool.processes.reap import clean_up
 from workbench.pool.state import PoolState, StateFileError, process_alive, read_state
 
 # How often the state file is looked at (a normal stop removes it); the owner's exit wakes us at once.
