@@ -98,7 +98,7 @@ def test_lease_cancels_jobs_and_remote_engines_of_a_dead_owner(tmp_path):
     import subprocess
     import time
 
-    from workbench.pool import state as pool_state
+    from workbench.pool.records import state as pool_state
 
     owner = subprocess.Popen(["sleep", "60"])
     engine = subprocess.Popen(["sleep", "60"])

@@ -9,7 +9,7 @@ from IPython.utils.capture import capture_output
 
 from tests.conftest import alive
 from workbench import session
-from workbench.pool import state as pool_state
+from workbench.pool.records import state as pool_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 

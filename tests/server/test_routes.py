@@ -159,7 +159,7 @@ async def test_start_list_restart_stop_a_real_pool(api):
     assert all(r["cpu_percent"] is None and r["memory_bytes"] is None for r in counted), counted
 
     # never the key, nor where it is kept
-    from workbench.pool import state as pool_state
+    from workbench.pool.records import state as pool_state
 
     state = pool_state.read_state(pool_state.state_path(pool["id"]))
     _, _, raw = await api("GET", "pools")

@@ -38,7 +38,7 @@ def lab(tmp_path):
 def test_the_stacks_button_shows_every_ranks_stacks(lab, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
-    from workbench.pool import state as pool_state
+    from workbench.pool.records import state as pool_state
 
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:

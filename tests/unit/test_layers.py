@@ -8,7 +8,7 @@ Kernel side, top to bottom: the package's front (``workbench``, ``cli``) -> ``de
 -> ``widgets``, ``scatter``, ``preflight`` -> ``session`` -> ``remote`` (the door) -> ``pool`` and the
 kernel's metrics (``collector``, ``history``). Engine side: ``train`` and the engine's metrics
 (``publisher``, ``sampler``) -> ``strategies`` -> ``engine``. Leaves (``config``, ``errors``, ``wire``,
-``faults``, ``tables``, ``metrics.records``, ``walkthroughs``, ``cell_targets``, and ``pool.state``,
+``faults``, ``tables``, ``metrics.records``, ``walkthroughs``, ``cell_targets``, and ``pool.records.state``,
 ``pool.devices``, which import nothing of the package) may be imported from anywhere and import only leaves.
 """
 
@@ -45,7 +45,7 @@ UNITS = {
     "workbench.engine": ("engine", 1),
     **{leaf: ("leaf", 0) for leaf in (
         "workbench.config", "workbench.errors", "workbench.wire", "workbench.faults", "workbench.tables",
-        "workbench.metrics.records", "workbench.pool.state", "workbench.pool.devices",
+        "workbench.metrics.records", "workbench.pool.records.state", "workbench.pool.devices",
         "workbench.walkthroughs", "workbench.cell_targets")},
 }
 # Arrows that are the design, not a slip: the zygote is the engines' parent (it imports what they import,

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from workbench.config import PoolConfig
-from workbench.pool import state as pool_state
 from workbench.pool.cluster import EnginePool
-from workbench.pool.state import PoolState, StateFileError
+from workbench.pool.records import state as pool_state
+from workbench.pool.records.state import PoolState, StateFileError
 
 pytestmark = pytest.mark.timeout(60)
 

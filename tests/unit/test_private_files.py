@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from workbench import faults
-from workbench.pool import state as pool_state
+from workbench.pool.records import state as pool_state
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from workbench.engine import stores
-from workbench.pool import state as pool_state
+from workbench.pool.records import state as pool_state
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -28,13 +28,14 @@ from ipyparallel.cluster.launcher import BatchSystemLauncher, LocalProcessLaunch
 from workbench import wire
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
-from workbench.pool import exposure, sharing
-from workbench.pool import state as pool_state
+from workbench.pool import exposure
 from workbench.pool.launch import Launcher, launcher_for, spawn, start_errors
 from workbench.pool.processes import reap, spare
 from workbench.pool.processes.zygote import Zygote
+from workbench.pool.records import sharing
+from workbench.pool.records import state as pool_state
+from workbench.pool.records.state import PoolState
 from workbench.pool.relay import Relay
-from workbench.pool.state import PoolState
 
 # The controller counts newly registered engines only at its next heartbeat round:
 # the default 3 s period makes a local start wait seconds for nothing. This is the pace while engines
@@ -105,7 +106,7 @@ class EnginePool:
         self.log_file: Path | None = None  # the controller's and engines' output
         self._lease: subprocess.Popen | None = None
         self.attached = False  # True when another process started this pool
-        self.state = PoolState()  # what the state file says (workbench.pool.state)
+        self.state = PoolState()  # what the state file says (workbench.pool.records.state)
         self._controller_watch: pool_state.ProcessWatch | None = None
         self.relay: Relay | None = None  # the side channel (beacons, metrics, commands); owner only
         self.channel: dict | None = None  # how to reach it: {"up": url, "out": url, "key": hex}

@@ -1,10 +1,11 @@
 """This user's pools on this machine, from their state files, as ``workbench pools`` lists them and
 ``workbench stop`` ends them (outside any notebook: the one that started a pool may be gone or hung).
 
-The state files live in this user's Jupyter runtime folder (:mod:`workbench.pool.state`), whoever
+The state files live in this user's Jupyter runtime folder (:mod:`workbench.pool.records.state`), whoever
 started the pool (a kernel, the JupyterLab panel, a script); who drives a pool comes from
-:mod:`workbench.pool.sharing`. Stopping goes the panel's way (:func:`workbench.pool.cluster.stop_pool`):
-attach, stop every process, tell the notebooks still attached who stopped it.
+:mod:`workbench.pool.records.sharing`. Stopping goes the panel's way
+(:func:`workbench.pool.cluster.stop_pool`): attach, stop every process, tell the notebooks still attached who
+stopped it.
 
 >>> describe(pool_state.PoolState(id="1a2b3c4d", name="pool-bold-tapir", n=2, owner={"pid": 1}),
 ...          now=90.0)["state"]
@@ -16,8 +17,8 @@ from __future__ import annotations
 import socket
 import time
 
-from workbench.pool import sharing
-from workbench.pool import state as pool_state
+from workbench.pool.records import sharing
+from workbench.pool.records import state as pool_state
 
 COLUMNS = ["name", "id", "launcher", "ranks", "state", "owner", "notebooks", "age", "log"]
 

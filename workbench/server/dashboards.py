@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 
-from workbench.pool import state as pool_state
+from workbench.pool.records import state as pool_state
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import psutil
 from workbench import faults
 from workbench.pool.knock import ANSWERS, REFUSED, Knock
 from workbench.pool.rankmap import RankInfo, format_ranks
-from workbench.pool.state import close_handle, exit_handle, handle_exited
+from workbench.pool.records.state import close_handle, exit_handle, handle_exited
 from workbench.pool.watch import BeaconReceiver
 from workbench.session.losses import lost_hosts
 

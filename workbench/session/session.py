@@ -28,14 +28,15 @@ from collections.abc import Callable
 from workbench import remote
 from workbench.config import PoolConfig
 from workbench.errors import NoPoolError, PoolGone, PoolStartError, RankDiedError
-from workbench.pool import keeper, netif, sharing
-from workbench.pool import state as pool_state
+from workbench.pool import keeper, netif
 from workbench.pool.cluster import EnginePool, interrupts_held
 from workbench.pool.devices import check_gpu_fit, visible_gpu_count
 from workbench.pool.idle import IdleRelease
 from workbench.pool.launch import default_engines
 from workbench.pool.queues import rank_states
 from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks, ranks_text
+from workbench.pool.records import sharing
+from workbench.pool.records import state as pool_state
 from workbench.pool.watch import BeaconReceiver
 from workbench.session import postmortem_report, recovery, script
 from workbench.session.cell_run import CellRun, OutputCallback, RunHandle

@@ -18,10 +18,10 @@ import os
 from collections.abc import Callable
 
 from workbench.errors import PoolGone
-from workbench.pool import sharing
-from workbench.pool import state as pool_state
 from workbench.pool.cluster import EnginePool
 from workbench.pool.rankmap import RankInfo
+from workbench.pool.records import sharing
+from workbench.pool.records import state as pool_state
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
 

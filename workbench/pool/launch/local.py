@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from workbench.pool import state as pool_state
 from workbench.pool.devices import check_gpu_fit, visible_gpu_count
 from workbench.pool.launch import capacity
 from workbench.pool.launch.base import ENGINE_MAIN, Launcher
 from workbench.pool.launch.spawn import CancellableEngineSetLauncher
+from workbench.pool.records import state as pool_state
 
 if TYPE_CHECKING:
     from workbench.pool.cluster import EnginePool
@@ -74,7 +74,7 @@ class Local(Launcher):
         return {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // n))}
 
     def store_folder(self, pool_id: str, create: bool = True) -> str | None:
-        """``stores-<id>`` in the state folder, 0700 (:func:`workbench.pool.state.store_dir`)."""
+        """``stores-<id>`` in the state folder, 0700 (:func:`workbench.pool.records.state.store_dir`)."""
         return str(pool_state.store_dir(pool_id, create=create))
 
     def traits(self, n: int, *, work_dir: str, env: dict[str, str], log: str) -> dict:

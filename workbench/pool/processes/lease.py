@@ -6,7 +6,7 @@ on the owner named in the pool's state file (a pidfd: it wakes the moment the ow
 owner is gone it cancels the pool's batch jobs and remote engines, SIGKILLs every process of the pool
 on this machine at once (their state died with the owner), also those a launch cut short had not
 recorded yet (:mod:`workbench.pool.processes.reap` finds them by their tag), removes the files and leaves word
-for any notebook still attached (:mod:`workbench.pool.sharing`). When the
+for any notebook still attached (:mod:`workbench.pool.records.sharing`). When the
 state file goes away (the pool was stopped normally) it exits.
 
 Run as ``python -m workbench.pool.processes.lease STATE_FILE``.
@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from workbench.pool import sharing
 from workbench.pool.processes.reap import clean_up
-from workbench.pool.state import PoolState, StateFileError, process_alive, read_state
+from workbench.pool.records import sharing
+from workbench.pool.records.state import PoolState, StateFileError, process_alive, read_state
 
 # How often the state file is looked at (a normal stop removes it); the owner's exit wakes us at once.
 FILE_POLL_S = 0.5

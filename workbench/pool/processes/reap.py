@@ -13,7 +13,7 @@ import os
 
 import psutil
 
-from workbench.pool.state import PoolState, cancel_jobs, end, process_alive, remove_files
+from workbench.pool.records.state import PoolState, cancel_jobs, end, process_alive, remove_files
 
 MARKER = "WORKBENCH_POOL"
 

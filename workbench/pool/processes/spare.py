@@ -35,7 +35,7 @@ def prepare() -> None:
     global _spare
     if not enabled():
         return
-    from workbench.pool import state as pool_state
+    from workbench.pool.records import state as pool_state
 
     with _lock:
         if _spare is not None and _spare.alive():
