@@ -224,7 +224,7 @@ def scenario_ssh(ip, spec: dict) -> dict:
 def wait_for_step(s, step: int, timeout: float = 90) -> bool:
     """Until every rank's beacon shows its Trainer past ``step`` (the engines are busy with the cell)."""
     from bench.elastic import _under_way
-    from workbench.pool.watch import BeaconReceiver
+    from workbench.pool.watch.beacons import BeaconReceiver
 
     beacons = BeaconReceiver(s.pool.channel)
     try:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from workbench import wire
 from workbench.engine import agent, rendezvous
-from workbench.pool.watch import BeaconReceiver
+from workbench.pool.watch.beacons import BeaconReceiver
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -35,11 +35,11 @@ from workbench.pool.processes.zygote import Zygote
 from workbench.pool.records import sharing
 from workbench.pool.records import state as pool_state
 from workbench.pool.records.state import PoolState
-from workbench.pool.relay import Relay
+from workbench.pool.watch.relay import Relay
 
 # The controller counts newly registered engines only at its next heartbeat round:
 # the default 3 s period makes a local start wait seconds for nothing. This is the pace while engines
-# register; a settled pool beats once a second (workbench.pool.heart).
+# register; a settled pool beats once a second (workbench.pool.watch.heart).
 HEARTBEAT_MS = 100
 # ...but an engine that misses pings on a loaded machine must not be dropped as dead after 1 s (the
 # default 10 misses): the controller would then fail its cells and forget it. Deaths are found by our

@@ -26,10 +26,10 @@ from typing import Any
 from workbench.config import BACKENDS, LAUNCHERS, PoolConfig
 from workbench.errors import WorkbenchError
 from workbench.pool.launch import launcher_for
-from workbench.pool.queues import rank_states
 from workbench.pool.records import sharing
 from workbench.pool.records import state as pool_state
 from workbench.pool.records.state import PoolState
+from workbench.pool.watch.queues import rank_states
 from workbench.server.dashboards import IDLE_S, DashboardSources
 from workbench.server.start_request import start_options
 from workbench.server.usage import UsageSampler

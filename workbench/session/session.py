@@ -31,13 +31,13 @@ from workbench.errors import NoPoolError, PoolGone, PoolStartError, RankDiedErro
 from workbench.pool import keeper, netif
 from workbench.pool.cluster import EnginePool, interrupts_held
 from workbench.pool.devices import check_gpu_fit, visible_gpu_count
-from workbench.pool.idle import IdleRelease
 from workbench.pool.launch import default_engines
-from workbench.pool.queues import rank_states
 from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks, ranks_text
 from workbench.pool.records import sharing
 from workbench.pool.records import state as pool_state
-from workbench.pool.watch import BeaconReceiver
+from workbench.pool.watch.beacons import BeaconReceiver
+from workbench.pool.watch.idle import IdleRelease
+from workbench.pool.watch.queues import rank_states
 from workbench.session import postmortem_report, recovery, script
 from workbench.session.cell_run import CellRun, OutputCallback, RunHandle
 from workbench.session.group import ProcessGroup
@@ -662,8 +662,8 @@ class Session:
 
     def status(self) -> list[dict]:
         """One row per rank: rank, host, pid, device, state (idle, busy or failed: see
-        :func:`workbench.pool.queues.rank_states`, which the panel's cards read too); then one per engine
-        declared lost ("lost, fenced": refused, told to stop when heard; "lost, stopped": its host
+        :func:`workbench.pool.watch.queues.rank_states`, which the panel's cards read too); then one per
+        engine declared lost ("lost, fenced": refused, told to stop when heard; "lost, stopped": its host
         answered the kill, or it was heard, told, and is silent since)."""
         if not self.running:
             return []

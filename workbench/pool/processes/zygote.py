@@ -41,7 +41,7 @@ import time
 # engine's first error report shows; once idle, the rest of those sources ("sources": the trainer's,
 # which it imports), which each engine did on its own after the fork.
 PRELOAD = {
-    "controller": ("ipyparallel.controller.app", "workbench.pool.heart"),
+    "controller": ("ipyparallel.controller.app", "workbench.pool.watch.heart"),
     "engine": ("ipyparallel.engine.app", "ipykernel.ipkernel", "ipykernel.debugger",
                "IPython.core.completerlib", "IPython.extensions.storemagic", "tornado.platform.asyncio",
                "tornado.queues", "pydoc",
@@ -219,7 +219,7 @@ def _child(role: str, request: dict, keep_fds: set[int]) -> None:
         else:
             from ipyparallel.controller.app import main
 
-            from workbench.pool import heart
+            from workbench.pool.watch import heart
 
             sys.argv = ["ipcontroller", *request["argv"]]
             _skip_database_pause()
