@@ -10,8 +10,8 @@ from IPython.core.error import UsageError
 
 from workbench.config import PoolConfig
 from workbench.magics.args import parse_dist
-from workbench.pool import netif
 from workbench.pool.launch import launcher_for
+from workbench.pool.machine import netif
 from workbench.pool.rankmap import EngineInfo, build_rank_map, remap_engines
 
 

@@ -90,7 +90,7 @@ async def test_a_cluster_start_is_checked_before_anything_starts(api, tmp_path):
 
 @pytest.mark.timeout(30)
 async def test_interfaces_lists_this_machines_networks_loopback_first(api):
-    from workbench.pool import netif
+    from workbench.pool.machine import netif
 
     code, body, _ = await api("GET", "interfaces")
     assert code == 200

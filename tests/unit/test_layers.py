@@ -9,7 +9,8 @@ Kernel side, top to bottom: the package's front (``workbench``, ``cli``) -> ``de
 kernel's metrics (``collector``, ``history``). Engine side: ``train`` and the engine's metrics
 (``publisher``, ``sampler``) -> ``strategies`` -> ``engine``. Leaves (``config``, ``errors``, ``wire``,
 ``faults``, ``tables``, ``metrics.records``, ``walkthroughs``, ``cell_targets``, and ``pool.records.state``,
-``pool.devices``, which import nothing of the package) may be imported from anywhere and import only leaves.
+``pool.machine.devices``, which import nothing of the package) may be imported from anywhere and import only
+leaves.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ UNITS = {
     "workbench.engine": ("engine", 1),
     **{leaf: ("leaf", 0) for leaf in (
         "workbench.config", "workbench.errors", "workbench.wire", "workbench.faults", "workbench.tables",
-        "workbench.metrics.records", "workbench.pool.records.state", "workbench.pool.devices",
+        "workbench.metrics.records", "workbench.pool.records.state", "workbench.pool.machine.devices",
         "workbench.walkthroughs", "workbench.cell_targets")},
 }
 # Arrows that are the design, not a slip: the zygote is the engines' parent (it imports what they import,
@@ -359,10 +360,11 @@ BROKEN = {
                    "workbench.engine.guard": "", "workbench.engine": "", "workbench.session": ""},
     privates_across_rooms: {"workbench.train.elastic": "def f(trainer):\n    trainer._cut = 1\n"
                                                        "    return trainer._pending\n",
-                            "workbench.session.group": "from workbench.pool import netif\nnetif._route()\n",
+                            "workbench.session.group": "from workbench.pool.machine import netif\n"
+                                                       "netif._route()\n",
                             "workbench.magics.args": "from workbench.config import _FIELDS\n",
                             "workbench.strategies.x": "class T:\n    def f(self):\n        self._pending = 0",
-                            "workbench.pool.netif": "", "workbench.config": "_FIELDS = ()\n"},
+                            "workbench.pool.machine.netif": "", "workbench.config": "_FIELDS = ()\n"},
     shared_file_names: {"workbench.widgets.cell": "", "workbench.session.cell": "", "workbench.session": "",
                         "workbench.widgets": ""},
     launcher_comparisons: {

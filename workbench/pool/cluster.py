@@ -28,8 +28,8 @@ from ipyparallel.cluster.launcher import BatchSystemLauncher, LocalProcessLaunch
 from workbench import wire
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
-from workbench.pool import exposure
 from workbench.pool.launch import Launcher, launcher_for, spawn, start_errors
+from workbench.pool.machine import exposure
 from workbench.pool.processes import reap, spare
 from workbench.pool.processes.zygote import Zygote
 from workbench.pool.records import sharing

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.config import PoolConfig, PoolOption, pool_options
-from workbench.pool import netif
 from workbench.pool.launch import launcher_for
+from workbench.pool.machine import netif
 
 OPTIONS = {o.name: o for o in pool_options()}
 FIELDS = tuple(OPTIONS)

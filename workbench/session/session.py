@@ -28,10 +28,11 @@ from collections.abc import Callable
 from workbench import remote
 from workbench.config import PoolConfig
 from workbench.errors import NoPoolError, PoolGone, PoolStartError, RankDiedError
-from workbench.pool import keeper, netif
+from workbench.pool import keeper
 from workbench.pool.cluster import EnginePool, interrupts_held
-from workbench.pool.devices import check_gpu_fit, visible_gpu_count
 from workbench.pool.launch import default_engines
+from workbench.pool.machine import netif
+from workbench.pool.machine.devices import check_gpu_fit, visible_gpu_count
 from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks, ranks_text
 from workbench.pool.records import sharing
 from workbench.pool.records import state as pool_state

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
-from workbench.pool import netif
+from workbench.pool.machine import netif
 from workbench.pool.rankmap import ranks_text
 
 if TYPE_CHECKING:

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from workbench.pool.devices import check_gpu_fit, visible_gpu_count
 from workbench.pool.launch import capacity
 from workbench.pool.launch.base import ENGINE_MAIN, Launcher
 from workbench.pool.launch.spawn import CancellableEngineSetLauncher
+from workbench.pool.machine.devices import check_gpu_fit, visible_gpu_count
 from workbench.pool.records import state as pool_state
 
 if TYPE_CHECKING:
