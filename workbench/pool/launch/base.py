@@ -30,21 +30,44 @@ A new launcher (Slurm inside the allocation, Kubernetes) is one subclass here: i
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import ClassVar, Protocol
 
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
 from workbench.pool.machine import netif
 from workbench.pool.rankmap import ranks_text
 
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from workbench.pool.cluster import EnginePool
-
 # the engines' entry point (workbench.pool.processes.engine_main), for launchers that start a command
 ENGINE_MAIN = [sys.executable, "-m", "workbench.pool.processes.engine_main"]
+
+
+class Pool(Protocol):
+    """The pool as its launcher sees it: what a launcher object may ask of the
+    :class:`~workbench.pool.cluster.EnginePool` that asks it (it is one)."""
+
+    pool_id: str
+    env: dict[str, str]  # what every engine of the pool gets (its tag among it)
+    log_file: Path | None
+
+    @property
+    def engine_args(self) -> list[str]: ...
+
+    def start_engine_set(self, n: int, placement: dict | None = None) -> None:
+        """Start ``n`` engines through this launcher, with its :meth:`Launcher.engine_set_kwargs`."""
+
+    def start_engine_set_with(self, engine_set: type, n: int, kwargs: dict) -> list:
+        """Start ``n`` engines with another ipyparallel engine-set launcher; their launchers."""
+
+    def engine_sets(self) -> list:
+        """ipyparallel's engine-set launchers of the pool."""
+
+    def engine_launchers(self) -> Iterable:
+        """Every engine launcher (one per engine, or the whole set)."""
+
+    def local_launchers(self) -> Iterable:
+        """The engine launchers whose process runs on this machine."""
 
 
 class Launcher:
@@ -149,14 +172,14 @@ class Launcher:
         return dict(env)
 
     # -- replacements ---------------------------------------------------------------------------
-    def where_to_start(self, pool: EnginePool | None, lost: list, ranks: list,
+    def where_to_start(self, pool: Pool | None, lost: list, ranks: list,
                        progress: Callable[[str], None]) -> dict | None:
         """Where new engines for the ``lost`` ranks start (None: anywhere the launcher starts them), or a
         ValueError in one sentence where they cannot; ``ranks``: the group's ranks now (a dead rank among
         them until it is replaced); ``progress`` hears where they moved."""
         return None
 
-    def start_more(self, pool: EnginePool, n: int, placement: dict | None) -> list:
+    def start_more(self, pool: Pool, n: int, placement: dict | None) -> list:
         """Start ``n`` more engines for ``pool`` (at ``placement``, from :meth:`where_to_start`); return the
         launchers whose ending before their engine registered is a failure (none: the pool's wait says)."""
         pool.start_engine_set(n, placement)
@@ -167,7 +190,7 @@ class Launcher:
         return f"{ended} new engine(s) ended before they registered; the pool's log ({log}) has their output."
 
     # -- fencing and signalling -------------------------------------------------------------------
-    def fence(self, pool: EnginePool, pids: list[int]) -> None:
+    def fence(self, pool: Pool, pids: list[int]) -> None:
         """End these engines, declared lost, where they run. Here: nothing; an engine of most launchers
         fences itself when it hears the kernel again (:mod:`workbench.engine.agent`)."""
 
@@ -197,7 +220,7 @@ class Launcher:
         """Each batch job of the pool with its state and reason (a start that waits says them)."""
         return {}
 
-    def why_slow(self, pool: EnginePool) -> str:
+    def why_slow(self, pool: Pool) -> str:
         """What the engines of a start that timed out were waiting for, as the end of its sentence."""
         return ""
 

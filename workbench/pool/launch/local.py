@@ -20,18 +20,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import psutil
 
 from workbench.pool.launch import capacity
-from workbench.pool.launch.base import ENGINE_MAIN, Launcher
+from workbench.pool.launch.base import ENGINE_MAIN, Launcher, Pool
 from workbench.pool.launch.spawn import CancellableEngineSetLauncher
 from workbench.pool.machine.devices import check_gpu_fit, visible_gpu_count
 from workbench.pool.records import state as pool_state
-
-if TYPE_CHECKING:
-    from workbench.pool.cluster import EnginePool
 
 
 class Local(Launcher):
@@ -99,7 +95,7 @@ class Local(Launcher):
     def via(self) -> str:
         return ""
 
-    def why_slow(self, pool: EnginePool) -> str:
+    def why_slow(self, pool: Pool) -> str:
         """What this machine was doing meanwhile: engine processes running, and the load on its cores."""
         running = sum(1 for el in pool.local_launchers() if el.pid > 0 and psutil.pid_exists(el.pid))
         load = os.getloadavg()[0]

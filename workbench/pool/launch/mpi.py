@@ -15,13 +15,9 @@ replacement are refused in one sentence).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from workbench.pool.launch.base import ENGINE_MAIN, Launcher, go_on, ranks_left, spread
+from workbench.pool.launch.base import ENGINE_MAIN, Launcher, Pool, go_on, ranks_left, spread
 from workbench.pool.launch.spawn import PoolMPIEngineSetLauncher
-
-if TYPE_CHECKING:
-    from workbench.pool.cluster import EnginePool
 
 
 class MPI(Launcher):
@@ -51,7 +47,7 @@ class MPI(Launcher):
         """
         return {**env, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
-    def where_to_start(self, pool: EnginePool | None, lost: list, ranks: list,
+    def where_to_start(self, pool: Pool | None, lost: list, ranks: list,
                        progress: Callable[[str], None]) -> dict | None:
         """Never: one sentence that says why, and what the ranks left can do.
 

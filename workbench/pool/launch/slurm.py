@@ -21,17 +21,13 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ipyparallel.cluster.launcher import BatchSystemLauncher
 
 from workbench.config import PoolConfig
 from workbench.pool.launch import slurm_steps
-from workbench.pool.launch.base import Launcher, ranks_left
+from workbench.pool.launch.base import Launcher, Pool, ranks_left
 from workbench.pool.launch.spawn import CancellableEngineSetLauncher, PoolSlurmEngineSetLauncher
-
-if TYPE_CHECKING:
-    from workbench.pool.cluster import EnginePool
 
 SQUEUE_TIMEOUT_S = 10
 JOB_STATES_EVERY_S = 1.0  # squeue asks slurmctld: at most once a second
@@ -64,13 +60,13 @@ class Slurm(Launcher):
         return {**({"output_file": log} if log else {}), "batch_template": slurm_script(self.config, n),
                 "batch_file_name": os.path.join(work_dir, "slurm_engine.sbatch")}
 
-    def where_to_start(self, pool: EnginePool | None, lost: list, ranks: list,
+    def where_to_start(self, pool: Pool | None, lost: list, ranks: list,
                        progress: Callable[[str], None]) -> dict[tuple[str, str], int]:
         """``{(job, node): n}``: a new step of each lost rank's job on its node, while the job still holds
         it (else one sentence that says so, and what the ranks left can do)."""
         return slurm_steps.place(lost, ranks_left(lost, ranks))
 
-    def start_more(self, pool: EnginePool, n: int, placement: dict | None) -> list:
+    def start_more(self, pool: Pool, n: int, placement: dict | None) -> list:
         """Replacements (``placement``): one engine per ``srun`` step in each ``(job, node)``, through
         ipyparallel's local engine-set launcher; returns their launchers (the ``srun`` processes). Growing
         the pool (no placement) submits another job."""
@@ -92,7 +88,7 @@ class Slurm(Launcher):
     def engines_exited(self, dead: int, n: int) -> str:
         return "the Slurm job ended while starting the engines"  # one launch for the whole set
 
-    def why_slow(self, pool: EnginePool) -> str:
+    def why_slow(self, pool: Pool) -> str:
         """What Slurm says of the pool's jobs (``; Slurm job 12: PENDING (Resources)``)."""
         states = self.job_states(pool.engine_sets())
         return "".join(f"; Slurm job {job}: {how}" for job, how in states.items())

@@ -20,21 +20,18 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ipyparallel.cluster.launcher import SSHLauncher
 
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
 from workbench.pool.launch import ssh_places
-from workbench.pool.launch.base import Launcher, spread
+from workbench.pool.launch.base import Launcher, Pool, spread
 from workbench.pool.launch.fence import Fencer
 from workbench.pool.launch.spawn import CancellableSSHEngineSetLauncher
 from workbench.pool.launch.start_errors import start_error
 from workbench.pool.processes.reap import MARKER
 
-if TYPE_CHECKING:
-    from workbench.pool.cluster import EnginePool
 
 class SSH(Launcher):
     """Engines over ssh on the config's hosts."""
@@ -66,7 +63,7 @@ class SSH(Launcher):
             kwargs["engines"] = dict(placement)
         return kwargs
 
-    def where_to_start(self, pool: EnginePool | None, lost: list, ranks: list,
+    def where_to_start(self, pool: Pool | None, lost: list, ranks: list,
                        progress: Callable[[str], None]) -> dict[str, int]:
         """``{host: n}``: on the lost rank's own host when it answers over ssh, else on another host of the
         list (``progress`` hears which). See :mod:`workbench.pool.launch.ssh_places`."""
@@ -85,7 +82,7 @@ class SSH(Launcher):
             progress(note)
         return placement
 
-    def fence(self, pool: EnginePool, pids: list[int]) -> None:
+    def fence(self, pool: Pool, pids: list[int]) -> None:
         """End these engines on their hosts over ssh, in the background, once their hosts answer (see
         :mod:`workbench.pool.launch.fence`)."""
         if self._fencer is None:
