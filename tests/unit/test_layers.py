@@ -9,8 +9,13 @@ Kernel side, top to bottom: the package's front (``workbench``, ``cli``) -> ``de
 kernel's metrics (``collector``, ``history``). Engine side: ``train`` and the engine's metrics
 (``publisher``, ``sampler``) -> ``strategies`` -> ``engine``. Leaves (``config``, ``errors``, ``wire``,
 ``faults``, ``tables``, ``metrics.records``, ``walkthroughs``, ``cell_targets``, and ``pool.records.state``,
-``pool.machine.devices``, which import nothing of the package) may be imported from anywhere and import only
-leaves.
+``pool.machine.devices``, ``pool.rankmap``, which import nothing of the package) may be imported from anywhere
+and import only leaves.
+
+Inside ``pool`` each subfolder is a room of its own, top to bottom: the pool's face (``cluster``: EnginePool;
+``keeper``, ``overview``) -> ``launch`` (the launcher objects, over ipyparallel's launchers) -> ``processes``
+(the pool's processes on this machine) -> ``records`` (what a pool writes for other processes), ``watch``
+(how the kernel sees it alive) and ``machine`` (what this machine has).
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ UNITS = {
     "workbench.session": ("kernel", 3),
     "workbench.remote": ("door", 2),
     "workbench.pool": ("kernel", 1), "workbench.metrics": ("kernel", 1),
+    # the pool's rooms (see POOL_ROOMS), below its face (cluster, keeper, overview)
+    "workbench.pool.launch": ("kernel", 0.8), "workbench.pool.processes": ("kernel", 0.6),
+    "workbench.pool.records": ("kernel", 0.4), "workbench.pool.watch": ("kernel", 0.4),
+    "workbench.pool.machine": ("kernel", 0.4),
     "workbench.metrics.collector": ("kernel", 1), "workbench.metrics.history": ("kernel", 1),
     "workbench.metrics.publisher": ("engine", 4), "workbench.metrics.sampler": ("engine", 4),
     "workbench.train": ("engine", 3),
@@ -47,8 +56,11 @@ UNITS = {
     **{leaf: ("leaf", 0) for leaf in (
         "workbench.config", "workbench.errors", "workbench.wire", "workbench.faults", "workbench.tables",
         "workbench.metrics.records", "workbench.pool.records.state", "workbench.pool.machine.devices",
-        "workbench.walkthroughs", "workbench.cell_targets")},
+        "workbench.pool.rankmap", "workbench.walkthroughs", "workbench.cell_targets")},
 }
+# Subfolders of pool that are rooms of their own: arrows between them are checked, and privates stay in each.
+POOL_ROOMS = ("workbench.pool.launch", "workbench.pool.processes", "workbench.pool.records",
+              "workbench.pool.watch", "workbench.pool.machine")
 # Arrows that are the design, not a slip: the zygote is the engines' parent (it imports what they import,
 # once, then forks them).
 ALLOWED = {("workbench.pool.processes.zygote", "workbench.engine.agent")}
@@ -78,7 +90,11 @@ def unit_of(module: str) -> str:
 
 
 def room_of(module: str) -> str:
-    """``workbench.session.cell`` -> ``workbench.session``; a top-level module is its own room."""
+    """``workbench.session.cell`` -> ``workbench.session``; a top-level module is its own room; a module of
+    one of :data:`POOL_ROOMS` is in that room (``workbench.pool.launch.ssh`` -> ``workbench.pool.launch``)."""
+    for room in POOL_ROOMS:
+        if module == room or module.startswith(room + "."):
+            return room
     return ".".join(module.split(".")[:2])
 
 
@@ -354,7 +370,12 @@ BROKEN = {
     arrows_up: {"workbench.pool.cluster": "from workbench.session import Session\n",
                 "workbench.session": "", "workbench.errors": "from workbench.pool import cluster\n",
                 "workbench.pool": "", "workbench.remote": "from workbench.engine import guard\n",
-                "workbench.engine.guard": "", "workbench.engine": ""},
+                "workbench.engine.guard": "", "workbench.engine": "",
+                # inside the pool: a launcher reaching up to the pool, a record down to the processes
+                "workbench.pool.launch.ssh": "from workbench.pool.cluster import EnginePool\n",
+                "workbench.pool.records.sharing": "def f():\n    from workbench.pool.processes import reap\n",
+                "workbench.pool.processes.reap": "", "workbench.pool.launch": "",
+                "workbench.pool.records": "", "workbench.pool.processes": ""},
     second_doors: {"workbench.session.group": "def f():\n    from workbench.engine import guard\n",
                    "workbench.session.elastic": 'JOIN = "x = 1\\nimport workbench.train.elastic as e"\n',
                    "workbench.engine.guard": "", "workbench.engine": "", "workbench.session": ""},
@@ -381,7 +402,7 @@ BROKEN = {
         "workbench.pool.launch": 'def launcher_for(config):\n    return KINDS[config.launcher]\n',
         "workbench.pool.launch.ssh": 'def f(config):\n    return config.launcher == "ssh"\n'},
 }
-EXPECTED = {arrows_up: 3, second_doors: 2, privates_across_rooms: 4, shared_file_names: 1,
+EXPECTED = {arrows_up: 5, second_doors: 2, privates_across_rooms: 4, shared_file_names: 1,
             launcher_comparisons: 6}
 
 
