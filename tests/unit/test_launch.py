@@ -40,6 +40,7 @@ def test_what_each_launcher_says(name, here, fences, adds, forks, meets_in_files
     launcher = launcher_for(CONFIGS[name])
     assert (launcher.on_this_machine, launcher.fences, launcher.can_add_engines, launcher.forks) == (
         here, fences, adds, forks)
+    assert bool(launcher.cannot_add) == (not adds)  # a sentence says why where engines cannot be added
     folder = launcher.store_folder("1a2b3c4d")
     assert (folder is not None) == meets_in_files
     if folder:

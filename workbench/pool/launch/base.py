@@ -80,6 +80,7 @@ class Launcher:
     engine_set: ClassVar[type]  # the ipyparallel engine-set launcher that starts the engines
     on_this_machine: ClassVar[bool] = False  # every engine runs here: pids, pidfds and signals reach them
     can_add_engines: ClassVar[bool] = True  # new engines can join a running pool (restart, scale, replace)
+    cannot_add: ClassVar[str] = ""  # where they cannot: why, in the words of an elastic run that lost a rank
     # a lost engine elsewhere may be only cut off: it is fenced (refused, told to stop, ended where possible)
     fences: ClassVar[bool] = True
     poll_s: ClassVar[float] = 0.1  # how often a start looks at its engines

@@ -26,7 +26,6 @@ class MPI(Launcher):
     name = "mpi"
     engine_set = PoolMPIEngineSetLauncher
     can_add_engines = False
-    # why, in the words of an elastic run that lost a rank
     cannot_add = ("an MPI pool cannot start an engine by itself (mpiexec cannot add a process to a running "
                   "world)")
 
