@@ -180,7 +180,7 @@ def scenario_ssh(ip, spec: dict) -> dict:
     from workbench import PoolConfig, Session, session
     from workbench.preflight import run_check
 
-    opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"]}
+    opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"], "remote_python": spec["python"]}
     config = PoolConfig(launcher="ssh", hosts=spec["hosts"], interface=spec["interface"], timeout=120,
                         launcher_options=opts)
     t0 = time.perf_counter()
