@@ -8,10 +8,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
+from tests.conftest import until
 from workbench.config import PoolConfig
 from workbench.pool.cluster import EnginePool
 from workbench.pool.records import state as pool_state
@@ -140,12 +140,3 @@ def waits_on(pid: int, owner: int) -> bool:
         except OSError:
             continue
     return False
-
-
-def until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
