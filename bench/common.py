@@ -18,7 +18,7 @@ from unittest import mock
 
 import psutil
 
-from workbench.pool.state import end
+from workbench.pool.records.state import end
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent

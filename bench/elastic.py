@@ -39,7 +39,7 @@ trainer = loop.build("mlp", data_world={ranks}, elastic=True, callbacks=[taken])
 def run(reps: int = 2, ranks: int = 3, steps: int = 120, oversubscribe: bool = False) -> dict:
     """``oversubscribe``: more ranks than cores (the 32-rank run of :mod:`bench.faults_at_scale`)."""
     from workbench import Session
-    from workbench.pool.watch import BeaconReceiver
+    from workbench.pool.watch.beacons import BeaconReceiver
 
     out: dict[str, list[float]] = {"kill_to_step_s": [], "restart_s": []}
     lost, doubled, notes = [], [], []

@@ -19,7 +19,7 @@ import time
 import psutil
 from jupyter_client.manager import start_new_kernel
 
-from workbench.pool.state import wait_gone
+from workbench.pool.records.state import wait_gone
 
 START = """
 %load_ext workbench

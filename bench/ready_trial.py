@@ -51,7 +51,7 @@ def workbench_warm() -> dict:
     from IPython.utils.capture import capture_output
 
     from workbench import session
-    from workbench.pool import spare
+    from workbench.pool.processes import spare
 
     ip = start_ipython()
     ip.run_line_magic("load_ext", "workbench")

@@ -106,7 +106,7 @@ def until(predicate, timeout: float = 10.0, every: float = 0.02) -> bool:
 def channel():
     """A pool's side channel without a pool: a real relay and its key, as ``EnginePool`` records them."""
     from workbench import wire
-    from workbench.pool.relay import Relay
+    from workbench.pool.watch.relay import Relay
 
     key = wire.new_key()
     relay = Relay("127.0.0.1", key)

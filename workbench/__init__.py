@@ -61,9 +61,10 @@ def __getattr__(name: str):
 def load_ipython_extension(ipython):
     """``%load_ext workbench``: register ``%dist``, ``%%distributed`` and ``%%local``.
 
-    First of all a spare zygote starts importing torch for the first local pool (:mod:`workbench.pool.spare`).
+    First of all a spare zygote starts importing torch for the first local pool
+    (:mod:`workbench.pool.processes.spare`).
     """
-    from workbench.pool import spare
+    from workbench.pool.processes import spare
 
     spare.prepare()
     from workbench.magics import load_ipython_extension as load

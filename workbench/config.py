@@ -16,18 +16,26 @@ _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")
 
 
 def _about(help: str, *, flag: str | None = None, words: str | None = None, choices: tuple = (),
-           group: str | None = None, label: str | None = None, unit: str | None = None,
-           hint: str | None = None, launchers: tuple = (), dialog: int | None = None) -> dict:
+           group: str | None = None, launchers: tuple[str, ...] = (), refused: str | None = None,
+           needed_by: tuple[str, ...] = (), needed: str | None = None, label: str | None = None,
+           unit: str | None = None, hint: str | None = None, offered_for: tuple[str, ...] = (),
+           dialog: int | None = None) -> dict:
     """A field's metadata: ``help``, its ``flag`` (default ``--field-name``), how a sentence names it
-    (``words``), its ``choices``, and a ``group`` of options that exclude each other.
+    (``words``), its ``choices``, and a ``group`` of options that exclude each other. An option of some
+    launchers only names them (``launchers``; empty: every launcher takes it) and, if not the general one,
+    the sentence that refuses it elsewhere (``refused``); ``needed_by``: the launchers that cannot start
+    without it, and the sentence that says so (``needed``, ``{launcher}`` in it). Validation reads these
+    (what each launcher does with its options is :mod:`workbench.pool.launch`'s).
 
     For the panel's start dialog ("Advanced..."): its ``label`` there (default: ``words``, capitalised) and
     the ``unit`` after it; the ``hint`` an empty box shows (``{default_n}``: the server's default number of
-    engines); the ``launchers`` it applies to (none named: all); ``dialog``: its place among the dialog's
-    fields (``None``: the dialog does not offer it, only code and the magic do).
+    engines); the launchers the dialog ``offered_for`` it (default: those that take it); ``dialog``: its
+    place among the dialog's fields (``None``: the dialog does not offer it, only code and the magic do).
     """
     return {"help": help, "flag": flag, "words": words, "choices": tuple(choices), "group": group,
-            "label": label, "unit": unit, "hint": hint, "launchers": tuple(launchers), "dialog": dialog}
+            "launchers": tuple(launchers), "refused": refused, "needed_by": tuple(needed_by),
+            "needed": needed, "label": label, "unit": unit, "hint": hint,
+            "offered_for": tuple(offered_for or launchers), "dialog": dialog}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,12 +97,15 @@ class PoolConfig:
         "IP address to listen on instead of an interface name", group="network"))
     interface: str | None = field(default=None, metadata=_about(
         "network interface the engines reach this kernel on (default: loopback)", group="network",
-        hint="none: loopback, this machine only", launchers=("slurm", "mpi", "ssh"), dialog=6))
+        hint="none: loopback, this machine only", offered_for=("slurm", "mpi", "ssh"), dialog=6))
     nodes: int | None = field(default=None, metadata=_about(
         "Slurm: nodes to run engines on", hint="1", launchers=("slurm",), dialog=4))
     gpus_per_node: int | None = field(default=None, metadata=_about(
         "one engine per GPU on every node or host, each pinned to its GPU", words="GPUs per node",
-        hint="none: CPU engines", launchers=("slurm", "ssh"), dialog=5))
+        launchers=("slurm", "mpi", "ssh"),
+        refused="gpus-per-node is for cluster launchers; a local pool takes -n (default: one engine per "
+                "visible GPU).",
+        hint="none: CPU engines", offered_for=("slurm", "ssh"), dialog=5))
     partition: str | None = field(default=None, metadata=_about(
         "Slurm partition", hint="the cluster's default", launchers=("slurm",), dialog=7))
     time: str | None = field(default=None, metadata=_about(
@@ -103,13 +114,14 @@ class PoolConfig:
     account: str | None = field(default=None, metadata=_about(
         "Slurm account", hint="your default account", launchers=("slurm",), dialog=9))
     hosts: tuple[str, ...] = field(default=(), metadata=_about(
-        "ssh/mpi: hosts to start engines on, e.g. node1,node2", hint="node1,node2",
-        launchers=("mpi", "ssh"), dialog=3))
+        "ssh/mpi: hosts to start engines on, e.g. node1,node2", launchers=("ssh", "mpi"), needed_by=("ssh",),
+        needed="--launcher {launcher} needs the hosts to start engines on: --hosts node1,node2.",
+        hint="node1,node2", dialog=3))
     idle_release: float | None = field(default=None, metadata=_about(
         "stop the pool (release its nodes) after this many idle seconds"))
     oversubscribe: bool = field(default=False, metadata=_about(
         "start more local ranks than this machine holds (4 per core, ~330 MiB each)",
-        hint="more ranks than this machine holds", launchers=("local",), dialog=12))
+        hint="more ranks than this machine holds", offered_for=("local",), dialog=12))
     name: str | None = field(default=None, metadata=_about(
         "what to call the pool (default: made up from its id, e.g. pool-glad-heron)"))
     collective_timeout: float | None = field(default=None, metadata=_about(
@@ -144,18 +156,7 @@ class PoolConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1 (got {value}).")
-        slurm_only = [name for name in ("nodes", "partition", "time", "account") if getattr(self, name)]
-        if slurm_only and self.launcher != "slurm":
-            raise ValueError(f"{', '.join(slurm_only)} only apply to --launcher slurm "
-                             f"(this pool's launcher is {self.launcher}).")
-        if self.hosts and self.launcher not in ("ssh", "mpi"):
-            raise ValueError(f"hosts apply to --launcher ssh or mpi (this pool's launcher is "
-                             f"{self.launcher}).")
-        if self.launcher == "ssh" and not self.hosts:
-            raise ValueError("--launcher ssh needs the hosts to start engines on: --hosts node1,node2.")
-        if self.gpus_per_node and self.launcher == "local":
-            raise ValueError("gpus-per-node is for cluster launchers; a local pool takes -n (default: one "
-                             "engine per visible GPU).")
+        self._check_launcher_options()
         if self.time is not None and not _SLURM_TIME.match(self.time):
             raise ValueError(f"time {self.time!r} is not a Slurm time limit: write minutes ('30'), "
                              "'HH:MM:SS' or 'D-HH:MM'.")
@@ -164,6 +165,39 @@ class PoolConfig:
         if self.engines is not None and self.n is not None and self.n != self.engines:
             raise ValueError(f"-n {self.n} does not match {self._places()} x {self.gpus_per_node} GPUs "
                              f"= {self.engines} engines: give one of them.")
+
+    def _check_launcher_options(self) -> None:
+        """Options of other launchers refused, and options this launcher needs asked for, as the fields'
+        metadata says (``launchers``, ``needed_by``, ``refused``): a sentence for each kind, in this order.
+
+        >>> PoolConfig(partition="gpu", time="30")
+        Traceback (most recent call last):
+        ...
+        ValueError: partition, time only apply to --launcher slurm (this pool's launcher is local).
+        >>> PoolConfig(launcher="slurm", hosts="a")
+        Traceback (most recent call last):
+        ...
+        ValueError: hosts apply to --launcher ssh or mpi (this pool's launcher is slurm).
+        """
+        refused: dict[tuple[str, ...], list[str]] = {}  # the launchers that take them -> options given
+        own = []  # options whose refusal is a sentence of their own
+        for f in fields(self):
+            takers = f.metadata["launchers"]
+            if takers and getattr(self, f.name) and self.launcher not in takers:
+                if f.metadata["refused"]:
+                    own.append(f.metadata["refused"])
+                else:
+                    refused.setdefault(takers, []).append(f.name)
+        if refused:
+            takers, names = next(iter(refused.items()))
+            only = "only " if len(takers) == 1 else ""
+            raise ValueError(f"{', '.join(names)} {only}apply to --launcher {' or '.join(takers)} (this "
+                             f"pool's launcher is {self.launcher}).")
+        for f in fields(self):
+            if self.launcher in f.metadata["needed_by"] and not getattr(self, f.name):
+                raise ValueError(f.metadata["needed"].format(launcher=self.launcher))
+        if own:
+            raise ValueError(own[0])
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, as JSON takes it (the pool's state file carries it; :meth:`from_dict` reads it back).
@@ -217,7 +251,7 @@ class PoolOption:
     label: str = ""  # the start dialog's name for it (and so every sentence the panel shows)
     unit: str | None = None
     hint: str | None = None
-    launchers: tuple = ()  # the launchers it applies to; none: every one
+    launchers: tuple = ()  # the launchers the dialog offers it for; none: every one
     dialog: int | None = None  # its place in the start dialog; None: not offered there
 
 
@@ -244,7 +278,7 @@ def pool_options() -> list[PoolOption]:
         out.append(PoolOption(f.name, _KINDS[base], about["flag"] or "--" + f.name.replace("_", "-"),
                               about["help"], words, default, about["choices"], about["group"],
                               about["label"] or words[:1].upper() + words[1:], about["unit"], about["hint"],
-                              about["launchers"], about["dialog"]))
+                              about["offered_for"], about["dialog"]))
     return out
 
 

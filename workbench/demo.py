@@ -36,7 +36,7 @@ def run_notebook(path: Path, out_dir: Path, timeout: int = 600, log=print,
     from jupyter_core.utils import run_sync
     from nbclient import NotebookClient
     if gpu is None:
-        from workbench.pool.devices import visible_gpu_count
+        from workbench.pool.machine.devices import visible_gpu_count
 
         gpu = visible_gpu_count() > 0
     nb = nbformat.read(path, as_version=4)

@@ -6,7 +6,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
-from workbench.pool import state as pool_state
+from workbench.pool.records import state as pool_state
 
 # Errors a rank raises *because another rank failed*: never the root cause.
 SECONDARY_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "aborted",

@@ -30,9 +30,9 @@ def describe() -> dict:
 
 
 def route_to(address: str) -> dict:
-    """On a rank off the kernel's machine: :func:`workbench.pool.netif.route_to` (the interface that
+    """On a rank off the kernel's machine: :func:`workbench.pool.machine.netif.route_to` (the interface that
     reaches the kernel's ``address``, which its gloo/NCCL traffic then uses)."""
-    from workbench.pool import netif
+    from workbench.pool.machine import netif
 
     return netif.route_to(address)
 

@@ -180,7 +180,7 @@ def scenario_ssh(ip, spec: dict) -> dict:
     from workbench import PoolConfig, Session, session
     from workbench.preflight import run_check
 
-    opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"]}
+    opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"], "remote_python": spec["python"]}
     config = PoolConfig(launcher="ssh", hosts=spec["hosts"], interface=spec["interface"], timeout=120,
                         launcher_options=opts)
     t0 = time.perf_counter()
@@ -224,7 +224,7 @@ def scenario_ssh(ip, spec: dict) -> dict:
 def wait_for_step(s, step: int, timeout: float = 90) -> bool:
     """Until every rank's beacon shows its Trainer past ``step`` (the engines are busy with the cell)."""
     from bench.elastic import _under_way
-    from workbench.pool.watch import BeaconReceiver
+    from workbench.pool.watch.beacons import BeaconReceiver
 
     beacons = BeaconReceiver(s.pool.channel)
     try:

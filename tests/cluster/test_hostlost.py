@@ -173,10 +173,11 @@ def test_eight_ranks_on_four_hosts_lose_one_host_and_go_on(five_hosts, workdir):
 # Measured on the 2-core build machine (load 8-62): the 32 engines over ssh, each importing torch (no zygote
 # on a remote host), took 219-495 s to start, and while the group formed many ranks' beacons were silent
 # for more than 3 s, so the health watch declared them lost before the first cell. Since then a silent
-# rank whose gloo port answers is up (workbench.pool.knock), which removes that cause. On a 2-core machine
-# about 3x faster (WORKBENCH_TEST_32_SSH=1) it passed: ready in 79-82 s, the host's 8 engines found exited
-# 3.02-3.05 s after the kill, the next step 3.5-3.6 s after it, 161 s in all. On the slower machines the
-# suite also runs on, the start alone is 4-8 minutes of both cores: run by hand, or where there are 8 cores.
+# rank whose gloo port answers is up (workbench.pool.watch.knock), which removes that cause. On a 2-core
+# machine about 3x faster (WORKBENCH_TEST_32_SSH=1) it passed: ready in 79-82 s, the host's 8 engines found
+# exited 3.02-3.05 s after the kill, the next step 3.5-3.6 s after it, 161 s in all. On the slower machines
+# the suite also runs on, the start alone is 4-8 minutes of both cores: run by hand, or where there are 8
+# cores.
 @pytest.mark.skipif((os.cpu_count() or 1) < 8 and not os.environ.get("WORKBENCH_TEST_32_SSH"),
                     reason="32 engines over ssh need >= 8 cores: on 2 their start (each imports torch) takes "
                     "4-8 minutes (measured; see the comment); WORKBENCH_TEST_32_SSH=1 runs it anyway")

@@ -10,18 +10,19 @@ from IPython.core.error import UsageError
 
 from workbench.config import PoolConfig
 from workbench.magics.args import parse_dist
-from workbench.pool import launchers, netif
+from workbench.pool.launch import launcher_for
+from workbench.pool.machine import netif
 from workbench.pool.rankmap import EngineInfo, build_rank_map, remap_engines
 
 
 def kwargs(config, n):
-    return launchers.engine_set_kwargs(config, n, work_dir="/scratch", env={"A": "1"}, engine_args=["--x"])
+    return launcher_for(config).engine_set_kwargs(n, work_dir="/scratch", env={"A": "1"}, engine_args=["--x"])
 
 
 def test_slurm_one_engine_per_gpu_on_every_node():
     config = PoolConfig(launcher="slurm", nodes=2, gpus_per_node=4, partition="gpu", time="1:00:00",
                         account="proj", interface="lo")
-    assert launchers.default_engines(config) == 8
+    assert launcher_for(config).default_engines() == 8
     kw = kwargs(config, 8)
     script = kw["batch_template"]
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
@@ -50,7 +51,7 @@ def test_slurm_cpu_tasks_and_user_options():
 def test_mpi_and_ssh():
     kw = kwargs(PoolConfig(launcher="mpi", hosts="a,b"), 4)
     assert kw["mpi_args"] == ["--host", "a:2,b:2"]
-    assert kw["engine_cmd"] == [sys.executable, "-m", "workbench.pool.engine_main"]
+    assert kw["engine_cmd"] == [sys.executable, "-m", "workbench.pool.processes.engine_main"]
     assert kw["environment"]["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
     kw = kwargs(PoolConfig(launcher="ssh", hosts=("n1", "n2"), gpus_per_node=2), 4)
     assert kw["engines"] == {"n1": 2, "n2": 2} and kw["remote_python"] == sys.executable
@@ -72,9 +73,9 @@ def test_config_rejects(options, message):
 
 def test_loopback_refused_where_engines_are_elsewhere():
     with pytest.raises(ValueError, match="cannot reach this kernel on loopback.*here: .*lo 127.0.0.1"):
-        launchers.check_address(PoolConfig(launcher="ssh", hosts="n1,n2"), "127.0.0.1")
-    launchers.check_address(PoolConfig(launcher="ssh", hosts="localhost"), "127.0.0.1")
-    launchers.check_address(PoolConfig(launcher="slurm", interface="lo"), "127.0.0.1")  # one-node box
+        launcher_for(PoolConfig(launcher="ssh", hosts="n1,n2")).check_address("127.0.0.1")
+    launcher_for(PoolConfig(launcher="ssh", hosts="localhost")).check_address("127.0.0.1")
+    launcher_for(PoolConfig(launcher="slurm", interface="lo")).check_address("127.0.0.1")  # one-node box
     assert netif.resolve(PoolConfig(interface="lo")).address == "127.0.0.1"
     with pytest.raises(ValueError, match="no network interface 'nope0'"):
         netif.resolve(PoolConfig(interface="nope0"))
@@ -91,13 +92,13 @@ def test_start_options_parse():
 
 
 def test_lease_cancels_jobs_and_remote_engines_of_a_dead_owner(tmp_path):
-    """A kernel that is SIGKILLed runs no atexit: its lease (a real ``python -m workbench.pool.lease``,
-    recorded among the pool's processes as the pool does) stops the engines, cancels the Slurm job, ends
-    ssh engines and removes the files."""
+    """A kernel that is SIGKILLed runs no atexit: its lease (a real ``python -m
+    workbench.pool.processes.lease``, recorded among the pool's processes as the pool does) stops the engines,
+    cancels the Slurm job, ends ssh engines and removes the files."""
     import subprocess
     import time
 
-    from workbench.pool import state as pool_state
+    from workbench.pool.records import state as pool_state
 
     owner = subprocess.Popen(["sleep", "60"])
     engine = subprocess.Popen(["sleep", "60"])
@@ -109,7 +110,7 @@ def test_lease_cancels_jobs_and_remote_engines_of_a_dead_owner(tmp_path):
              "jobs": [{"id": "7", "cancel": ["touch", str(tmp_path / "scancel-7")]}],
              "remote": [{"id": "n1:42", "cancel": ["touch", str(tmp_path / "kill-n1-42")]}]}
     path.write_text(json.dumps(state))
-    lease = subprocess.Popen([sys.executable, "-m", "workbench.pool.lease", str(path)])
+    lease = subprocess.Popen([sys.executable, "-m", "workbench.pool.processes.lease", str(path)])
     try:
         state["processes"].append(pool_state.process_record(lease.pid))
         path.write_text(json.dumps(state))

@@ -9,7 +9,7 @@ from IPython.utils.capture import capture_output
 
 from tests.conftest import alive
 from workbench import session
-from workbench.pool import state as pool_state
+from workbench.pool.records import state as pool_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -28,10 +28,10 @@ def run(ip, cell):
     ("%dist start --launcher slurm --time soon --interface lo", "not a Slurm time limit"),
 ])
 def test_start_mistakes_start_nothing(ipshell, line, message):
-    before = {s["id"] for s in pool_state.list_states()}
+    before = {s.id for s in pool_state.list_states()}
     with pytest.raises(UsageError, match=message):
         ipshell.run_line_magic("dist", line.removeprefix("%dist "))
-    assert {s["id"] for s in pool_state.list_states()} == before
+    assert {s.id for s in pool_state.list_states()} == before
     assert session.current_or_none() is None
 
 

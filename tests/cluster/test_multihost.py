@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.cluster import infra
+from tests.cluster.test_nodelost import this_tree_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -16,7 +17,7 @@ def test_pool_across_hosts_over_ssh(three_hosts, workdir):
     head, head_addr = three_hosts["head"]
     (n1, a1), (n2, a2) = three_hosts["n1"], three_hosts["n2"]
     spec = {"hosts": f"{a1},{a2}", "interface": "wb0", "ssh_args": infra.Sshd.client_args(workdir),
-            "ckpt": str(workdir / "ckpt")}
+            "ckpt": str(workdir / "ckpt"), "python": this_tree_python(workdir)}
     result = infra.run_driver(head, "ssh", spec, timeout=260, hostname="head", workdir=workdir)
     probe = result["check_probe"]
     print(f"ssh: pool of 2 on n1+n2 ready {result['start_s']:.1f} s after start; all_reduce across "

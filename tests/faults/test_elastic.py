@@ -26,7 +26,7 @@ import torch
 from tests.conftest import PidsLimit, alive, until
 from workbench import Session
 from workbench.errors import WorkbenchError
-from workbench.pool.watch import BeaconReceiver
+from workbench.pool.watch.beacons import BeaconReceiver
 from workbench.train.data import regression_data
 from workbench.train.models import MLP, MLPConfig
 

@@ -20,7 +20,7 @@ from tests.conftest import until
 from workbench import wire
 from workbench.metrics import records
 from workbench.metrics.collector import Collector
-from workbench.pool.watch import BeaconReceiver
+from workbench.pool.watch.beacons import BeaconReceiver
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -123,7 +123,7 @@ def test_abort_from_a_background_thread_ends_every_group_and_the_rank_joins_agai
 def test_the_sampler_reads_the_gpu_recorded_at_join(gpu_rank):
     from workbench.engine import rendezvous
     from workbench.metrics.sampler import NvmlSampler, make_sampler
-    from workbench.pool.devices import bare_uuid
+    from workbench.pool.machine.devices import bare_uuid
 
     uuid = rendezvous.identity()["gpu_uuid"]
     s = make_sampler("cuda:0", uuid=uuid)

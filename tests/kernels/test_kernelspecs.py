@@ -107,7 +107,7 @@ def test_a_kernel_from_the_cpu_spec_has_the_magics_loaded(jupyter_env):
 @pytest.mark.gpu
 @pytest.mark.timeout(180)
 def test_the_gpu_spec_starts_a_pool_on_the_gpus(jupyter_env):
-    from workbench.pool.devices import visible_gpu_count
+    from workbench.pool.machine.devices import visible_gpu_count
 
     if visible_gpu_count() == 0:
         pytest.skip("needs a CUDA GPU")

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import alive
 from workbench.demo import GPU_TAG, ROOT, run_notebook
-from workbench.pool.devices import visible_gpu_count
+from workbench.pool.machine.devices import visible_gpu_count
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # 01 (the quickstart) has its own test: tests/notebooks/test_quickstart.py

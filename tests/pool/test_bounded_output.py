@@ -59,7 +59,7 @@ def test_bounded_text_of_the_rank_results(pool):
 
 
 def test_output_within_head_and_tail_is_kept_whole_and_writes_no_log(ipshell, pool):
-    from workbench.pool import state as pool_state
+    from workbench.pool.records import state as pool_state
 
     before = set(pool_state.state_dir().glob("output-*.log"))
     result, shown = run(ipshell, "%%distributed\nfor i in range(250):\n    print(i, rank)")

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OWNER = """
 import json, sys
 from workbench import Session
-from workbench.pool import sharing
+from workbench.pool.records import sharing
 s = Session(n=2, timeout=90).start()
 print("POOL", json.dumps({"id": s.pool_id, "name": s.name, "pids": s.pids()}), flush=True)
 sys.stdin.readline()

@@ -261,7 +261,7 @@ def watch(nb: Notebook, *, reply: bool = True, until=lambda seen: False, seconds
 
 def is_engine(proc: psutil.Process) -> bool:
     """An engine forked from the pool's zygote, or one started as its own interpreter."""
-    return proc.name() == "wb-engine" or "workbench.pool.engine_main" in proc.cmdline()
+    return proc.name() == "wb-engine" or "workbench.pool.processes.engine_main" in proc.cmdline()
 
 
 def shown_since(nb: Notebook) -> str:

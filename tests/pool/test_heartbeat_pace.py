@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from tests.conftest import running_pool
-from workbench.pool import heart
+from workbench.pool.watch import heart
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -63,7 +63,8 @@ def children_seen(pid: int) -> str:
 
 
 ASK_SPARE = """
-from workbench.pool import spare, state
+from workbench.pool.processes import spare
+from workbench.pool.records import state
 z = spare.waiting()
 print("none waiting" if z is None else
       f"pid {z.pid}, exit code {z.proc.poll()}, log: {state.log_path(z.pool_id).read_text()[-2000:]!r}")
@@ -107,7 +108,7 @@ def test_kernel_restart_ends_the_pool():
 
 
 def test_kernel_sigkill_ends_the_pool_through_the_lease():
-    from workbench.pool import sharing, state
+    from workbench.pool.records import sharing, state
 
     km, kc, pids, text = start_pool_in_kernel()
     assert "TORCH False" in text, "the kernel imported torch to start a pool"

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import alive, until
 from workbench import Session
-from workbench.pool.zygote import NAMES
+from workbench.pool.processes.zygote import NAMES
 
 pytestmark = pytest.mark.timeout(240)
 

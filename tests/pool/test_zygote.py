@@ -1,6 +1,6 @@
 """The zygote (issue 14): a real one, real forks of a controller and an engine, a process-tree diff.
 
-Each test starts a real ``python -m workbench.pool.zygote`` under a cgroup pids limit (a regression
+Each test starts a real ``python -m workbench.pool.processes.zygote`` under a cgroup pids limit (a regression
 that forks without end cannot take the machine down; the group also holds orphans) and ends with
 nothing of it left: the zygote ends its whole pool when its stdin closes, as when its owner dies.
 """
@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from tests.conftest import PidsLimit, alive, until
-from workbench.pool import reap
-from workbench.pool.zygote import NAMES, ZYGOTE_NAME, Zygote, ZygoteError
+from workbench.pool.processes import reap
+from workbench.pool.processes.zygote import NAMES, ZYGOTE_NAME, Zygote, ZygoteError
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -136,9 +136,9 @@ async def test_a_pool_of_another_notebook_docks_its_live_dashboard_until_it_stop
         pool_id = proc.stdout.readline().strip()
         assert pool_id, "the other process did not start its pool"
         await wait_for(api, pool_id, "running")
-        from workbench.pool import state as pool_state
+        from workbench.pool.records import state as pool_state
 
-        out = pool_state.read_state(pool_state.state_path(pool_id))["channel"]["out"]
+        out = pool_state.read_state(pool_state.state_path(pool_id)).channel["out"]
 
         async def poll(page: Page) -> dict:
             body, raw = await _poll(api, pool_id, page)

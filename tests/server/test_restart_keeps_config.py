@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from workbench.config import PoolConfig
-from workbench.pool import netif
+from workbench.pool.machine import netif
 
 from .conftest import wait_for
 

@@ -140,7 +140,7 @@ async def test_a_cluster_start_is_checked_before_anything_starts(api, tmp_path):
 
 @pytest.mark.timeout(30)
 async def test_interfaces_lists_this_machines_networks_loopback_first(api):
-    from workbench.pool import netif
+    from workbench.pool.machine import netif
 
     code, body, _ = await api("GET", "interfaces")
     assert code == 200
@@ -209,15 +209,15 @@ async def test_start_list_restart_stop_a_real_pool(api):
     assert all(r["cpu_percent"] is None and r["memory_bytes"] is None for r in counted), counted
 
     # never the key, nor where it is kept
-    from workbench.pool import state as pool_state
+    from workbench.pool.records import state as pool_state
 
     state = pool_state.read_state(pool_state.state_path(pool["id"]))
     _, _, raw = await api("GET", "pools")
     _, _, raw_one = await api("GET", "pools", pool["id"])
     for text in (raw, raw_one):
-        assert _secret_of(state["cluster_file"]) not in text
-        assert state["cluster_file"] not in text and "ipcontroller" not in text
-    pids = [rec["pid"] for rec in state["processes"]]
+        assert _secret_of(state.cluster_file) not in text
+        assert state.cluster_file not in text and "ipcontroller" not in text
+    pids = [rec["pid"] for rec in state.processes]
 
     # restart: fresh engines and a fresh group under the same id and name, the old processes gone
     code, body, _ = await api("POST", "pools", pool["id"], "restart", body={})
@@ -227,7 +227,7 @@ async def test_start_list_restart_stop_a_real_pool(api):
     assert {r["pid"] for r in fresh["ranks"]}.isdisjoint(r["pid"] for r in pool["ranks"])
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     state = pool_state.read_state(pool_state.state_path(fresh["id"]))
-    pids = [rec["pid"] for rec in state["processes"]]
+    pids = [rec["pid"] for rec in state.processes]
 
     code, body, _ = await api("DELETE", "pools", fresh["id"])
     assert (code, body) == (200, {"id": fresh["id"], "state": "stopped"})

@@ -101,10 +101,10 @@ def run_lab(tmp_path: Path, notebooks: dict[str, dict], install_kernel: str | tu
             proc.kill()
             proc.wait()
         log.close()
-        from workbench.pool import state as pool_state
+        from workbench.pool.records import state as pool_state
 
         for path in (tmp_path / "pool-state").glob("pool-*.json"):  # anything left over: end it
-            pool_state.terminate((pool_state.read_state(path) or {}).get("processes", []))
+            pool_state.terminate((pool_state.read_state(path) or pool_state.PoolState()).processes)
 
 
 def open_notebook(page, lab: dict, name: str) -> None:

@@ -25,7 +25,7 @@ import pytest
 from tests.conftest import alive
 from tests.server.test_dashboard_route import TRAINS
 from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, open_notebook, run_lab
-from workbench.pool.sharing import name_for
+from workbench.pool.records.sharing import name_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "build" / "ui"

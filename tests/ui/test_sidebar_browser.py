@@ -146,10 +146,10 @@ def test_start_use_and_stop_a_pool_from_the_sidebar(lab, tmp_path):
             assert seen["starts"] == sorted(seen["starts"]), seen
 
             # everything the pool runs, to check it is gone after the stop
-            from workbench.pool import state as pool_state
+            from workbench.pool.records import state as pool_state
 
             state = pool_state.read_state(lab["state_dir"] / f"pool-{pool_id}.json")
-            pids = [rec["pid"] for rec in state["processes"]] + [r["pid"] for r in state["ranks"]]
+            pids = [rec["pid"] for rec in state.processes] + [r["pid"] for r in state.ranks]
             assert len(alive(pids)) >= 4, state  # controller, 2 engines, lease
 
             # the notebook on the workbench kernel: attach via "Use in notebook", run the cell
@@ -268,10 +268,10 @@ def test_the_sidebar_follows_a_notebook_that_starts_loses_a_rank_and_stops(lab, 
             assert page.evaluate("window.__wbSeen.titles") == [name]
             page.screenshot(path=str(SHOTS / "24-8-sidebar-follows-notebook-start.png"))
             pool_id = card.get_attribute("data-pool-id")
-            from workbench.pool import state as pool_state
+            from workbench.pool.records import state as pool_state
 
             state = pool_state.read_state(lab["state_dir"] / f"pool-{pool_id}.json")
-            pids = [rec["pid"] for rec in state["processes"]] + [r["pid"] for r in state["ranks"]]
+            pids = [rec["pid"] for rec in state.processes] + [r["pid"] for r in state.ranks]
 
             # the elastic run: rank 1 is killed after step 100, rank 0 goes on alone
             _run_cell(page, 1)

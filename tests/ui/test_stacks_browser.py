@@ -38,7 +38,7 @@ def lab(tmp_path):
 def test_the_stacks_button_shows_every_ranks_stacks(lab, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
-    from workbench.pool import state as pool_state
+    from workbench.pool.records import state as pool_state
 
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
@@ -57,7 +57,7 @@ def test_the_stacks_button_shows_every_ranks_stacks(lab, tmp_path):
             expect(card).to_have_attribute("data-state", "running", timeout=150_000)
             pool_id = card.get_attribute("data-pool-id")
             state = pool_state.read_state(lab["state_dir"] / f"pool-{pool_id}.json")
-            pids = [rec["pid"] for rec in state["processes"]] + [r["pid"] for r in state["ranks"]]
+            pids = [rec["pid"] for rec in state.processes] + [r["pid"] for r in state.ranks]
 
             card.get_by_role("button", name="Stacks").click()
             dialog = page.locator(".jp-Dialog")

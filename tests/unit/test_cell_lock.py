@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.pool import sharing
+from workbench.pool.records import sharing
 
 pytestmark = pytest.mark.timeout(30)
 

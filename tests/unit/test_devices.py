@@ -4,7 +4,7 @@ import pytest
 
 from tests.unit.fake_nvml import FakeNVML
 from workbench.metrics.sampler import make_sampler
-from workbench.pool.devices import bare_uuid, find_device, visible_devices, visible_gpu_count
+from workbench.pool.machine.devices import bare_uuid, find_device, visible_devices, visible_gpu_count
 
 pytestmark = pytest.mark.timeout(10)
 

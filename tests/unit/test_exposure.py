@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from workbench.errors import PoolStartError
-from workbench.pool import exposure
+from workbench.pool.machine import exposure
 
 pytestmark = pytest.mark.timeout(60)
 

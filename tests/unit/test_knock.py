@@ -16,9 +16,9 @@ import pytest
 
 from tests.conftest import until
 from workbench import wire
-from workbench.pool.knock import ANSWERS, REFUSED, SILENT, knock
 from workbench.pool.rankmap import RankInfo
-from workbench.pool.watch import BeaconReceiver
+from workbench.pool.watch.beacons import BeaconReceiver
+from workbench.pool.watch.knock import ANSWERS, REFUSED, SILENT, knock
 from workbench.session import health
 from workbench.session.health import Health
 

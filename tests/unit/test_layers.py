@@ -1,5 +1,5 @@
 """The layering contract (issue 22): arrows run down, one door to the engines, no privates across rooms,
-no two modules with one file name.
+no two modules with one file name, no per-launcher comparison outside the launcher objects.
 
 Each rule is a function over ``{module name: source}``, so the tests below run it on the package and on a
 small crafted tree that breaks it (a rule that cannot fail would hold nothing).
@@ -8,8 +8,14 @@ Kernel side, top to bottom: the package's front (``workbench``, ``cli``) -> ``de
 -> ``widgets``, ``scatter``, ``preflight`` -> ``session`` -> ``remote`` (the door) -> ``pool`` and the
 kernel's metrics (``collector``, ``history``). Engine side: ``train`` and the engine's metrics
 (``publisher``, ``sampler``) -> ``strategies`` -> ``engine``. Leaves (``config``, ``errors``, ``wire``,
-``faults``, ``tables``, ``metrics.records``, ``walkthroughs``, ``cell_targets``, and ``pool.state``,
-``pool.devices``, which import nothing of the package) may be imported from anywhere and import only leaves.
+``faults``, ``tables``, ``metrics.records``, ``walkthroughs``, ``cell_targets``, and ``pool.records.state``,
+``pool.machine.devices``, ``pool.rankmap``, which import nothing of the package) may be imported from anywhere
+and import only leaves.
+
+Inside ``pool`` each subfolder is a room of its own, top to bottom: the pool's face (``cluster``: EnginePool;
+``keeper``, ``overview``) -> ``launch`` (the launcher objects, over ipyparallel's launchers) -> ``processes``
+(the pool's processes on this machine) -> ``records`` (what a pool writes for other processes), ``watch``
+(how the kernel sees it alive) and ``machine`` (what this machine has).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 import pytest
 
 import workbench
+from workbench.config import LAUNCHERS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,6 +44,10 @@ UNITS = {
     "workbench.session": ("kernel", 3),
     "workbench.remote": ("door", 2),
     "workbench.pool": ("kernel", 1), "workbench.metrics": ("kernel", 1),
+    # the pool's rooms (see POOL_ROOMS), below its face (cluster, keeper, overview)
+    "workbench.pool.launch": ("kernel", 0.8), "workbench.pool.processes": ("kernel", 0.6),
+    "workbench.pool.records": ("kernel", 0.4), "workbench.pool.watch": ("kernel", 0.4),
+    "workbench.pool.machine": ("kernel", 0.4),
     "workbench.metrics.collector": ("kernel", 1), "workbench.metrics.history": ("kernel", 1),
     "workbench.metrics.publisher": ("engine", 4), "workbench.metrics.sampler": ("engine", 4),
     "workbench.train": ("engine", 3),
@@ -44,18 +55,29 @@ UNITS = {
     "workbench.engine": ("engine", 1),
     **{leaf: ("leaf", 0) for leaf in (
         "workbench.config", "workbench.errors", "workbench.wire", "workbench.faults", "workbench.tables",
-        "workbench.metrics.records", "workbench.pool.state", "workbench.pool.devices",
-        "workbench.walkthroughs", "workbench.cell_targets")},
+        "workbench.metrics.records", "workbench.pool.records.state", "workbench.pool.machine.devices",
+        "workbench.pool.rankmap", "workbench.walkthroughs", "workbench.cell_targets")},
 }
+# Subfolders of pool that are rooms of their own: arrows between them are checked, and privates stay in each.
+POOL_ROOMS = ("workbench.pool.launch", "workbench.pool.processes", "workbench.pool.records",
+              "workbench.pool.watch", "workbench.pool.machine")
 # Arrows that are the design, not a slip: the zygote is the engines' parent (it imports what they import,
 # once, then forks them).
-ALLOWED = {("workbench.pool.zygote", "workbench.engine.agent")}
+ALLOWED = {("workbench.pool.processes.zygote", "workbench.engine.agent")}
 # Privates of other libraries' objects that the package reads, and a room of ours also names.
 FOREIGN_PRIVATES = {"_targets": "ipyparallel's AsyncResult._targets (the engine ids a cell went to)"}
 # Collisions the other half of issue 22 (house-b) removes: remove the entry once it has landed.
 PENDING_RENAMES: dict[str, str] = {}  # house-b renamed session/elastic.py (cell_elastic.py, recovery.py)
 # A code string that imports a project module on the ranks: "import workbench..." / "from workbench... import"
 CODE_IMPORT = re.compile(r"(^|[\n;])\s*(import|from)\s+workbench\b")
+# Where per-launcher behaviour lives (issue 36): one class per launcher, chosen once from the config.
+LAUNCHER_HOME = "workbench.pool.launch"
+# Per-launcher comparisons the lead converts once the session's rewrite (issue 36, "funnel") is merged, with
+# how many each module may still hold: the ``local`` property of Session, ProcessGroup and Recovery
+# (``pool.launcher.on_this_machine``) and Recovery.bring_back's MPI test (``pool.launcher.can_add_engines``).
+# Lower a count as its sites go; remove the entry at 0.
+PENDING_LAUNCHER_SITES = {"workbench.session.session": 1, "workbench.session.group": 1,
+                          "workbench.session.recovery": 2}
 
 
 def unit_of(module: str) -> str:
@@ -68,7 +90,11 @@ def unit_of(module: str) -> str:
 
 
 def room_of(module: str) -> str:
-    """``workbench.session.cell`` -> ``workbench.session``; a top-level module is its own room."""
+    """``workbench.session.cell`` -> ``workbench.session``; a top-level module is its own room; a module of
+    one of :data:`POOL_ROOMS` is in that room (``workbench.pool.launch.ssh`` -> ``workbench.pool.launch``)."""
+    for room in POOL_ROOMS:
+        if module == room or module.startswith(room + "."):
+            return room
     return ".".join(module.split(".")[:2])
 
 
@@ -227,7 +253,93 @@ def shared_file_names(sources: dict[str, str]) -> list[str]:
     return [f"{name}.py: {', '.join(mods)}" for name, mods in sorted(seen.items()) if len(mods) > 1]
 
 
-RULES = [arrows_up, second_doors, privates_across_rooms, shared_file_names]
+def launcher_comparisons(sources: dict[str, str]) -> list[str]:
+    """Rule (e): what differs between launchers is asked of the launcher objects (:data:`LAUNCHER_HOME`),
+    never decided elsewhere by a launcher's name: outside them no comparison (``==``, ``!=``, ``in``,
+    ``not in``) of a launcher's name written out (``"slurm"``, or a tuple of names) with a value that holds
+    one (``config.launcher``, ``launcher``, ``state.get("launcher")``, ``pool.launcher.name``), no ``match``
+    on one with such a case, no table looked up by one (``ADVICE[config.launcher]``, ``.get(launcher)``),
+    and no ``isinstance`` against a launcher class.
+
+    Not an exemption but how it holds there: the config declares in each option's metadata which launchers
+    take it (``launchers``, ``needed_by``: the options schema the magic and the panel are made from), and its
+    validation reads that table without naming a launcher. A word that is also a launcher's name but means
+    something else (a fault's origin ``"local"``) compares with no launcher, so it passes.
+    """
+    names, bad = set(LAUNCHERS), []
+    for module, source in sources.items():
+        if module == LAUNCHER_HOME or module.startswith(LAUNCHER_HOME + "."):
+            continue
+        tree = ast.parse(source)
+        classes = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                   and (node.module or "").startswith(LAUNCHER_HOME) for a in node.names
+                   if a.name[:1].isupper() and a.name not in ("Launcher", "KINDS", "LAUNCHERS")}
+        for node in ast.walk(tree):
+            what = None
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                if any(_launcher_names(o, names) for o in operands) and any(map(_holds_launcher, operands)):
+                    what = "compares a launcher's name"
+            elif isinstance(node, ast.Match) and _holds_launcher(node.subject) and any(
+                    isinstance(p, ast.MatchValue) and _launcher_names(p.value, names)
+                    for case in node.cases for p in ast.walk(case.pattern)):
+                what = "matches a launcher's name"
+            elif isinstance(node, ast.Subscript) and _keyed_by_launcher(node.slice):
+                what = "looks up a table by launcher"
+            elif _called(node, "get") and node.args and _keyed_by_launcher(node.args[0]):
+                what = "looks up a table by launcher"
+            elif _called(node, "isinstance") and len(node.args) == 2 and classes & {
+                    n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}:
+                what = "tests for a launcher class"
+            if what:
+                bad.append(f"{module}:{node.lineno} {what}: {ast.unparse(node)[:80]}")
+    return bad
+
+
+def _called(node: ast.AST, name: str) -> bool:
+    """A call of ``name(...)`` or ``something.name(...)``."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    return (isinstance(func, ast.Name) and func.id == name) or (isinstance(func, ast.Attribute)
+                                                                  and func.attr == name)
+
+
+def _launcher_names(node: ast.AST, names: set[str]) -> bool:
+    """A launcher's name written out: ``"slurm"``, or a tuple, list or set holding one."""
+    if isinstance(node, ast.Constant):
+        return node.value in names
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_launcher_names(e, names) for e in node.elts)
+    return False
+
+
+def _holds_launcher(node: ast.AST) -> bool:
+    """An expression that holds a launcher (its name or its object): it reads a ``launcher`` (a name, an
+    attribute, or the key ``"launcher"``)."""
+    return any((isinstance(n, ast.Name) and n.id == "launcher") or (isinstance(n, ast.Attribute)
+               and n.attr == "launcher") or (isinstance(n, ast.Constant) and n.value == "launcher")
+               for n in ast.walk(node))
+
+
+def _keyed_by_launcher(key: ast.AST) -> bool:
+    """A lookup key that is a launcher (``config.launcher``), not the key ``"launcher"`` of a record."""
+    return not isinstance(key, ast.Constant) and _holds_launcher(key)
+
+
+def _pending_launcher_sites(found: list[str]) -> list[str]:
+    """``found`` less the sites :data:`PENDING_LAUNCHER_SITES` still allows (never more than it counts)."""
+    seen: dict[str, int] = {}
+    left = []
+    for line in found:
+        module = line.split(":")[0]
+        seen[module] = seen.get(module, 0) + 1
+        if seen[module] > PENDING_LAUNCHER_SITES.get(module, 0):
+            left.append(line)
+    return left
+
+
+RULES = [arrows_up, second_doors, privates_across_rooms, shared_file_names, launcher_comparisons]
 
 
 def in_a_fresh_interpreter(rule) -> list:
@@ -248,6 +360,8 @@ def test_the_package_keeps_the_rule(rule):
     found = in_a_fresh_interpreter(rule)
     if rule is shared_file_names:
         found = [line for line in found if line.split(":")[0] not in PENDING_RENAMES]
+    if rule is launcher_comparisons:
+        found = _pending_launcher_sites(found)
     assert found == []
 
 
@@ -256,20 +370,40 @@ BROKEN = {
     arrows_up: {"workbench.pool.cluster": "from workbench.session import Session\n",
                 "workbench.session": "", "workbench.errors": "from workbench.pool import cluster\n",
                 "workbench.pool": "", "workbench.remote": "from workbench.engine import guard\n",
-                "workbench.engine.guard": "", "workbench.engine": ""},
+                "workbench.engine.guard": "", "workbench.engine": "",
+                # inside the pool: a launcher reaching up to the pool, a record down to the processes
+                "workbench.pool.launch.ssh": "from workbench.pool.cluster import EnginePool\n",
+                "workbench.pool.records.sharing": "def f():\n    from workbench.pool.processes import reap\n",
+                "workbench.pool.processes.reap": "", "workbench.pool.launch": "",
+                "workbench.pool.records": "", "workbench.pool.processes": ""},
     second_doors: {"workbench.session.group": "def f():\n    from workbench.engine import guard\n",
                    "workbench.session.elastic": 'JOIN = "x = 1\\nimport workbench.train.elastic as e"\n',
                    "workbench.engine.guard": "", "workbench.engine": "", "workbench.session": ""},
     privates_across_rooms: {"workbench.train.elastic": "def f(trainer):\n    trainer._cut = 1\n"
                                                        "    return trainer._pending\n",
-                            "workbench.session.group": "from workbench.pool import netif\nnetif._route()\n",
+                            "workbench.session.group": "from workbench.pool.machine import netif\n"
+                                                       "netif._route()\n",
                             "workbench.magics.args": "from workbench.config import _FIELDS\n",
                             "workbench.strategies.x": "class T:\n    def f(self):\n        self._pending = 0",
-                            "workbench.pool.netif": "", "workbench.config": "_FIELDS = ()\n"},
+                            "workbench.pool.machine.netif": "", "workbench.config": "_FIELDS = ()\n"},
     shared_file_names: {"workbench.widgets.cell": "", "workbench.session.cell": "", "workbench.session": "",
                         "workbench.widgets": ""},
+    launcher_comparisons: {
+        "workbench.session.group": 'def local(self):\n    return self.config.launcher == "local"\n',
+        "workbench.pool.cluster": 'SET = {"mpi": "mpiexec"}\ndef f(self):\n'
+                                  '    if self.launcher.name in ("mpi", "slurm"):\n'
+                                  '        return SET[self.launcher.name] + ADVICE.get(launcher)\n',
+        "workbench.server.manager": 'def f(state):\n    match state.get("launcher"):\n'
+                                    '        case "ssh" | "mpi":\n            return state["launcher"]\n',
+        "workbench.session.recovery": "from workbench.pool.launch.mpi import MPI\n"
+                                      "def f(pool):\n    return isinstance(pool.launcher, MPI)\n",
+        # not broken: a fault's origin "local" is no launcher; the launcher objects compare their own names
+        "workbench.faults": 'def f(origin):\n    return origin == "local"\n',
+        "workbench.pool.launch": 'def launcher_for(config):\n    return KINDS[config.launcher]\n',
+        "workbench.pool.launch.ssh": 'def f(config):\n    return config.launcher == "ssh"\n'},
 }
-EXPECTED = {arrows_up: 3, second_doors: 2, privates_across_rooms: 4, shared_file_names: 1}
+EXPECTED = {arrows_up: 5, second_doors: 2, privates_across_rooms: 4, shared_file_names: 1,
+            launcher_comparisons: 6}
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.__name__)
@@ -279,7 +413,7 @@ def test_the_rule_fails_on_a_crafted_violation(rule):
 
 
 def test_a_lazy_import_is_still_an_arrow():
-    assert arrows_up({"workbench.pool.spawn": "def f():\n    from workbench.magics import args\n",
+    assert arrows_up({"workbench.pool.launch.spawn": "def f():\n    from workbench.magics import args\n",
                       "workbench.magics": "", "workbench.magics.args": "", "workbench.pool": ""})
 
 

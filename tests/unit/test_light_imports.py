@@ -18,7 +18,7 @@ def imported_by(module: str) -> list[str]:
 
 
 def test_the_lease_imports_neither_ipyparallel_nor_torch():
-    assert imported_by("workbench.pool.lease") == []
+    assert imported_by("workbench.pool.processes.lease") == []
 
 
 KERNEL_SIDE = ["workbench.remote", "workbench.magics", "workbench.session.recovery",

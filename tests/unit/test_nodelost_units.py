@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from workbench import wire
 from workbench.engine import agent, rendezvous
-from workbench.pool.watch import BeaconReceiver
+from workbench.pool.watch.beacons import BeaconReceiver
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -143,7 +143,7 @@ def test_an_engine_that_hears_it_was_fenced_ends_itself(channel):
 
 
 def test_new_engines_start_on_the_lost_hosts_that_answer_else_on_the_least_used_host():
-    from workbench.pool.ssh_places import place
+    from workbench.pool.launch.ssh_places import place
 
     where = {"n1": "10.0.0.1", "n2": "10.0.0.2", "n3": "10.0.0.3"}
     hosts = list(where.values())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from workbench.config import pool_options
-from workbench.pool.start_errors import start_error
+from workbench.pool.launch.start_errors import start_error
 from workbench.server.panel_words import in_panel_words, problem
 
 pytestmark = pytest.mark.timeout(30)

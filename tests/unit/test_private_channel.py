@@ -10,8 +10,8 @@ import zmq
 
 from tests.conftest import until
 from workbench import wire
-from workbench.pool.exposure import endpoint_address
-from workbench.pool.relay import Relay
+from workbench.pool.machine.exposure import endpoint_address
+from workbench.pool.watch.relay import Relay
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from workbench import faults
-from workbench.pool import state as pool_state
+from workbench.pool.records import state as pool_state
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -26,7 +26,7 @@ def mode(path) -> int:
 
 
 def test_state_file_and_folder_are_private(state_dir):
-    path = pool_state.write_state("1a2b3c4d", {"id": "1a2b3c4d", "owner": {}})
+    path = pool_state.write_state("1a2b3c4d", pool_state.PoolState(id="1a2b3c4d"))
     assert mode(path) == 0o600
     assert mode(state_dir) == 0o700
 

@@ -12,7 +12,13 @@ import psutil
 import pytest
 
 from tests.conftest import until
-from workbench.pool.state import ProcessWatch, close_handle, exit_handle, handle_exited, process_record
+from workbench.pool.records.state import (
+    ProcessWatch,
+    close_handle,
+    exit_handle,
+    handle_exited,
+    process_record,
+)
 
 
 @pytest.fixture

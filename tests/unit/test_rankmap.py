@@ -2,7 +2,7 @@ import pytest
 
 from workbench.config import PoolConfig
 from workbench.engine.rendezvous import threads_for
-from workbench.pool.devices import SharedGpuWarning, check_gpu_fit
+from workbench.pool.machine.devices import SharedGpuWarning, check_gpu_fit
 from workbench.pool.rankmap import (
     EngineInfo,
     build_rank_map,

@@ -6,19 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.pool import slurm_steps
+from workbench.config import PoolConfig
+from workbench.pool.launch import launcher_for, slurm_steps
 from workbench.pool.rankmap import RankInfo
-from workbench.session.hosts_back import where_to_start
 
 pytestmark = pytest.mark.timeout(30)
 
 
 def ranks(n: int, job: str = "7", node: str = "gpu01") -> list[RankInfo]:
     return [RankInfo(i, i, 0, node, 100 + i, f"cuda:{i}", i, None, job, node) for i in range(n)]
-
-
-def group(launcher: str, members: list[RankInfo]):
-    return type("G", (), {"config": type("C", (), {"launcher": launcher})(), "ranks": members})()
 
 
 def one_sentence(text: str) -> bool:
@@ -28,7 +24,7 @@ def one_sentence(text: str) -> bool:
 def test_mpi_says_what_it_can_do_and_counts_the_survivors():
     members = ranks(4)
     with pytest.raises(ValueError) as err:
-        where_to_start(group("mpi", members), members[1:2], print)
+        launcher_for(PoolConfig(launcher="mpi")).where_to_start(None, members[1:2], members, print)
     text = str(err.value)
     assert text.startswith("an MPI pool cannot start engines for lost ranks: mpiexec")
     assert "go on with the 3 ranks left (`%dist scale 3`), or stop and start the pool." in text

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from workbench.engine import stores
-from workbench.pool import state as pool_state
+from workbench.pool.records import state as pool_state
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -94,5 +94,5 @@ def test_the_pool_store_folder_is_0700_and_goes_with_the_pool(tmp_path, monkeypa
         os.umask(umask)
     assert mode(folder) == 0o700 and folder.parent == tmp_path / "workbench"
     (folder / "group-1").touch()
-    pool_state.remove_files({"dirs": [str(folder)]})
+    pool_state.remove_files(pool_state.PoolState(dirs=[str(folder)]))
     assert not folder.exists()

@@ -96,7 +96,7 @@ class DistributedMagics(Magics):
             raise UsageError(f"this notebook already drives pool {s.name}: `%dist stop` detaches it first.")
         ref = args.pool
         if ref is None:
-            running = [st.get("name") or st["id"] for st in session_mod.running_pools()]
+            running = [st.name or st.id for st in session_mod.running_pools()]
             if len(running) != 1:
                 raise UsageError(f"name the pool to attach to: `%dist attach NAME`; running pools: "
                                  f"{', '.join(running) or 'none'}.")
@@ -114,7 +114,7 @@ class DistributedMagics(Magics):
         if s is None:
             running = session_mod.running_pools()
             print("this notebook drives no pool: start one with `%dist start -n 2`"
-                  + "".join(f"\n  or `%dist attach {st.get('name') or st['id']}` ({ranks_text(st['n'])})"
+                  + "".join(f"\n  or `%dist attach {st.name or st.id}` ({ranks_text(st.n)})"
                             for st in running))
             return
         rows = s.status()

@@ -12,7 +12,7 @@ stops reading, rows wait in the queue (bounded: the oldest go first, and the seq
 Imports no IPython display, ipywidgets, plotly or tornado; torch only where already loaded.
 
 >>> from workbench import wire
->>> from workbench.pool.relay import Relay
+>>> from workbench.pool.watch.relay import Relay
 >>> key = wire.new_key(); relay = Relay("127.0.0.1", key)
 >>> pub = Publisher({"up": relay.up, "out": relay.out, "key": key}, rank=0, host="h", sample_interval=60)
 >>> pub.step(step=1, loss=0.25, samples=8, step_time=0.01)

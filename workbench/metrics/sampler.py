@@ -51,7 +51,7 @@ class NvmlSampler:
     """
 
     def __init__(self, nvml, *, index: int = 0, uuid: str | None = None):
-        from workbench.pool.devices import find_device, visible_devices
+        from workbench.pool.machine.devices import find_device, visible_devices
 
         self.nvml = nvml
         nvml.nvmlInit()

@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import ipyparallel as ipp
@@ -27,14 +28,18 @@ from ipyparallel.cluster.launcher import BatchSystemLauncher, LocalProcessLaunch
 from workbench import wire
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
-from workbench.pool import capacity, exposure, launchers, reap, sharing, spare, spawn, start_errors
-from workbench.pool import state as pool_state
-from workbench.pool.relay import Relay
-from workbench.pool.zygote import Zygote
+from workbench.pool.launch import Launcher, launcher_for, spawn, start_errors
+from workbench.pool.machine import exposure
+from workbench.pool.processes import reap, spare
+from workbench.pool.processes.zygote import Zygote
+from workbench.pool.records import sharing
+from workbench.pool.records import state as pool_state
+from workbench.pool.records.state import PoolState
+from workbench.pool.watch.relay import Relay
 
 # The controller counts newly registered engines only at its next heartbeat round:
 # the default 3 s period makes a local start wait seconds for nothing. This is the pace while engines
-# register; a settled pool beats once a second (workbench.pool.heart).
+# register; a settled pool beats once a second (workbench.pool.watch.heart).
 HEARTBEAT_MS = 100
 # ...but an engine that misses pings on a loaded machine must not be dropped as dead after 1 s (the
 # default 10 misses): the controller would then fail its cells and forget it. Deaths are found by our
@@ -72,8 +77,6 @@ ENGINE_ARGS = [f"--IPEngine.startup_command={PRELOAD}", "--IPEngine.enable_nanny
 FORKED_ENGINE_ARGS = ["--IPEngine.max_heartbeat_misses=0"]
 
 Progress = Callable[[str], None]
-# what launches a whole engine set at once
-SET_LAUNCH = {"mpi": "mpiexec", "slurm": "the Slurm job"}
 
 
 class EnginePool:
@@ -89,7 +92,8 @@ class EnginePool:
                  pool_id: str | None = None):
         self.config = config or PoolConfig(launcher=launcher, timeout=timeout, address=address)
         self.n = n
-        self.launcher = self.config.launcher
+        # what differs between launchers, asked of one object chosen once (workbench.pool.launch)
+        self.launcher: Launcher = launcher_for(self.config)
         self.address = address
         self.timeout = timeout
         self.env = dict(env or {})
@@ -102,7 +106,7 @@ class EnginePool:
         self.log_file: Path | None = None  # the controller's and engines' output
         self._lease: subprocess.Popen | None = None
         self.attached = False  # True when another process started this pool
-        self.state: dict = {}
+        self.state = PoolState()  # what the state file says (workbench.pool.records.state)
         self._controller_watch: pool_state.ProcessWatch | None = None
         self.relay: Relay | None = None  # the side channel (beacons, metrics, commands); owner only
         self.channel: dict | None = None  # how to reach it: {"up": url, "out": url, "key": hex}
@@ -113,18 +117,22 @@ class EnginePool:
     def forks(self) -> bool:
         """Whether this pool's processes are forked from a zygote: local pools, unless the launcher options
         name their own engine command."""
-        return self.launcher == "local" and "engine_cmd" not in self.config.launcher_options
+        return self.launcher.forks
+
+    @property
+    def engine_args(self) -> list[str]:
+        """The ipengine arguments of every engine of this pool."""
+        return ENGINE_ARGS + FORKED_ENGINE_ARGS * self.forks
 
     # -- start -----------------------------------------------------------------------
     def start(self, progress: Progress = lambda msg: None) -> ipp.Client:
         """Start controller and engines; return a connected client once all ``n`` registered.
 
         A start that fails in any way stops every process it started and raises one
-        :class:`PoolStartError` (a :class:`~workbench.pool.start_errors.StartInterrupted` for Ctrl-C).
+        :class:`PoolStartError` (a :class:`~workbench.pool.launch.start_errors.StartInterrupted` for Ctrl-C).
         """
-        launchers.check_address(self.config, self.address)
-        if self.launcher == "local":
-            capacity.check_this_machine(self.n, self.config.oversubscribe)
+        self.launcher.check_address(self.address)
+        self.launcher.check_capacity(self.n)
         if self.forks and not self._id_given:  # (a pool started again keeps its id, hence its tag)
             self.zygote = spare.take()  # started at %load_ext: torch is loaded already
             if self.zygote is not None:
@@ -139,7 +147,7 @@ class EnginePool:
             spawn.allow(f"workbench-{self.pool_id}")  # a pool started again keeps its id
             self.cluster = ipp.Cluster(
                 n=self.n,
-                engines=launchers.engine_launcher(self.config),
+                engines=self.launcher.engine_set,
                 controller=spawn.PoolControllerLauncher,
                 cluster_id=f"workbench-{self.pool_id}",
                 # our state folder, not the profile's security/ folder: ipyparallel's own JupyterLab panel
@@ -164,8 +172,7 @@ class EnginePool:
             )
             key = wire.new_key()  # the side channel first: the state file records how to reach it
             # a local pool's side channel is unix sockets in its private folder: no other user can listen in
-            folder = str(pool_state.store_dir(self.pool_id)) if self.launcher == "local" else None
-            self.relay = Relay(self.address, key, folder)
+            self.relay = Relay(self.address, key, self.launcher.store_folder(self.pool_id))
             self.channel = {"up": self.relay.up, "out": self.relay.out, "key": key}
             self._record()  # the lease runs before any process of the pool exists
             if self.forks:
@@ -179,9 +186,8 @@ class EnginePool:
             self._record()
             exposure.check(self._controller_pids(), [self.relay.up, self.relay.out], self.address,
                            self.config.interface)
-            via = f" through {self.launcher}" if self.launcher != "local" else ""
-            progress(f"starting {self.n} engines{via}")
-            self._start_engine_set(self.n)
+            progress(f"starting {self.n} engines{self.launcher.via}")
+            self.start_engine_set(self.n)
             # ipyparallel's serializer imports numpy at the first call sent to the engines: now, while they
             # register (not before: the import would hold up this thread's own)
             threading.Thread(target=importlib.import_module, args=("numpy",), name="workbench-numpy",
@@ -208,14 +214,24 @@ class EnginePool:
         return start_errors.explain(exc, launcher=self.launcher, address=self.address, log=self.log_file,
                                     launched=self._launched(), n=self.n)
 
-    def _start_engine_set(self, n: int, hosts: dict[str, int] | None = None) -> None:
-        kwargs = launchers.engine_set_kwargs(self.config, n, work_dir=self.work_dir, env=self.env,
-                                             engine_args=ENGINE_ARGS + FORKED_ENGINE_ARGS * self.forks,
-                                             log=str(self.log_file or ""))
-        if hosts and self.launcher == "ssh":  # replacements: on the hosts chosen for them
-            kwargs["engines"] = dict(hosts)
+    def start_engine_set(self, n: int, placement: dict | None = None) -> None:
+        """Start ``n`` engines through the pool's launcher (``placement``: where replacements go, as
+        :meth:`Launcher.where_to_start <workbench.pool.launch.base.Launcher.where_to_start>` said)."""
+        kwargs = self.launcher.engine_set_kwargs(n, work_dir=self.work_dir, env=self.env,
+                                                 engine_args=self.engine_args, log=str(self.log_file or ""),
+                                                 placement=placement)
+        self._start_engines(n, kwargs)
+
+    def start_engine_set_with(self, engine_set: type, n: int, kwargs: dict) -> list:
+        """Start ``n`` engines with another ipyparallel engine-set launcher than the pool's own (a Slurm
+        pool's replacement steps); return their launchers."""
+        with _engine_class(self.cluster, engine_set):
+            set_id = self._start_engines(n, kwargs)
+        return list(self.cluster.engines[set_id].launchers.values())
+
+    def _start_engines(self, n: int, kwargs: dict) -> str:
         try:
-            self.cluster.start_engines_sync(n=n, **kwargs)
+            return self.cluster.start_engines_sync(n=n, **kwargs)
         except subprocess.CalledProcessError as exc:  # sbatch, mpiexec or ssh refused: keep what it said
             if self.log_file is not None and exc.output:
                 with pool_state.private_file(self.log_file) as f:
@@ -227,7 +243,8 @@ class EnginePool:
 
     def _launched(self) -> int:
         """How many engines (or engine sets, for mpiexec and Slurm) were launched."""
-        running = sum(1 for el in self._launchers() if getattr(el, "pid", 0) > 0 or getattr(el, "job_id", ""))
+        running = sum(1 for el in self.engine_launchers()
+                      if getattr(el, "pid", 0) > 0 or getattr(el, "job_id", ""))
         return running + len(self._dead_engines())
 
     def _wait_for_engines(self, progress: Progress) -> None:
@@ -250,17 +267,15 @@ class EnginePool:
                     "The log has its whole output.", log=self.log_file)
             dead = self._dead_engines()
             if dead:
-                what = f"{len(dead)} of {self.n} engines exited while starting"
-                if self.launcher in ("mpi", "slurm"):  # one launch for the whole set
-                    what = f"{SET_LAUNCH[self.launcher]} ended while starting the engines"
-                raise start_errors.start_error(what, "Their output is above; the log has all of it.",
+                raise start_errors.start_error(self.launcher.engines_exited(len(dead), self.n),
+                                               "Their output is above; the log has all of it.",
                                                log=self.log_file)
             if time.monotonic() > deadline:
-                jobs = "".join(f"; Slurm job {job}: {how}" for job, how in self._job_states().items())
+                why = self.launcher.why_slow(self)  # Slurm: its jobs' states; local: the machine's load
                 raise start_errors.start_error(
-                    f"only {up} of {self.n} engines registered within {wait:g} s{jobs}{self._why_slow()}",
+                    f"only {up} of {self.n} engines registered within {wait:g} s{why}",
                     "Try a longer --timeout, or fewer engines.", log=self.log_file)
-            time.sleep(0.02 if self.launcher == "local" else 0.1)
+            time.sleep(self.launcher.poll_s)
 
     def _sync_engines(self) -> int:
         """How many engines the controller has registered, as it says; the client's list is brought up to
@@ -275,29 +290,16 @@ class EnginePool:
         self.client._update_engines(engines)
         return len(self.client.ids)
 
-    def _why_slow(self) -> str:
-        """What the machine was doing meanwhile: engine processes running, and the load on its cores."""
-        if self.launcher != "local":
-            return ""
-        running = sum(1 for el in self._local_launchers() if el.pid > 0 and psutil.pid_exists(el.pid))
-        load = os.getloadavg()[0]
-        cores = os.cpu_count() or 1
-        busy = " (too busy for every engine to answer the controller's heartbeat in time)" \
-            if load > cores else ""
-        return f" ({running} engine processes running; load average {load:.1f} on {cores} cores{busy})"
-
     def start_more(self, n: int, known_ids: set[int], *, alive: int, hosts: dict[str, int] | None = None
                    ) -> list[int]:
         """Start ``n`` more engines (to replace dead ones, or to grow) beside the ``alive`` ones still
         running; return their ids once registered. (``known_ids`` may hold dead engines: the controller
         drops an engine only after 10 s of missed heartbeats, so they do not count for the capacity.)
-        ``hosts``: on an ssh pool, how many on which host (see :meth:`place_replacements`); on a Slurm
-        pool, how many in which ``(job, node)``, each a new step (see :mod:`workbench.pool.slurm_steps`)."""
-        if self.launcher == "local":
-            capacity.check_this_machine(alive + n, self.config.oversubscribe)
-        steps = self._start_steps(hosts) if self.launcher == "slurm" and hosts else []
-        if not steps:
-            self._start_engine_set(n, hosts)
+        ``hosts``: where they start, as the launcher's
+        :meth:`~workbench.pool.launch.base.Launcher.where_to_start` said (an ssh pool: how many on which
+        host; a Slurm pool: how many in which ``(job, node)``, each a new step)."""
+        self.launcher.check_capacity(alive + n)
+        steps = self.launcher.start_more(self, n, hosts)
         deadline = time.monotonic() + self.timeout
         while True:
             new = sorted(set(self.client.ids) - known_ids)
@@ -305,109 +307,54 @@ class EnginePool:
                 return new[:n]
             ended = [el for el in steps if el.state == "after"]
             if len(ended) > len(new):  # srun refused or its step ended: it said why in the log
-                raise PoolStartError(f"{len(ended)} new Slurm step(s) ended before their engine registered; "
-                                     f"the pool's log ({self.log_file}) has what srun said.")
+                raise PoolStartError(self.launcher.steps_ended(len(ended), self.log_file))
             if time.monotonic() > deadline:
                 raise PoolStartError(f"only {len(new)} of {n} new engines registered within "
                                      f"{self.timeout:g} s.")
             time.sleep(0.02)
-
-    def _start_steps(self, placement: dict[tuple[str, str], int]) -> list:
-        """Slurm pools: one new engine per ``srun`` step in each ``(job, node)`` of ``placement`` (see
-        :mod:`workbench.pool.slurm_steps`), through ipyparallel's local engine set launcher; returns
-        their launchers (the ``srun`` processes)."""
-        from workbench.pool import slurm_steps
-
-        started = []
-        for (job, node), n in placement.items():
-            kwargs = slurm_steps.step_set_kwargs(job, node, gpus_per_node=self.config.gpus_per_node,
-                                                 env=self.env, engine_args=ENGINE_ARGS,
-                                                 log=str(self.log_file or ""))
-            # the cluster has one engine launcher class (the sbatch one): the steps' set is a local one
-            with _engine_class(self.cluster, spawn.CancellableEngineSetLauncher):
-                set_id = self.cluster.start_engines_sync(n=n, **kwargs)
-            started += list(self.cluster.engines[set_id].launchers.values())
-            self._record()
-        return started
 
     def stop_engines(self, engine_ids: list[int]) -> None:
         """Shut down some engines (a shrink): their processes exit, the others keep running."""
         if engine_ids:
             self.client.shutdown(targets=list(engine_ids), block=True)
 
-    def place_replacements(self, lost: list, ranks: list) -> tuple[dict[str, int], list[str]]:
-        """ssh pools: where new engines for the ``lost`` ranks start (``{host: n}``), on their own host when
-        it answers over ssh, else on another host of the list; and the lines that say where they moved.
-        ``ranks``: the ranks running now. See :mod:`workbench.pool.ssh_places`."""
-        from workbench.pool import ssh_places
-
-        ssh = [el for el in self._launchers() if isinstance(el, SSHLauncher)]
-        pids: dict[str, set[int]] = {}
-        for r in [*ranks, *lost]:
-            pids.setdefault(r.host, set()).add(r.pid)
-        where = ssh_places.locations(ssh, pids)
-        command = [*ssh[0].ssh_cmd, *ssh[0].ssh_args] if ssh else ["ssh"]
-        alive: dict[str, int] = {}
-        for r in ranks:
-            alive[where.get(r.host, r.host)] = alive.get(where.get(r.host, r.host), 0) + 1
-        return ssh_places.place([r.host for r in lost], where, list(self.config.hosts),
-                                lambda location: ssh_places.answers(command, location), alive)
-
     def fence(self, pids: list[int]) -> None:
-        """End these engines on their hosts over ssh, in the background, once their hosts answer (engines
-        an elastic run declared lost; see :mod:`workbench.pool.fence`). Other launchers: nothing here."""
-        from workbench.pool.fence import Fencer
-
-        if getattr(self, "_fencer", None) is None:
-            self._fencer = Fencer(self.pool_id, lambda: [el for el in self._launchers()
-                                                         if isinstance(el, SSHLauncher) and el.pid > 0])
-        self._fencer.fence(pids)
+        """End these engines (an elastic run declared them lost) where they run, if the launcher can (an ssh
+        pool: over ssh, in the background, once their hosts answer; see
+        :mod:`workbench.pool.launch.fence`)."""
+        self.launcher.fence(self, pids)
 
     def fenced_ended(self) -> set[int]:
         """Pids of the fenced engines known ended (their host answered the ssh kill)."""
-        fencer = getattr(self, "_fencer", None)
-        return fencer.ended() if fencer is not None else set()
+        return self.launcher.fenced_ended()
 
-    def _engine_sets(self) -> list:
+    def engine_sets(self) -> list:
+        """ipyparallel's engine-set launchers of the pool, one per start of engines."""
         return list((self.cluster.engines or {}).values()) if self.cluster else []
 
-    def _launchers(self):
+    def engine_launchers(self):
         """Every engine launcher: one per engine (local, ssh) or the whole set (mpiexec, a Slurm job)."""
-        for engine_set in self._engine_sets():
+        for engine_set in self.engine_sets():
             per_engine = getattr(engine_set, "launchers", None)
             if per_engine:  # a copy: ipyparallel's thread may be adding engines (a start being cancelled)
                 yield from list(per_engine.values())
             else:
                 yield engine_set
 
-    def _local_launchers(self):
+    def local_launchers(self):
         """The launchers whose process runs on this machine (ssh pids are on other hosts)."""
-        for el in self._launchers():
+        for el in self.engine_launchers():
             if isinstance(el, LocalProcessLauncher) and not isinstance(el, SSHLauncher):
                 yield el
 
     def _job_states(self) -> dict[str, str]:
-        """Each Slurm job of the pool with its state and reason, e.g. ``{"12": "PENDING (Resources)"}``."""
-        cached_at, states = getattr(self, "_job_cache", (0.0, {}))
-        if time.monotonic() - cached_at < 1.0:  # squeue asks slurmctld: at most once a second
-            return states
-        states = {}
-        for es in self._engine_sets():
-            if isinstance(es, BatchSystemLauncher) and es.job_id:
-                try:
-                    out = subprocess.run(["squeue", "-h", "-j", es.job_id, "-o", "%T|%r"],
-                                         capture_output=True, text=True, timeout=10).stdout.strip()
-                except (OSError, subprocess.TimeoutExpired):
-                    out = ""
-                state, _, reason = out.partition("|")
-                states[es.job_id] = f"{state} ({reason})" if state else "ended"
-        self._job_cache = (time.monotonic(), states)
-        return states
+        """Each batch job of the pool with its state and reason, e.g. ``{"12": "PENDING (Resources)"}``."""
+        return self.launcher.job_states(self.engine_sets())
 
     def _dead_engines(self) -> set[str]:
         """The engines (or engine sets) that ended before registering; their output is in the log."""
         dead = set()
-        for es in self._engine_sets():
+        for es in self.engine_sets():
             ended = (getattr(es, "stop_data", None) or {}).get("engines", {})  # a set forgets ended engines
             dead.update(f"{es.engine_set_id}/{i}" for i in ended)
             for i, el in (getattr(es, "launchers", None) or {"": es}).items():
@@ -425,25 +372,25 @@ class EnginePool:
     def attach(cls, ref: str, timeout: float = 10.0) -> EnginePool:
         """Connect to a pool another process started (a kernel, or the Jupyter server), by name or id."""
         running = pool_state.list_states()
-        state = next((s for s in running if ref in (s["id"], s.get("name"))), None)
+        state = next((s for s in running if ref in (s.id, s.name)), None)
         if state is None:
-            names = ", ".join(s.get("name") or s["id"] for s in running) or "none"
+            names = ", ".join(s.name or s.id for s in running) or "none"
             raise ValueError(f"no running pool {ref!r}; running pools: {names}.")
         config = pool_state.config_of(state)
-        self = cls(n=state["n"], launcher=config.launcher, timeout=timeout, address=config.address,
-                   config=config, pool_id=state["id"])
-        self.name = state.get("name") or self.name
+        self = cls(n=state.n, launcher=config.launcher, timeout=timeout, address=config.address,
+                   config=config, pool_id=state.id)
+        self.name = state.name or self.name
         self.state = state
         # engines this process starts for the pool (a restart from an attached notebook) carry its tag, so
         # the owner's stop finds and ends them though it never recorded them
         self.env = {**self.env, **reap.tag(self.pool_id)}
         # quiet: when the owner stops the pool, ipyparallel would log the controller's whole output here
-        self.cluster = ipp.Cluster.from_file(state["cluster_file"], log_level=logging.CRITICAL,
+        self.cluster = ipp.Cluster.from_file(state.cluster_file, log_level=logging.CRITICAL,
                                              shutdown_atexit=False)
         self.client = self.cluster.connect_client_sync()
         self.client.wait_for_engines(self.n, timeout=timeout)
         self.state_file = pool_state.state_path(self.pool_id)
-        self.channel = state.get("channel")
+        self.channel = state.channel
         self.attached = True
         return self
 
@@ -454,13 +401,13 @@ class EnginePool:
         Engines started through Slurm or ssh run elsewhere: their jobs are in :meth:`jobs`.
         """
         if self.attached:
-            return [rec["pid"] for rec in self.state.get("processes", []) if pool_state.process_alive(rec)]
+            return [rec["pid"] for rec in self.state.processes if pool_state.process_alive(rec)]
         pids = []
         if self.zygote is not None and self.zygote.alive():
             pids.append(self.zygote.pid)
         if self._controller_pid() > 0:
             pids.append(self._controller_pid())
-        pids += [el.pid for el in self._local_launchers() if el.pid > 0]
+        pids += [el.pid for el in self.local_launchers() if el.pid > 0]
         if self._lease is not None:
             pids.append(self._lease.pid)
         return pids
@@ -476,7 +423,7 @@ class EnginePool:
                 return pool_state.process_record(pid)
             except Exception:
                 pass  # gone already: the record written before, if any, says which it was
-        return self.state.get("controller")
+        return self.state.controller
 
     def controller_exited(self) -> int | None:
         """The pid of this pool's controller if it has exited (killed, crashed), else None.
@@ -484,7 +431,7 @@ class EnginePool:
         Every request to the engines passes through the controller: without it a request (a cell, the
         ranks' queue states) would wait for ever, so the session asks this first. The controller runs on
         this machine for every launcher (the engines reach it over the network)."""
-        record = self.state.get("controller")
+        record = self.state.controller
         if not record:
             return None
         if self._controller_watch is None or self._controller_watch.record != record:
@@ -509,8 +456,8 @@ class EnginePool:
     def jobs(self) -> list[str]:
         """The Slurm job ids of the pool's engine sets."""
         if self.attached:
-            return [j["id"] for j in self.state.get("jobs", [])]
-        return [es.job_id for es in self._engine_sets() if isinstance(es, BatchSystemLauncher) and es.job_id]
+            return [j["id"] for j in self.state.jobs]
+        return [es.job_id for es in self.engine_sets() if isinstance(es, BatchSystemLauncher) and es.job_id]
 
     def _record(self, **extra) -> None:
         """Write the state file (and start the lease the first time)."""
@@ -522,49 +469,46 @@ class EnginePool:
                 pass  # already gone: nothing to clean up later
         cluster_id = self.cluster.cluster_id if self.cluster else ""
         security = Path(self.cluster.profile_dir, "security") if self.cluster else None
-        state = {
-            **self.state,  # what update_state added (ranks, backend)
-            "id": self.pool_id,
-            "name": self.name,
-            "owner": pool_state.process_record(os.getpid()),
-            "launcher": self.launcher,
-            "address": self.address,
-            "n": self.n,
-            "config": self.config.to_dict(),  # every field: a restart elsewhere starts it as it was
+        self.state = replace(
+            self.state,  # what update_state added (ranks, backend)
+            id=self.pool_id,
+            name=self.name,
+            owner=pool_state.process_record(os.getpid()),
+            n=self.n,
+            config=self.config,  # every field: a restart elsewhere starts it as it was
             # what the lease cancels if the owner dies: engines on other nodes are not our processes
-            "jobs": [{"id": job, "cancel": [*self._cancel_command(), job]} for job in self.jobs()],
+            jobs=[{"id": job, "cancel": [*self._cancel_command(), job]} for job in self.jobs()],
             # engines started over ssh: what stop and the lease run to end them
-            "remote": [{"id": f"{el.location}:{el.pid}",
-                        "cancel": [*el.ssh_cmd, *el.ssh_args, el.location, "kill", str(el.pid)]}
-                       for el in self._launchers() if isinstance(el, SSHLauncher) and el.pid > 0],
+            remote=[{"id": f"{el.location}:{el.pid}",
+                     "cancel": [*el.ssh_cmd, *el.ssh_args, el.location, "kill", str(el.pid)]}
+                    for el in self.engine_launchers() if isinstance(el, SSHLauncher) and el.pid > 0],
             # the scratch folder; a local pool's store folder (where its ranks meet) goes with it
-            "dirs": ([self.work_dir] if self.work_dir else [])
-            + ([str(pool_state.store_dir(self.pool_id, create=False))] if self.launcher == "local" else []),
-            "cluster_file": self.cluster.cluster_file if self.cluster else None,
-            "processes": records,
+            dirs=([self.work_dir] if self.work_dir else [])
+            + [folder for folder in [self.launcher.store_folder(self.pool_id, create=False)] if folder],
+            cluster_file=self.cluster.cluster_file if self.cluster else None,
+            processes=records,
             # the controller's own record: without it no rank can be reached (see controller_exited)
-            "controller": self._controller_record(),
-            "channel": self.channel,
+            controller=self._controller_record(),
+            channel=self.channel,
             # ipyparallel's cluster and connection files: a SIGKILLed controller leaves them behind
-            "files": ([self.cluster.cluster_file]
-                      + [str(security / f"ipcontroller-{cluster_id}-{k}.json") for k in ("client", "engine")]
-                      + [str(Path(self.cluster.profile_dir, "log", f"engines{cluster_id}.json"))]
-                      if self.cluster else []),
-            "log": str(self.log_file) if self.log_file else None,
-            "created": time.time(),
+            files=([self.cluster.cluster_file]
+                   + [str(security / f"ipcontroller-{cluster_id}-{k}.json") for k in ("client", "engine")]
+                   + [str(Path(self.cluster.profile_dir, "log", f"engines{cluster_id}.json"))]
+                   if self.cluster else []),
+            log=str(self.log_file) if self.log_file else None,
+            created=time.time(),
             **extra,
-        }
-        self.state = state
-        self.state_file = pool_state.write_state(self.pool_id, state)
+        )
+        self.state_file = pool_state.write_state(self.pool_id, self.state)
         if self._lease is None:
             with pool_state.private_file(self.log_file or Path(os.devnull)) as log:
                 self._lease = subprocess.Popen(
-                    [sys.executable, "-m", "workbench.pool.lease", str(self.state_file)],
+                    [sys.executable, "-m", "workbench.pool.processes.lease", str(self.state_file)],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                 )
 
     def _cancel_command(self) -> list[str]:
-        for es in self._engine_sets():
+        for es in self.engine_sets():
             if isinstance(es, BatchSystemLauncher):
                 return list(es.delete_command)
         return ["scancel"]
@@ -578,15 +522,15 @@ class EnginePool:
         if not self.attached:
             self._record(**extra)
             return
-        state = pool_state.read_state(self.state_file)
+        state = pool_state.read_state(self.state_file)  # a file that is not a state: StateFileError
         if state is not None:
-            self.state = {**state, **extra}
+            self.state = replace(state, **extra)
             pool_state.write_state(self.pool_id, self.state)
 
     def _engine_processes(self) -> list[psutil.Process]:
         """The engine processes this process launched on this machine (none for an attached pool)."""
         procs = []
-        for el in ([] if self.attached else self._local_launchers()):
+        for el in ([] if self.attached else self.local_launchers()):
             with contextlib.suppress(psutil.Error, ValueError):
                 if el.pid > 0:
                     procs.append(psutil.Process(el.pid))
@@ -611,10 +555,9 @@ class EnginePool:
         if not self.attached and self.state_file is not None:
             with contextlib.suppress(Exception):
                 self._record()  # the launchers' latest pids, jobs and remote engines
-        state, self.state, self.state_file = dict(self.state), {}, None
+        state, self.state, self.state_file = self.state, PoolState(), None
         self._forget_controller()
-        if getattr(self, "_fencer", None) is not None:
-            self._fencer.close()
+        self.launcher.close()
         if self.cluster is not None:
             spawn.cancel(self.cluster.cluster_id)
             spawn.zygotes.pop(self.cluster.cluster_id, None)
@@ -638,7 +581,7 @@ class EnginePool:
             self._lease.terminate()
             self._lease.wait(timeout=5)
             self._lease = None
-        reap.clean_up(state or {"id": self.pool_id}, grace)
+        reap.clean_up(replace(state, id=self.pool_id), grace)
         if self.zygote is not None:  # ended above with the pool's other processes
             self.zygote.close()
             self.zygote.proc.poll()

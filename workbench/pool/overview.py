@@ -1,13 +1,14 @@
 """This user's pools on this machine, from their state files, as ``workbench pools`` lists them and
 ``workbench stop`` ends them (outside any notebook: the one that started a pool may be gone or hung).
 
-The state files live in this user's Jupyter runtime folder (:mod:`workbench.pool.state`), whoever
+The state files live in this user's Jupyter runtime folder (:mod:`workbench.pool.records.state`), whoever
 started the pool (a kernel, the JupyterLab panel, a script); who drives a pool comes from
-:mod:`workbench.pool.sharing`. Stopping goes the panel's way (:func:`workbench.pool.cluster.stop_pool`):
-attach, stop every process, tell the notebooks still attached who stopped it.
+:mod:`workbench.pool.records.sharing`. Stopping goes the panel's way
+(:func:`workbench.pool.cluster.stop_pool`): attach, stop every process, tell the notebooks still attached who
+stopped it.
 
->>> describe({"id": "1a2b3c4d", "name": "pool-bold-tapir", "launcher": "local", "n": 2, "ranks": [],
-...           "owner": {"pid": 1}, "created": 0.0, "log": None}, now=90.0)["state"]
+>>> describe(pool_state.PoolState(id="1a2b3c4d", name="pool-bold-tapir", n=2, owner={"pid": 1}),
+...          now=90.0)["state"]
 'starting · 0/2 ranks'
 """
 
@@ -16,8 +17,8 @@ from __future__ import annotations
 import socket
 import time
 
-from workbench.pool import sharing
-from workbench.pool import state as pool_state
+from workbench.pool.records import sharing
+from workbench.pool.records import state as pool_state
 
 COLUMNS = ["name", "id", "launcher", "ranks", "state", "owner", "notebooks", "age", "log"]
 
@@ -38,8 +39,8 @@ def age(seconds: float) -> str:
     return f"{seconds // 86400} d {seconds % 86400 // 3600} h"
 
 
-def _state_word(state: dict) -> str:
-    n, ranks = state.get("n") or 0, state.get("ranks") or []
+def _state_word(state: pool_state.PoolState) -> str:
+    n, ranks = state.n, state.ranks
     if len(ranks) < n:
         return f"starting · {len(ranks)}/{n} ranks"
     here = socket.gethostname()
@@ -57,26 +58,26 @@ def _record(pid: int) -> dict:
         return {}
 
 
-def describe(state: dict, now: float | None = None) -> dict:
+def describe(state: pool_state.PoolState, now: float | None = None) -> dict:
     """One pool as a row: name, id, launcher, ranks, state, owner, attached notebooks, age, log."""
-    clients = sharing.clients(state["id"])
-    owner_pid = state.get("owner", {}).get("pid")
+    clients = sharing.clients(state.id)
+    owner_pid = state.owner.get("pid")
     starter = next((c for c in clients if c["pid"] == owner_pid), None)
     owner = f"process {owner_pid}"
     if starter and starter["notebook"] != owner:
         owner = f"{starter['notebook']} (pid {owner_pid})"
     attached = [c["notebook"] for c in clients if c["pid"] != owner_pid]
-    ranks = state.get("ranks") or []
+    ranks = state.ranks
     return {
-        "name": state.get("name") or state["id"],
-        "id": state["id"],
-        "launcher": state.get("launcher", "local"),
-        "ranks": f"{len(ranks)}/{state.get('n') or len(ranks)}",
+        "name": state.name or state.id,
+        "id": state.id,
+        "launcher": state.launcher,
+        "ranks": f"{len(ranks)}/{state.n or len(ranks)}",
         "state": _state_word(state),
         "owner": owner,
         "notebooks": ", ".join(attached) or "-",
-        "age": age((now if now is not None else time.time()) - state.get("created", 0.0)),
-        "log": state.get("log") or "-",
+        "age": age((now if now is not None else time.time()) - state.created),
+        "log": state.log or "-",
         # for stop's question and --json: every notebook driving it, the one that started it first
         "drivers": [{"notebook": c["notebook"], "role": c["role"], "pid": c["pid"]} for c in clients],
     }
@@ -88,7 +89,7 @@ def pools() -> list[dict]:
     >>> isinstance(pools(), list)
     True
     """
-    states = sorted(pool_state.list_states(), key=lambda s: s.get("created", 0.0))
+    states = sorted(pool_state.list_states(), key=lambda s: s.created)
     return [describe(s) for s in states]
 
 
@@ -135,16 +136,16 @@ def stop(pool: dict, by: str) -> str | None:
     it is ended from its state file, as its lease would end it, and the reason is returned.
     """
     from workbench.pool.cluster import stop_pool
-    from workbench.pool.reap import clean_up
+    from workbench.pool.processes.reap import clean_up
 
     try:
         stop_pool(pool["id"], by)
         return None
     except Exception as exc:
         reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
-    state = next((s for s in pool_state.list_states() if s["id"] == pool["id"]), None)
+    state = next((s for s in pool_state.list_states() if s.id == pool["id"]), None)
     if state is not None:  # else it ended meanwhile
         clean_up(state, grace=1.0)
         pool_state.state_path(pool["id"]).unlink(missing_ok=True)
-        sharing.note_stopped(pool["id"], state.get("name"), by)
+        sharing.note_stopped(pool["id"], state.name, by)
     return reason

@@ -97,7 +97,7 @@ def _pick_gpu(e: EngineInfo, here: list[RankInfo], share: bool) -> tuple[str, st
     if free:
         index = len(here) if len(here) in free else free[0]
         return f"cuda:{index}", uuids[index]
-    from workbench.pool.devices import SharedGpuWarning
+    from workbench.pool.machine.devices import SharedGpuWarning
 
     text = (f"more ranks than GPUs on host {e.host!r}: engine {e.engine_id} would share a GPU with local "
             f"rank(s) {format_ranks(r.local_rank for r in here)}")

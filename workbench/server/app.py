@@ -5,7 +5,7 @@ from __future__ import annotations
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Float
 
-from workbench.pool import sharing
+from workbench.pool.records import sharing
 from workbench.server.dashboards import IDLE_S
 from workbench.server.handlers import handlers
 from workbench.server.manager import PANEL, PoolManager

@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 
-from workbench.pool import state as pool_state
+from workbench.pool.records import state as pool_state
 
 log = logging.getLogger(__name__)
 
@@ -34,16 +34,16 @@ SWEEP_S = 2.0  # how often idle sources and stopped pools are looked for
 class Source:
     """One pool's collector and dashboard (blocking: made and closed in a worker thread)."""
 
-    def __init__(self, pool_id: str, state: dict):
+    def __init__(self, pool_id: str, state: pool_state.PoolState):
         from workbench.metrics.collector import Collector
         from workbench.widgets.live_dashboard import Dashboard
         from workbench.widgets.polled import PolledView
 
         self.pool_id = pool_id
-        self.channel = state["channel"]
+        self.channel = state.channel
         self.collector = Collector(self.channel)
         # host and device of every rank before their first record
-        self.collector.set_ranks([SimpleNamespace(**r) for r in state.get("ranks", [])])
+        self.collector.set_ranks([SimpleNamespace(**r) for r in state.ranks])
         self.dashboard = Dashboard(self.collector, view=PolledView)
         self.dashboard.refresh()  # the first answer has its texts already
         self.asked = time.monotonic()
@@ -82,23 +82,23 @@ class DashboardSources:
         source = await self._source(pool_id)
         return await self._run(source.since, seq, view)
 
-    async def watch(self, states: list[dict]) -> None:
+    async def watch(self, states: list[pool_state.PoolState]) -> None:
         """Keep a source for each of these running pools (the panel lists them), so that a dashboard opened
         later shows the run from the moment the panel first saw its pool: the relay keeps no history."""
         for state in states:
-            if state.get("channel"):
+            if state.channel:
                 try:
-                    await self._source(state["id"], state)
+                    await self._source(state.id, state)
                 except Exception:  # the listing goes on; opening the dashboard will say what is wrong
-                    log.exception("could not follow the metrics of pool %s", state["id"])
+                    log.exception("could not follow the metrics of pool %s", state.id)
 
-    async def _source(self, pool_id: str, state: dict | None = None) -> Source:
+    async def _source(self, pool_id: str, state: pool_state.PoolState | None = None) -> Source:
         """The pool's source, made now if it has none (``state``: its state file, if known); asked now."""
         async with self._lock:
             source = self._sources.get(pool_id)
             if source is None:
                 state = state or await self._find(pool_id)
-                if not state.get("channel"):
+                if not state.channel:
                     raise ValueError(f"pool {pool_id} has no metrics channel: it shows no dashboard.")
                 source = self._sources[pool_id] = await self._run(Source, pool_id, state)
                 if self._sweeper is None or self._sweeper.done():
@@ -124,7 +124,7 @@ class DashboardSources:
         while self._sources:
             await asyncio.sleep(min(SWEEP_S, self.idle_s))
             try:
-                running = {s["id"]: s.get("channel") for s in await self._run(pool_state.list_states)}
+                running = {s.id: s.channel for s in await self._run(pool_state.list_states)}
                 now = time.monotonic()
                 for pool_id, source in list(self._sources.items()):
                     if now - source.asked > self.idle_s or running.get(pool_id) != source.channel:

@@ -25,9 +25,11 @@ from typing import Any
 
 from workbench.config import BACKENDS, LAUNCHERS, PoolConfig
 from workbench.errors import PoolStartError, WorkbenchError
-from workbench.pool import launchers, sharing
-from workbench.pool import state as pool_state
-from workbench.pool.queues import rank_states
+from workbench.pool.launch import launcher_for
+from workbench.pool.records import sharing
+from workbench.pool.records import state as pool_state
+from workbench.pool.records.state import PoolState
+from workbench.pool.watch.queues import rank_states
 from workbench.server.dashboards import IDLE_S, DashboardSources
 from workbench.server.panel_words import problem
 from workbench.server.start_request import start_options
@@ -167,7 +169,7 @@ class PoolManager:
         self._open()
         states = await self._run(pool_state.list_states)
         owners = await self._owner_labels()
-        by_id = {s["id"]: s for s in states}
+        by_id = {s.id: s for s in states}
         pools = []
         for rec in list(self._started.values()):
             state = by_id.pop(rec.pool_id, None) if rec.pool_id else None
@@ -178,7 +180,7 @@ class PoolManager:
         for state in by_id.values():
             pools.append(await self._describe(state, None, owners, count_only))
         self._forget_probes(keep={p["id"] for p in pools})
-        await self.dashboards.watch([s for s in states if s["id"] not in self._stopping])
+        await self.dashboards.watch([s for s in states if s.id not in self._stopping])
         pools.sort(key=lambda p: p["created"])
         return pools
 
@@ -189,12 +191,12 @@ class PoolManager:
                 return pool
         raise PoolNotFound(pool_id, [p["id"] for p in await self.list_pools()])
 
-    async def running_state(self, pool_id: str) -> dict:
+    async def running_state(self, pool_id: str) -> PoolState:
         """The state file of a running pool (any owner), by id."""
         states = await self._run(pool_state.list_states)
-        state = next((s for s in states if s["id"] == pool_id), None)
+        state = next((s for s in states if s.id == pool_id), None)
         if state is None:
-            raise PoolNotFound(pool_id, [s["id"] for s in states])
+            raise PoolNotFound(pool_id, [s.id for s in states])
         return state
 
     async def stacks(self, pool_id: str, native: bool = False) -> dict:
@@ -202,21 +204,21 @@ class PoolManager:
         the groups (ranks, headline), the odd ranks first."""
         self._open()
         state = await self.running_state(pool_id)
-        if not state.get("channel"):
+        if not state.channel:
             raise ValueError(f"pool {pool_id} has no side channel to ask its ranks through.")
         found = await self._run(self._stacks_sync, state, native)
         return {"text": found.format(), "seconds": round(found.seconds, 3), "missing": found.missing,
                 "groups": [{"ranks": g.ranks, "headline": g.headline} for g in found.groups],
                 "native": found.native_note()}
 
-    def _stacks_sync(self, state: dict, native: bool):
+    def _stacks_sync(self, state: PoolState, native: bool):
         from workbench.session.stack_report import PoolStacks
 
-        asker = self._stack_askers.get(state["id"])
+        asker = self._stack_askers.get(state.id)
         if asker is None:
-            asker = self._stack_askers[state["id"]] = PoolStacks(state["channel"])
-        ranks = [r["rank"] for r in state.get("ranks", [])]
-        return asker.gather(ranks, generation=state.get("generation", 0), native=native)
+            asker = self._stack_askers[state.id] = PoolStacks(state.channel)
+        ranks = [r["rank"] for r in state.ranks]
+        return asker.gather(ranks, generation=state.generation, native=native)
 
     async def dashboard(self, pool_id: str, since: int = 0, view: str = "") -> dict:
         """The live dashboard of a running pool, for a page that has seen up to ``since`` of ``view``
@@ -237,11 +239,11 @@ class PoolManager:
         except Exception:
             return {}
 
-    async def _describe(self, state: dict | None, rec: _Started | None, owners: dict[int, str],
+    async def _describe(self, state: PoolState | None, rec: _Started | None, owners: dict[int, str],
                         count_only: frozenset[str] = frozenset()) -> dict:
-        pool_id = (state or {}).get("id") or rec.public_id
-        n = (state or {}).get("n") or (rec.config.n if rec and rec.config.n else 0)
-        ranks = (state or {}).get("ranks") or []
+        pool_id = (state.id if state else None) or rec.public_id
+        n = (state.n if state else 0) or (rec.config.n if rec and rec.config.n else 0)
+        ranks = state.ranks if state else []
         if rec is not None and rec.phase == "failed":
             phase = "failed"
         elif pool_id in self._stopping or (rec is not None and rec.phase == "stopping"):
@@ -253,9 +255,9 @@ class PoolManager:
         else:
             phase = "running"
 
-        owner_pid = (state or {}).get("owner", {}).get("pid")
+        owner_pid = state.owner.get("pid") if state else None
         # handed over by a notebook (`%dist start --keep`): it outlives that notebook's kernel
-        kept = bool(rec.config.keep if rec is not None else (state or {}).get("config", {}).get("keep"))
+        kept = bool(rec.config.keep if rec is not None else state is not None and state.config.keep)
         if rec is not None or owner_pid == os.getpid():
             owner = {"kind": "server", "label": "kept by the server" if kept else "started from the panel"}
         elif owner_pid in owners:
@@ -295,17 +297,17 @@ class PoolManager:
             "error": rec.error if rec is not None else None,
             "problem": rec.problem if rec is not None else None,
             "log": list(rec.log) if rec is not None else [],
-            "launcher": (state or {}).get("launcher") or (rec.config.launcher if rec else "local"),
-            "backend": (state or {}).get("backend"),
+            "launcher": state.launcher if state else rec.config.launcher,
+            "backend": state.backend if state else None,
             # a start's clock runs from the click, not from when the pool wrote its state file
-            "created": rec.created if rec is not None else (state or {}).get("created") or time.time(),
+            "created": rec.created if rec is not None else (state.created if state else 0.0) or time.time(),
             "owner": owner,
             "kept": kept,
-            "name": (state or {}).get("name") or (rec.config.name if rec is not None else None),
+            "name": (state.name if state else None) or (rec.config.name if rec is not None else None),
             "notebooks": await self._run(self._notebooks, pool_id, owners) if state is not None else [],
             "ranks": rows,
             "gpu_detected": any(r["device"].startswith("cuda") for r in ranks),
-            "attach": (f"%load_ext workbench\n%dist attach {(state or {}).get('name') or pool_id}"
+            "attach": (f"%load_ext workbench\n%dist attach {(state.name if state else None) or pool_id}"
                        if phase == "running" else None),
             # how this server started it: what the dialog shows again on Retry
             "options": start_options(rec.asked or rec.config) if rec is not None else None,
@@ -320,7 +322,7 @@ class PoolManager:
             out.append({"notebook": label, "role": c["role"], "pid": c["pid"]})
         return out
 
-    async def _probe(self, pool_id: str, state: dict, rec: _Started | None) -> dict[int, str]:
+    async def _probe(self, pool_id: str, state: PoolState, rec: _Started | None) -> dict[int, str]:
         """Which ranks are idle or busy, as the pool's controller sees them (at most one look at a time)."""
         lock = self._probe_locks.setdefault(pool_id, asyncio.Lock())
         if lock.locked():
@@ -336,7 +338,7 @@ class PoolManager:
             self._rank_states[pool_id] = states
             return states
 
-    def _probe_sync(self, pool_id: str, state: dict, client) -> dict[int, str]:
+    def _probe_sync(self, pool_id: str, state: PoolState, client) -> dict[int, str]:
         if client is None:
             probe = self._probes.get(pool_id)
             if probe is None:
@@ -344,7 +346,7 @@ class PoolManager:
 
                 probe = self._probes[pool_id] = EnginePool.attach(pool_id, timeout=PROBE_TIMEOUT_S)
             client = probe.client
-        return rank_states(client, {r["rank"]: r["engine_id"] for r in state["ranks"]})
+        return rank_states(client, {r["rank"]: r["engine_id"] for r in state.ranks})
 
     def _forget_probes(self, keep: set[str]) -> None:
         for pool_id in list(self._stack_askers):
@@ -366,7 +368,7 @@ class PoolManager:
         ``pool_id``: start it under that id (a restarted pool keeps its id and its name)."""
         self._open()
         if config.n is None:  # what Session.start will take: one per GPU (on every node or host), else 2
-            config = replace(config, n=launchers.default_engines(config, self._usage.gpu_count()))
+            config = replace(config, n=launcher_for(config).default_engines(self._usage.gpu_count()))
         asked = config
         if config.name is None:  # named now: the card's title is the same from the click on (and if it fails)
             config = replace(config, name=sharing.name_for(pool_id or uuid.uuid4().hex[:8]))
@@ -416,7 +418,7 @@ class PoolManager:
             return {"id": pool_id, "state": "stopping"}
         if pool_id in self._stopping:
             raise PoolBusy(f"pool {pool_id} is already stopping.")
-        if rec is None and pool_id not in {s["id"] for s in await self._run(pool_state.list_states)}:
+        if rec is None and pool_id not in {s.id for s in await self._run(pool_state.list_states)}:
             raise PoolNotFound(pool_id, [p["id"] for p in await self.list_pools()])
         self._stopping.add(pool_id)
         try:
@@ -442,7 +444,7 @@ class PoolManager:
         rec = self._find_started(pool_id)
         if rec is not None and rec.pool_id:
             pool_id = rec.pool_id
-        state = next((s for s in await self._run(pool_state.list_states) if s["id"] == pool_id), None)
+        state = next((s for s in await self._run(pool_state.list_states) if s.id == pool_id), None)
         if rec is not None:
             config = rec.config
         elif state is None:

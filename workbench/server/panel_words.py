@@ -89,7 +89,7 @@ def problem(error: BaseException | str) -> dict[str, Any]:
     """What the panel shows of a failure, in its words: ``what`` went wrong, the launcher's last lines
     (``tail``, as the launcher said them), the ``log``'s path and what to do (``todo``).
 
-    >>> from workbench.pool.start_errors import start_error
+    >>> from workbench.pool.launch.start_errors import start_error
     >>> problem(start_error("only 0 of 2 engines registered within 0.5 s", "Try a longer --timeout.",
     ...                     log=None, output="no slots"))  # doctest: +NORMALIZE_WHITESPACE
     {'what': 'only 0 of 2 engines registered within 0.5 s:', 'tail': ['no slots'], 'log': None,

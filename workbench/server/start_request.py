@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.config import PoolConfig, PoolOption, options_schema, pool_options
-from workbench.pool import capacity, launchers, netif
+from workbench.pool.launch import launcher_for
+from workbench.pool.machine import netif
 
 OPTIONS = {o.name: o for o in pool_options()}
 FIELDS = tuple(OPTIONS)
@@ -54,9 +55,10 @@ def parse_start_request(body: Any) -> PoolConfig:
     config = PoolConfig(**given)
     # the network too: a named interface must exist here, and engines elsewhere cannot use loopback
     resolved = netif.resolve(config)
-    launchers.check_address(config, resolved.address)
-    if config.launcher == "local" and config.n is not None:  # no more ranks than this machine holds
-        capacity.check_this_machine(config.n, config.oversubscribe)
+    launcher = launcher_for(config)
+    launcher.check_address(resolved.address)
+    if config.n is not None:  # no more ranks than this machine holds (a local pool)
+        launcher.check_capacity(config.n)
     return config
 
 

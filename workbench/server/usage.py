@@ -97,13 +97,13 @@ class UsageSampler:
 
     def gpu_count(self) -> int:
         if self._gpu_count is None:
-            from workbench.pool.devices import visible_gpu_count
+            from workbench.pool.machine.devices import visible_gpu_count
 
             self._gpu_count = visible_gpu_count()
         return self._gpu_count
 
     def _gpu(self, uuid: str) -> dict:
-        from workbench.pool.devices import find_device
+        from workbench.pool.machine.devices import find_device
 
         nvml = self._nvml_module()
         if nvml is None:

@@ -172,7 +172,7 @@ class CellOutput:
 
     # -- the log ----------------------------------------------------------------------------------
     def _open_log(self) -> None:
-        from workbench.pool import state as pool_state
+        from workbench.pool.records import state as pool_state
 
         folder = Path(self.log_dir) if self.log_dir is not None else pool_state.state_dir()
         stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -24,7 +24,6 @@ from dataclasses import replace
 from workbench import remote, wire
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError, RankDiedError
-from workbench.pool import state as pool_state
 from workbench.pool.cluster import EnginePool
 from workbench.pool.rankmap import (
     EngineInfo,
@@ -35,6 +34,7 @@ from workbench.pool.rankmap import (
     remap_engines,
     remap_moved,
 )
+from workbench.pool.records import state as pool_state
 
 VIEWS_KEPT = 16  # views kept, one per set of engines (a notebook uses a few: all, one rank, a subset)
 

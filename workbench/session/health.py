@@ -22,10 +22,10 @@ from collections.abc import Callable
 import psutil
 
 from workbench import faults
-from workbench.pool.knock import ANSWERS, REFUSED, Knock
 from workbench.pool.rankmap import RankInfo, format_ranks
-from workbench.pool.state import close_handle, exit_handle, handle_exited
-from workbench.pool.watch import BeaconReceiver
+from workbench.pool.records.state import close_handle, exit_handle, handle_exited
+from workbench.pool.watch.beacons import BeaconReceiver
+from workbench.pool.watch.knock import ANSWERS, REFUSED, Knock
 from workbench.session.losses import lost_hosts
 
 # Silence after which a rank on another node counts as dead.
@@ -33,7 +33,7 @@ REMOTE_SILENCE_S = 3.0
 # A rank silent this long on the host of a rank found silent is lost with it (a busy rank beacons every
 # 0.25 s, an idle one every 1 s).
 HOST_SILENCE_S = 2.0
-# A silent rank whose process still answers on its gloo port is up (see workbench.pool.knock): lost only
+# A silent rank whose process still answers on its gloo port is up (see workbench.pool.watch.knock): lost only
 # after this long. Knocked once silent for KNOCK_AFTER_S, then at most every KNOCK_EVERY_S; an answer
 # within KNOCK_TIMEOUT_S (in by the time REMOTE_SILENCE_S passed).
 HUNG_SILENCE_S = 60.0

@@ -29,7 +29,7 @@ from dataclasses import replace
 from workbench import remote
 from workbench.config import PoolConfig
 from workbench.errors import RankDiedError, WorkbenchError
-from workbench.pool.devices import check_gpu_fit, visible_gpu_count
+from workbench.pool.machine.devices import check_gpu_fit, visible_gpu_count
 from workbench.pool.rankmap import RankInfo, extend_rank_map, format_ranks, remap_engines, remap_moved
 from workbench.session.hosts_back import where_to_start
 

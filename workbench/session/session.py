@@ -28,15 +28,17 @@ from collections.abc import Callable
 from workbench import remote
 from workbench.config import PoolConfig
 from workbench.errors import NoPoolError, PoolGone, PoolStartError, RankDiedError
-from workbench.pool import keeper, netif, sharing
-from workbench.pool import state as pool_state
+from workbench.pool import keeper
 from workbench.pool.cluster import EnginePool, interrupts_held
-from workbench.pool.devices import check_gpu_fit, visible_gpu_count
-from workbench.pool.idle import IdleRelease
-from workbench.pool.launchers import default_engines
-from workbench.pool.queues import rank_states
+from workbench.pool.launch import default_engines
+from workbench.pool.machine import netif
+from workbench.pool.machine.devices import check_gpu_fit, visible_gpu_count
 from workbench.pool.rankmap import RankInfo, build_rank_map, format_ranks, parse_ranks, ranks_text
-from workbench.pool.watch import BeaconReceiver
+from workbench.pool.records import sharing
+from workbench.pool.records import state as pool_state
+from workbench.pool.watch.beacons import BeaconReceiver
+from workbench.pool.watch.idle import IdleRelease
+from workbench.pool.watch.queues import rank_states
 from workbench.session import postmortem_report, recovery, script
 from workbench.session.cell_run import CellRun, OutputCallback, RunHandle
 from workbench.session.group import ProcessGroup
@@ -60,7 +62,7 @@ _current: Session | None = None
 def current() -> Session:
     """The session that the magics drive in this process (the one started or attached last)."""
     if _current is None or not _current.running:
-        raise NoPoolError(running=[(p.get("name") or p["id"], p["n"]) for p in running_pools()])
+        raise NoPoolError(running=[(p.name or p.id, p.n) for p in running_pools()])
     return _current
 
 
@@ -75,8 +77,8 @@ def use(session: Session | None) -> None:
     _current = session
 
 
-def running_pools() -> list[dict]:
-    """The pools of this machine's Jupyter runtime folder whose owner is alive: ``[{"id", "name", ...}]``."""
+def running_pools() -> list[pool_state.PoolState]:
+    """The pools of this machine's Jupyter runtime folder whose owner is alive (their state files)."""
     return pool_state.list_states()
 
 
@@ -253,7 +255,7 @@ class Session:
         """Drive ``pool``, attached: its ranks, process group and state as they are."""
         state = pool.state
         self.config = pool_state.config_of(state)
-        if len(state.get("ranks", [])) != state["n"]:
+        if len(state.ranks) != state.n:
             pool.client.close()
             raise PoolStartError(f"pool {pool.name} has not finished starting: try again in a moment.")
         self._pool = pool
@@ -661,8 +663,8 @@ class Session:
 
     def status(self) -> list[dict]:
         """One row per rank: rank, host, pid, device, state (idle, busy or failed: see
-        :func:`workbench.pool.queues.rank_states`, which the panel's cards read too); then one per engine
-        declared lost ("lost, fenced": refused, told to stop when heard; "lost, stopped": its host
+        :func:`workbench.pool.watch.queues.rank_states`, which the panel's cards read too); then one per
+        engine declared lost ("lost, fenced": refused, told to stop when heard; "lost, stopped": its host
         answered the kill, or it was heard, told, and is silent since)."""
         if not self.running:
             return []

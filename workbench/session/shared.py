@@ -18,10 +18,10 @@ import os
 from collections.abc import Callable
 
 from workbench.errors import PoolGone
-from workbench.pool import sharing
-from workbench.pool import state as pool_state
 from workbench.pool.cluster import EnginePool
 from workbench.pool.rankmap import RankInfo
+from workbench.pool.records import sharing
+from workbench.pool.records import state as pool_state
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
 
@@ -56,18 +56,18 @@ class Shared:
             raise PoolGone(sharing.describe_stop(self.pool.pool_id, self.pool.name))
         if mtime == self._seen:
             return
-        state = pool_state.read_state(self.pool.state_file) or {}
+        state = pool_state.read_state(self.pool.state_file) or pool_state.PoolState()
         self._seen = mtime
-        ranks = [RankInfo(**r) for r in state.get("ranks", [])]
+        ranks = [RankInfo(**r) for r in state.ranks]
         if not ranks:
             return
-        changed = ranks != self.group.ranks or state.get("generation", 0) != self.group.generation
-        ok = state.get("group_ok", True) and (changed or self.group.ok)
+        changed = ranks != self.group.ranks or state.generation != self.group.generation
+        ok = state.group_ok and (changed or self.group.ok)
         if not ok:
             self.group.mark_broken()
         if changed:
-            self.group.follow(ranks, backend=state.get("backend"), generation=state.get("generation", 0),
-                              endpoints=state.get("endpoints", {}), ok=ok)
+            self.group.follow(ranks, backend=state.backend, generation=state.generation,
+                              endpoints=state.endpoints, ok=ok)
             self.health.watch(ranks, local=self.local)
             self.on_ranks(ranks)
 

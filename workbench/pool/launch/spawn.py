@@ -27,7 +27,7 @@ from ipyparallel.cluster.launcher import (
 )
 from traitlets import Unicode
 
-from workbench.pool.zygote import Zygote
+from workbench.pool.processes.zygote import Zygote
 
 # cluster ids whose launch was cancelled: kept for good (a few bytes a pool), since ipyparallel's thread
 # may reach its next engine only after the pool's stop has returned
@@ -87,7 +87,7 @@ class _Forked:
 class PoolControllerLauncher(_KeepsLog, _Forked, LocalControllerLauncher):
     """The controller, on this machine, writing to the pool's log."""
 
-    entrypoint_name = "workbench.pool.spawn.PoolControllerLauncher"
+    entrypoint_name = "workbench.pool.launch.spawn.PoolControllerLauncher"
     role = "controller"
 
     def child_args(self) -> list[str]:
@@ -97,13 +97,13 @@ class PoolControllerLauncher(_KeepsLog, _Forked, LocalControllerLauncher):
 class PoolMPIEngineSetLauncher(_KeepsLog, MPIEngineSetLauncher):
     """``mpiexec -n N`` (one launch for the whole set), writing to the pool's log."""
 
-    entrypoint_name = "workbench.pool.spawn.PoolMPIEngineSetLauncher"
+    entrypoint_name = "workbench.pool.launch.spawn.PoolMPIEngineSetLauncher"
 
 
 class PoolSlurmEngineSetLauncher(_KeepsLog, SlurmEngineSetLauncher):
     """One sbatch job for the whole set; its output file is the pool's log (shared file system)."""
 
-    entrypoint_name = "workbench.pool.spawn.PoolSlurmEngineSetLauncher"
+    entrypoint_name = "workbench.pool.launch.spawn.PoolSlurmEngineSetLauncher"
 
     def _run_command(self, command, **kwargs):
         """sbatch/scancel with their stderr kept (ipyparallel lets it go to the kernel's stderr): a refused
@@ -146,7 +146,7 @@ class CancellableEngineSetLauncher(LocalEngineSetLauncher):
     'CancellableEngineLauncher'
     """
 
-    entrypoint_name = "workbench.pool.spawn.CancellableEngineSetLauncher"  # how ipyparallel saves it
+    entrypoint_name = "workbench.pool.launch.spawn.CancellableEngineSetLauncher"  # how ipyparallel saves it
     launcher_class = CancellableEngineLauncher
     pool_log = Unicode("", help="the file every engine's stdout and stderr go to").tag(to_dict=True)
 
@@ -177,5 +177,5 @@ class CancellableSSHEngineLauncher(_StopsWhenCancelled, SSHEngineLauncher):
 class CancellableSSHEngineSetLauncher(SSHEngineSetLauncher):
     """Engines over ssh, host after host, until the pool is cancelled."""
 
-    entrypoint_name = "workbench.pool.spawn.CancellableSSHEngineSetLauncher"
+    entrypoint_name = "workbench.pool.launch.spawn.CancellableSSHEngineSetLauncher"
     launcher_class = CancellableSSHEngineLauncher

@@ -6,7 +6,7 @@ registration round trip. Also, ipyparallel's MPI launcher always adds ``--mpi``,
 engine import mpi4py (to take its MPI rank as engine id); torch.distributed does not need MPI, so
 without mpi4py the flag is dropped.
 
-Run as ``python -m workbench.pool.engine_main [ipengine options]`` (the launchers do).
+Run as ``python -m workbench.pool.processes.engine_main [ipengine options]`` (the launchers do).
 """
 
 from __future__ import annotations

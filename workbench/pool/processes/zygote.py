@@ -9,12 +9,12 @@ Fork safety: before it forks, the zygote runs no torch operation, starts no thre
 OpenBLAS pool shuts itself down around a fork), opens no ZMQ context or socket and never touches CUDA or
 NVML; each child builds all of these itself, so a GPU engine initialises CUDA only after the fork. A child
 gets its own session, the environment the launcher asked for (``/proc/PID/environ`` still shows the
-zygote's, which carries the pool's tag: :mod:`workbench.pool.reap` finds every child by it), numpy's
+zygote's, which carries the pool's tag: :mod:`workbench.pool.processes.reap` finds every child by it), numpy's
 global random state reseeded, and its output in the pool's log.
 
 Lifetime: the zygote reads requests on stdin. When stdin closes (its owner exited, SIGKILL included) it
-ends every process tagged with its pool and exits; so an unclaimed spare (:mod:`workbench.pool.spare`)
-needs no lease of its own.
+ends every process tagged with its pool and exits; so an unclaimed spare
+(:mod:`workbench.pool.processes.spare`) needs no lease of its own.
 
 Protocol, one JSON object a line. In: ``{"id": 1, "role": "engine" | "controller", "argv": [...],
 "env": {...}, "cwd": "...", "log": "..."}``; out: ``{"id": 1, "pid": 4242}`` or ``{"id": 1, "error": "..."}``.
@@ -41,11 +41,11 @@ import time
 # engine's first error report shows; once idle, the rest of those sources ("sources": the trainer's,
 # which it imports), which each engine did on its own after the fork.
 PRELOAD = {
-    "controller": ("ipyparallel.controller.app", "workbench.pool.heart"),
+    "controller": ("ipyparallel.controller.app", "workbench.pool.watch.heart"),
     "engine": ("ipyparallel.engine.app", "ipykernel.ipkernel", "ipykernel.debugger",
                "IPython.core.completerlib", "IPython.extensions.storemagic", "tornado.platform.asyncio",
                "tornado.queues", "pydoc",
-               "workbench.pool.engine_main", "workbench.remote", "workbench.engine.rendezvous",
+               "workbench.pool.processes.engine_main", "workbench.remote", "workbench.engine.rendezvous",
                "workbench.engine.agent", "workbench.metrics.publisher"),
     "sources": (),
 }
@@ -69,12 +69,12 @@ class Zygote:
     """
 
     def __init__(self, *, pool_id: str, log: str, cwd: str | None = None):
-        from workbench.pool import reap
+        from workbench.pool.processes import reap
 
         self.pool_id = pool_id
         with open(log or os.devnull, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "workbench.pool.zygote"],
+                [sys.executable, "-m", "workbench.pool.processes.zygote"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=out,
                 env={**os.environ, **reap.tag(pool_id)}, cwd=cwd,
                 start_new_session=True)  # a Ctrl-C to the kernel's process group must not reach it
@@ -209,7 +209,7 @@ def _child(role: str, request: dict, keep_fds: set[int]) -> None:
             import importlib.util
 
             from workbench.engine import agent
-            from workbench.pool.engine_main import engine_argv
+            from workbench.pool.processes.engine_main import engine_argv
 
             agent.skip_warming()  # what the zygote warmed is warm here; the rest is not done N times
 
@@ -219,7 +219,7 @@ def _child(role: str, request: dict, keep_fds: set[int]) -> None:
         else:
             from ipyparallel.controller.app import main
 
-            from workbench.pool import heart
+            from workbench.pool.watch import heart
 
             sys.argv = ["ipcontroller", *request["argv"]]
             _skip_database_pause()
@@ -384,7 +384,7 @@ def _how_it_ended(status: int) -> str:
 
 def _end_pool() -> None:
     """The owner closed our stdin (it stopped, or died): end every process of the pool, then exit."""
-    from workbench.pool import reap
+    from workbench.pool.processes import reap
 
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     reap.end_pool(os.environ.get(reap.MARKER), grace=0.0)

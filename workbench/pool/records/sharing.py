@@ -24,7 +24,7 @@ import random
 import time
 from pathlib import Path
 
-from workbench.pool import state as pool_state
+from workbench.pool.records import state as pool_state
 
 _ADJECTIVES = ("amber", "bold", "brisk", "calm", "clever", "crisp", "eager", "fair", "glad", "gentle",
                "jolly", "keen", "kind", "lucky", "merry", "neat", "noble", "proud", "quick", "quiet",

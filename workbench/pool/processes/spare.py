@@ -1,11 +1,11 @@
 """A zygote started ahead of the first local pool, so that ``%dist start`` finds torch and the engine loaded.
 
-``%load_ext workbench`` calls :func:`prepare`: a zygote (:mod:`workbench.pool.zygote`) starts importing in
-the background under a pool id of its own. The next local pool takes it (:func:`take`) and becomes that
-pool id; its controller and engines are then forks of a process that has nothing left to import. Until
-then the spare has no children and needs no lease: it exits when this process closes its stdin, which
-also happens when this process dies. ``WORKBENCH_PREWARM=0`` turns it off (it costs about one
-``import torch`` of memory while it waits).
+``%load_ext workbench`` calls :func:`prepare`: a zygote (:mod:`workbench.pool.processes.zygote`) starts
+importing in the background under a pool id of its own. The next local pool takes it (:func:`take`) and
+becomes that pool id; its controller and engines are then forks of a process that has nothing left to import.
+Until then the spare has no children and needs no lease: it exits when this process closes its stdin, which
+also happens when this process dies. ``WORKBENCH_PREWARM=0`` turns it off (it costs about one ``import torch``
+of memory while it waits).
 
 >>> prepare()                  # doctest: +SKIP
 >>> take().pool_id             # doctest: +SKIP
@@ -19,7 +19,7 @@ import os
 import threading
 import uuid
 
-from workbench.pool.zygote import Zygote
+from workbench.pool.processes.zygote import Zygote
 
 _lock = threading.Lock()
 _spare: Zygote | None = None
@@ -35,7 +35,7 @@ def prepare() -> None:
     global _spare
     if not enabled():
         return
-    from workbench.pool import state as pool_state
+    from workbench.pool.records import state as pool_state
 
     with _lock:
         if _spare is not None and _spare.alive():

@@ -11,11 +11,15 @@ import errno
 import re
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
 
 from workbench.errors import PoolStartError
-from workbench.pool.spawn import LaunchCancelled
+from workbench.pool.launch.spawn import LaunchCancelled
+
+if TYPE_CHECKING:
+    from workbench.pool.launch.base import Launcher
 
 TAIL_LINES = 8
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -68,39 +72,15 @@ def start_error(what: str, todo: str, *, log: Path | None, output: str | None = 
                           todo=lines[-1])
 
 
-# What to check when a launcher's command refused the start, in the launcher's own terms.
-LAUNCHER_ADVICE = {
-    "slurm": "Check the Slurm options (partition, time limit, account, nodes, GPUs per node): `sinfo` lists "
-             "the partitions and their limits.",
-    "mpi": "Check the hosts and the launcher's options.",
-}
-
-
-def _ssh_host(exc: BaseException) -> str | None:
-    """The host an ssh check failed on, from the ssh command ipyparallel ran (``exc``'s cause), if any.
-
-    >>> try:
-    ...     try:
-    ...         raise subprocess.CalledProcessError(255, ["ssh", "-o", "X=1", "node7", "echo hi"])
-    ...     except subprocess.CalledProcessError:
-    ...         raise Exception("Unable to get remote shell information.")
-    ... except Exception as e:
-    ...     print(_ssh_host(e))
-    node7
-    """
-    cause = exc.__context__
-    if not isinstance(cause, subprocess.CalledProcessError) or not isinstance(cause.cmd, list):
-        return None
-    if len(cause.cmd) < 3 or not any(Path(str(part)).name == "ssh" for part in cause.cmd[:-2]):
-        return None  # not ssh (ours is wrapped: env WORKBENCH_POOL=.. sh -c 'exec ssh ..' ssh ARGS HOST CMD)
-    return str(cause.cmd[-2])
-
-
-def explain(exc: BaseException, *, launcher: str, address: str, log: Path | None, launched: int,
+def explain(exc: BaseException, *, launcher: Launcher, address: str, log: Path | None, launched: int,
             n: int) -> BaseException:
-    """The error to raise for ``exc``, which ended a start after ``launched`` of ``n`` engines.
+    """The error to raise for ``exc``, which ended a start after ``launched`` of ``n`` engines; ``launcher``
+    (:class:`~workbench.pool.launch.base.Launcher`) has its own words for what only it does.
 
-    >>> print(explain(FileNotFoundError(2, "No such file", "sbatch"), launcher="slurm", address="10.0.0.1",
+    >>> from workbench.config import PoolConfig
+    >>> from workbench.pool.launch import launcher_for
+    >>> slurm = launcher_for(PoolConfig(launcher="slurm"))
+    >>> print(explain(FileNotFoundError(2, "No such file", "sbatch"), launcher=slurm, address="10.0.0.1",
     ...               log=None, launched=0, n=2))  # doctest: +ELLIPSIS
     --launcher slurm runs `sbatch`, which is not on PATH here.
     Run where `sbatch` is (a cluster's login node, ...
@@ -114,15 +94,14 @@ def explain(exc: BaseException, *, launcher: str, address: str, log: Path | None
     if isinstance(exc, FileNotFoundError) and exc.filename:
         name = Path(exc.filename).name
         return start_error(
-            f"--launcher {launcher} runs `{name}`, which is not on PATH here",
+            f"--launcher {launcher.name} runs `{name}`, which is not on PATH here",
             f"Run where `{name}` is (a cluster's login node, or after loading its module), or start a "
             "local pool: %dist start -n 2.", log=log, output="")
     if isinstance(exc, subprocess.CalledProcessError):
         out = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else exc.output or ""
         command = " ".join(map(str, exc.cmd)) if isinstance(exc.cmd, list) else str(exc.cmd)
-        return start_error(f"{launcher} could not start the engines: `{command}` exited with "
-                           f"{exc.returncode}", LAUNCHER_ADVICE.get(launcher, LAUNCHER_ADVICE["mpi"]),
-                           log=log, output=out)
+        return start_error(f"{launcher.name} could not start the engines: `{command}` exited with "
+                           f"{exc.returncode}", launcher.refusal_advice, log=log, output=out)
     if isinstance(exc, RuntimeError) and str(exc).startswith("Controller stopped"):
         return start_error(f"the controller exited while starting to listen on {address}",
                            "Check --interface or --address: it must name an address of this machine.",
@@ -134,13 +113,9 @@ def explain(exc: BaseException, *, launcher: str, address: str, log: Path | None
                            log=log, output="")
     if isinstance(exc, ValueError):
         return exc  # a usage mistake found late: its own sentence says what to do
-    host = _ssh_host(exc) if launcher == "ssh" else None
-    if host:  # ipyparallel's "Unable to get remote shell information. Are the ssh connection data correct?"
-        said = exc.__context__.returncode
-        return start_error(f"ssh could not reach {host} (ssh exited with {said})",
-                           f"Check that `ssh {host} true` works from here without a password prompt "
-                           "(the host name, your key, the host's key in known_hosts).", log=log)
+    own = launcher.explain(exc, log)  # e.g. the host ssh could not reach
+    if own is not None:
+        return own
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    todo = ("Check that ssh reaches each host from here without a password prompt." if launcher == "ssh"
-            else "The log has the whole output.")
-    return start_error(f"the start failed: {type(exc).__name__}: {first}".rstrip(": "), todo, log=log)
+    return start_error(f"the start failed: {type(exc).__name__}: {first}".rstrip(": "), launcher.failed_todo,
+                       log=log)

@@ -13,7 +13,7 @@ import os
 
 import psutil
 
-from workbench.pool.state import cancel_jobs, end, process_alive, remove_files
+from workbench.pool.records.state import PoolState, cancel_jobs, end, process_alive, remove_files
 
 MARKER = "WORKBENCH_POOL"
 
@@ -76,12 +76,12 @@ def end_pool(pool_id: str | None, records: list[dict] = (), grace: float = 1.0) 
         end(procs, grace)
 
 
-def clean_up(state: dict, grace: float = 1.0) -> None:
+def clean_up(state: PoolState, grace: float = 1.0) -> None:
     """Everything a pool's state file names, ended: what stop does, and the lease when the owner died.
 
     Batch jobs and remote engines are cancelled, every process of the pool on this machine ended,
     ipyparallel's files and the pool's scratch folder removed (its log stays).
     """
-    cancel_jobs(state.get("jobs", []) + state.get("remote", []))
-    end_pool(state.get("id"), state.get("processes", []), grace)
+    cancel_jobs(state.jobs + state.remote)
+    end_pool(state.id or None, state.processes, grace)
     remove_files(state)

@@ -1,7 +1,8 @@
 """New engines for lost ranks of a Slurm pool: a step of the rank's own job, on its node, while that job
 still holds the node.
 
-A Slurm pool's engines are the tasks of one ``srun`` inside its sbatch job (:func:`launchers.slurm_script`).
+A Slurm pool's engines are the tasks of one ``srun`` inside its sbatch job
+(:func:`workbench.pool.launch.slurm.slurm_script`).
 A lost rank comes back as a step of its own in the same job (its allocation: its CPUs and GPUs), started
 from this machine: ``srun --jobid=J --nodelist=NODE -N1 -n1 --overlap ...`` runs one ipengine with the
 pool's engine settings, so it registers to the same controller. ``--overlap``: the job's first step
@@ -25,7 +26,7 @@ from collections.abc import Callable
 
 from ipyparallel.cluster.launcher import ipengine_cmd_argv
 
-from workbench.pool.rankmap import ranks_text
+from workbench.pool.launch.base import go_on
 
 SQUEUE_TIMEOUT_S = 10
 # squeue's states of a job that is over or on its way out (a cancelled job shows COMPLETING for seconds)
@@ -53,7 +54,7 @@ def step_command(job: str, node: str, gpus_per_node: int | None = None) -> list[
 def step_set_kwargs(job: str, node: str, *, gpus_per_node: int | None, env: dict[str, str],
                     engine_args: list[str], log: str) -> dict:
     """Keyword arguments for ``Cluster.start_engines`` with the pool's local engine set launcher
-    (:class:`workbench.pool.spawn.CancellableEngineSetLauncher`): each engine is its own ``srun`` step,
+    (:class:`workbench.pool.launch.spawn.CancellableEngineSetLauncher`): each engine is its own ``srun`` step,
     with the engine arguments and environment the sbatch job's engines got.
 
     >>> kw = step_set_kwargs("12", "n1", gpus_per_node=None, env={"A": "1"}, engine_args=["--x"], log="/l")
@@ -78,19 +79,6 @@ def held_nodes(job: str) -> tuple[str, list[str]]:
     names = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
                            timeout=SQUEUE_TIMEOUT_S).stdout.split() if nodelist else []
     return state, names
-
-
-def go_on(left: int) -> str:
-    """What the ranks left can do, the end of a refusal.
-
-    >>> go_on(2)
-    'go on with the 2 ranks left (`%dist scale 2`), or stop and start the pool.'
-    >>> go_on(0)
-    'no rank is left: stop and start the pool.'
-    """
-    if left == 0:
-        return "no rank is left: stop and start the pool."
-    return f"go on with the {ranks_text(left)} left (`%dist scale {left}`), or stop and start the pool."
 
 
 def place(lost: list, left: int, held: Callable[[str], tuple[str, list[str]]] = held_nodes

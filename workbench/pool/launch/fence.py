@@ -20,7 +20,7 @@ import logging
 import subprocess
 import threading
 
-from workbench.pool.reap import MARKER
+from workbench.pool.processes.reap import MARKER
 
 log = logging.getLogger("workbench.pool")
 CONNECT_TIMEOUT_S = 3  # one try at a host whose link is cut

@@ -1,0 +1,41 @@
+"""The launcher objects: one class per way of starting engines, chosen once from the config.
+
+:func:`launcher_for` is the one place a launcher's name becomes its object; everything that differs between
+launchers is a method or an attribute of :class:`~workbench.pool.launch.base.Launcher` (see there), which
+the pool, the session and the server ask.
+
+>>> launcher_for(PoolConfig(launcher="slurm"))
+Slurm('slurm')
+>>> sorted(KINDS) == sorted(LAUNCHERS)
+True
+"""
+
+from __future__ import annotations
+
+from workbench.config import LAUNCHERS, PoolConfig
+from workbench.pool.launch.base import Launcher
+from workbench.pool.launch.local import Local
+from workbench.pool.launch.mpi import MPI
+from workbench.pool.launch.slurm import Slurm
+from workbench.pool.launch.ssh import SSH
+
+# every launcher, by the name the config gives it
+KINDS: dict[str, type[Launcher]] = {kind.name: kind for kind in (Local, SSH, Slurm, MPI)}
+
+__all__ = ["KINDS", "LAUNCHERS", "MPI", "SSH", "Launcher", "Local", "Slurm", "default_engines",
+           "launcher_for"]
+
+
+def launcher_for(config: PoolConfig) -> Launcher:
+    """The launcher object of a pool started with ``config``."""
+    return KINDS[config.launcher](config)
+
+
+def default_engines(config: PoolConfig, local_gpus: int = 0) -> int:
+    """How many engines a pool started with ``config`` starts when ``-n`` is not given (``local_gpus``: this
+    machine's GPUs, which a local pool takes one engine each of).
+
+    >>> default_engines(PoolConfig(launcher="slurm", nodes=2, gpus_per_node=4)), default_engines(PoolConfig())
+    (8, 2)
+    """
+    return launcher_for(config).default_engines(local_gpus)
