@@ -131,7 +131,8 @@ class RankError(WorkbenchError):
         info, err = self.failures[0]
         lines += relabel_cells(err.render_traceback(), _notebook_cell())
         for info, err in self.failures[1:]:
-            lines.append(f"rank {info.rank} ({info.host}, {info.device}): {err.ename}: {err.evalue}")
+            if (err.ename, str(err.evalue)) != (self.failures[0][1].ename, str(self.failures[0][1].evalue)):
+                lines.append(f"rank {info.rank} ({info.host}, {info.device}): {err.ename}: {err.evalue}")
         stopped = self.result.ranks_with("stopped")
         if stopped:
             lines.append(f"stopped (cut short when rank {self.rank} failed): rank "

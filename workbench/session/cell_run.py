@@ -142,6 +142,9 @@ class CellRun:
                 self._outcome(r.rank.rank, r.error, r.stderr, deaths, r.origin)
             if r.outcome in ("stopped", "interrupted"):
                 r.where = where_in_cell(r.error) or self.where.get(r.rank.rank)
+        if self.fault is not None and self._no_fault(result) and not self.timed_out:
+            self.health.forget(self.fault)  # every rank raised its own error: one error, no fault
+            self.fault = None
         if self.fault is not None:
             self.fault.abort_s = round(time.monotonic() - self.first_fault_at, 3)
             result.fault = self.fault
@@ -155,7 +158,7 @@ class CellRun:
         failures = [f for f in result.failures() if f.outcome in ("error", "died", "killed")] \
             or result.failures()
         if failures:
-            if self.fault is None:  # failed without anyone waiting: nothing to stop
+            if self.fault is None and not self._no_fault(result):  # failed without anyone waiting
                 first = failures[0]
                 self.fault = result.fault = self.health.record(
                     "exception", first.rank, f"{first.error.ename}: {first.error.evalue}", None, 0.0)
@@ -324,8 +327,10 @@ class CellRun:
                 # SIGTERM for a rank that had only raised)
                 ended = self._errored()
                 running = [r for r in running if r.rank not in ended]
-                if step != "sigint":  # a rank that was released and is only writing its traceback
-                    running = [r for r in running if not self._finishing(r.rank)]  # is not stuck
+                if step != "sigint" or self._after_failure():  # a rank that was released and is only
+                    running = [r for r in running if not self._finishing(r.rank)]  # writing its traceback,
+                    # or (after another rank's error) one still moving, on its way to its own error, is not
+                    # stuck: no KeyboardInterrupt in place of the error every rank raises
                 if not running:
                     return
             self.steps_done.add(step)
@@ -343,6 +348,16 @@ class CellRun:
                 for r in running:
                     self.signalled.setdefault(r.rank, set()).add(step)
                 self.group.signal(running, SIGNALS[step])
+
+    def _after_failure(self) -> bool:
+        """Whether the ladder in force follows a rank's own error (not an interrupt, a timeout, a death)."""
+        return self.fault is not None and self.fault.kind == "exception" and not self.interrupts
+
+    def _no_fault(self, result: CellResult) -> bool:
+        """Whether nothing went wrong beyond the errors the ranks raised themselves: no rank was cut short,
+        died or was lost; such a cell failed, but it is no fault of the pool (none is recorded)."""
+        return not result.ranks_with("stopped", "interrupted", "died", "killed", "lost") and \
+            (self.fault is None or self.fault.kind == "exception")
 
     def _errored(self) -> set[int]:
         """The ranks whose error reached us (ipyparallel publishes it before the reply)."""

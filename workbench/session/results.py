@@ -146,8 +146,12 @@ def stop_report(ranks: list[RankResult], group_reformed: bool) -> str:
         elif r.outcome in ("interrupted", "stopped"):
             inside = " inside backward()" if in_backward(r.error) else ""
             lines.append(f"{label} stopped{inside} at {r.where or 'an unknown line'}.")
-        else:
+        elif r.outcome == "error":  # it raised before the stop: its own error, not "finished"
+            lines.append(f"{label} had raised {r.error.ename}: {_short(r.error.evalue)}")
+        elif r.error is None and r.outcome == "ok":
             lines.append(f"{label} had finished.")
+        else:
+            lines.append(f"{label} ended: {r.outcome}.")
     if any(r.outcome in ("interrupted", "stopped") and in_backward(r.error) for r in ranks):
         lines.append("A DistributedDataParallel model stopped inside backward() is left half-way through "
                      "its step: wrap its module again before training on (`model = DDP(model.module)`, "
