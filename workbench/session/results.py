@@ -131,7 +131,16 @@ def summary_line(ranks: list[RankResult]) -> str:
 
 
 def stop_report(ranks: list[RankResult], group_reformed: bool) -> str:
-    """What an interrupt or a timeout did to each rank, and what holds now: sentences, no traceback."""
+    """What an interrupt or a timeout did to each rank, and what holds now: sentences, no traceback.
+
+    >>> print(stop_report([RankResult(_info(0), outcome="error", error=_Err("ValueError", "bad size")),
+    ...                    RankResult(_info(1), outcome="ok"),
+    ...                    RankResult(_info(2), outcome="interrupted", where="cell line 3")], False))
+    rank 0 had raised ValueError: bad size
+    rank 1 had finished.
+    rank 2 stopped at cell line 3.
+    Every rank keeps its Python state.
+    """
     steps = {getattr(r.error, "ename", None) == "TrainingInterrupted" for r in ranks}
     if steps == {True}:
         return f"{_short(ranks[0].error.evalue)}."
