@@ -52,7 +52,8 @@ def _library_roots() -> tuple[str, ...]:
                  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # workbench/
         if site.ENABLE_USER_SITE:
             paths.add(site.getusersitepackages())
-        _state["roots"] = tuple(sorted({os.path.realpath(p).rstrip("/") + "/" for p in paths if p}))
+        roots = {os.path.abspath(p) for p in paths if p} | {os.path.realpath(p) for p in paths if p}
+        _state["roots"] = tuple(sorted(r.rstrip("/") + "/" for r in roots))
     return _state["roots"]
 
 
@@ -60,7 +61,8 @@ def is_user_file(path: str | None) -> bool:
     """Whether a module read from ``path`` is the user's (a ``.py`` outside every library folder)."""
     if not isinstance(path, str) or not path.endswith(".py") or not os.path.isabs(path):
         return False  # built in, frozen, a namespace package, compiled (never read again), or not a file
-    return not os.path.realpath(path).startswith(_library_roots())
+    roots = _library_roots()  # the path as imported first: a realpath (a few stats) only where that misses
+    return not path.startswith(roots) and not os.path.realpath(path).startswith(roots)
 
 
 def user_modules() -> list[str]:
