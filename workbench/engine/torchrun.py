@@ -222,15 +222,9 @@ def _install_shell() -> None:
     run_code, showtraceback = ip.run_code, ip.showtraceback
 
     async def run_code_exit_ok(code_obj, result=None, *, async_=False):
-        before = {pid for pid, _ in children.descendants()}
         failed = await run_code(code_obj, result, async_=async_)
         if result is not None and clean_exit(result.error_in_exec):
             result.error_in_exec = None  # the cell ends here, and succeeded
-        error = result.error_in_exec if result is not None else None
-        if isinstance(error, KeyboardInterrupt):  # stopped (a timeout, Ctrl-C, another rank's failure):
-            children.end_new(set(), _pool.get("rank"), "it was interrupted", "this rank")  # every one ends
-        elif error is not None:  # it failed: the processes it started end with it
-            children.end_new(before, _pool.get("rank"), f"it raised {type(error).__name__}", "this cell")
         return failed
 
     def showtraceback_exit_ok(*args, **kwargs):
@@ -256,9 +250,27 @@ def _install_shell() -> None:
 
     ip.run_code, ip.showtraceback = run_code_exit_ok, showtraceback_exit_ok
     ip.safe_execfile = safe_execfile_exit_fails
+    ip.events.register("pre_run_cell", _cell_begins)  # a whole cell (run_code runs each statement)
+    ip.events.register("post_run_cell", _cell_ended)
     import warnings
 
     warnings.filterwarnings("ignore", message="To exit: use 'exit', 'quit'")  # IPython's, after a SystemExit
+
+
+def _cell_begins(info=None) -> None:
+    """The processes this rank runs before a cell: the ones the cell starts are the others."""
+    _shell["before"] = {pid for pid, _ in children.descendants()}
+
+
+def _cell_ended(result) -> None:
+    """A cell that failed ends the processes it started; one interrupted (a timeout, Ctrl-C, another rank's
+    failure) ends every process this rank started: each says how many."""
+    error = getattr(result, "error_in_exec", None)
+    if isinstance(error, KeyboardInterrupt):
+        children.end_new(set(), _pool.get("rank"), "it was interrupted", "this rank")
+    elif error is not None and not clean_exit(error):
+        children.end_new(_shell.get("before", set()), _pool.get("rank"), f"it raised {type(error).__name__}",
+                         "this cell")
 
 
 def missing_script(path: str, rank, host: str, folder: str, notebook_folder: str | None) -> str:
