@@ -277,7 +277,7 @@ class CellRun:
         for r, c in self.children:
             err = c.output.metadata["error"]
             if err is None or faults.is_secondary(err.ename, str(err.evalue),
-                                                  self._origin(r, c.output.metadata["completed"])):
+                                                  self._origin(r, c.output.metadata["completed"], err)):
                 continue
             if raised_in_collective(err) and now - self._suspects.setdefault(r.rank, now) < ECHO_WAIT_S:
                 continue  # maybe the echo of a peer's death that the watcher is about to report
@@ -385,13 +385,15 @@ class CellRun:
             if self._places.get(r.rank, (None,))[0] != where:
                 self._places[r.rank] = (where, now)
 
-    def _origin(self, info: RankInfo, completed) -> str | None:
+    def _origin(self, info: RankInfo, completed, error=None) -> str | None:
         """Where the rank says its failure came from (its beacon; engine clocks on both sides)."""
         beats = self.health.beacons.latest if self.health.beacons else {}
         origin = faults.origin_of(beats.get(info.rank), self.started, faults.seconds(completed))
         if origin == "aborted" and info.rank in self._raised_before_abort:
             return None  # its error reached us before the abort: the root cause, however late its reply
-        return origin
+        if origin == "aborted" and error is not None and not raised_in_collective(error):
+            return None  # the abort cuts collectives only: an error raised outside one is the rank's own
+        return origin                 # (an echo by its text still: "aborted", "Connection closed", ...)
 
     def _rank_result(self, info: RankInfo, child) -> RankResult:
         md = child.output.metadata
@@ -414,7 +416,7 @@ class CellRun:
             stderr=self.relay.text(info.rank, "stderr"),
             result=(md["execute_result"] or {}).get("data"), outputs=list(md["outputs"]),
             error=error, completed=md["completed"],
-            origin=self._origin(info, md["completed"]) if error is not None else None,
+            origin=self._origin(info, md["completed"], error) if error is not None else None,
         )
 
     def _outcome(self, rank: int, error, stderr: str, deaths: bool, origin: str | None = None) -> str:
