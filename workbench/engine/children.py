@@ -3,7 +3,7 @@
 Listed in every beacon (:func:`descendants`, read from ``/proc/<pid>/task/<tid>/children``: a few small
 reads, no scan of every process), so ``%dist status`` and ``%dist stacks`` name them; a cell that fails (its
 own error, the abort after another rank's failure, the interrupt of a timeout or a Ctrl-C) ends the ones it
-started (:func:`end_new`), and says how many. The engine's own helpers (py-spy for native stacks, torch's
+started (:func:`end_started`), and says how many. The engine's own helpers (py-spy for native stacks, torch's
 compile workers, which torch keeps for the next compile) are never counted.
 
 >>> descendants() == [] or all(isinstance(pid, int) for pid, _ in descendants())
@@ -21,6 +21,7 @@ import time
 MACHINERY = ("py-spy", "read go && exec", "compile_worker")
 FORK = "a fork of the rank's process"  # what a forked child (no exec) is called
 TERM_WAIT_S = 2.0  # after SIGTERM, how long the children have before SIGKILL
+_TICKS = os.sysconf("SC_CLK_TCK")
 _READABLE = {"children": os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")}
 
 
@@ -106,9 +107,26 @@ def end(pids: list[int], wait: float = TERM_WAIT_S) -> int:
     return len(alive)
 
 
-def end_new(before: set[int], rank, why: str, starter: str = "this cell") -> int:
-    """End the processes started since ``before`` (pids) and say so on this rank's stderr; how many."""
-    new = [pid for pid, _ in descendants() if pid not in before]
+def now() -> float:
+    """The clock a process's start is told in (seconds since boot): what :func:`end_started` compares."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def _started_at(pid: int) -> float | None:
+    """When ``pid`` started, in seconds since boot (``/proc/<pid>/stat``'s starttime), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19]) / _TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def end_started(since: float | None, rank, why: str, starter: str = "this cell") -> int:
+    """End the processes started at ``since`` (:func:`now`) or later (None: all of them) and say so on this
+    rank's stderr; how many. Only the failure pays for the look (a cell's start only reads the clock)."""
+    tick = 1.0 / _TICKS  # starttime counts whole ticks
+    new = [pid for pid, _ in descendants()
+           if since is None or (_started_at(pid) or 0.0) >= since - tick]
     if not new:
         return 0
     count = end(new)

@@ -258,8 +258,8 @@ def _install_shell() -> None:
 
 
 def _cell_begins(info=None) -> None:
-    """The processes this rank runs before a cell: the ones the cell starts are the others."""
-    _shell["before"] = {pid for pid, _ in children.descendants()}
+    """When a cell began: the processes started since are the cell's."""
+    _shell["began"] = children.now()
 
 
 def _cell_ended(result) -> None:
@@ -267,10 +267,10 @@ def _cell_ended(result) -> None:
     failure) ends every process this rank started: each says how many."""
     error = getattr(result, "error_in_exec", None)
     if isinstance(error, KeyboardInterrupt):
-        children.end_new(set(), _pool.get("rank"), "it was interrupted", "this rank")
+        children.end_started(None, _pool.get("rank"), "it was interrupted", "this rank")
     elif error is not None and not clean_exit(error):
-        children.end_new(_shell.get("before", set()), _pool.get("rank"), f"it raised {type(error).__name__}",
-                         "this cell")
+        children.end_started(_shell.get("began", 0.0), _pool.get("rank"), f"it raised {type(error).__name__}",
+                             "this cell")
 
 
 def missing_script(path: str, rank, host: str, folder: str, notebook_folder: str | None) -> str:
