@@ -180,7 +180,7 @@ class Agent:
         with self._target_lock:
             beat = guard.snapshot(self.rank)
             beat.update(generation=self.generation, trainer=dict(trainer_status), host=_HOST,
-                        regroup=dict(regroup_status) or None)
+                        regroup=dict(regroup_status) or None, children=_started())
         if not should_send(beat, self._last_beat, now - self._last_sent):
             return beat["busy"]
         self._last_beat, self._last_sent = beat, now
@@ -303,6 +303,13 @@ def fence_self() -> None:
     print(f"workbench: this engine ({socket.gethostname()}, pid {os.getpid()}) was declared lost and "
           "fenced; it stops", file=sys.__stderr__, flush=True)
     os._exit(FENCED_EXIT)
+
+
+def _started() -> list[list]:
+    """The processes this rank started and that still run: ``[[pid, command line], ...]`` (a few)."""
+    from workbench.engine import children
+
+    return [[pid, line[:80]] for pid, line in children.descendants()[:16]]
 
 
 def should_send(beat: dict, last: dict | None, since_last: float) -> bool:

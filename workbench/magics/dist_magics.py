@@ -20,6 +20,7 @@ from workbench.magics import rank_tabs, spread
 from workbench.magics.args import parse_cell, parse_dist, pool_config_options
 from workbench.magics.output import LineMerger, hold_for, print_stream
 from workbench.session import Session, format_ranks, ranks_text
+from workbench.session.stack_report import started_lines
 from workbench.tables import format_table
 
 STATUS_COLUMNS = ["rank", "host", "pid", "device", "state"]
@@ -121,6 +122,8 @@ class DistributedMagics(Magics):
         print(f"pool {s.name} ({s.pool_id}): {ranks_text(s.world_size)}, backend {s.backend}, launcher "
               f"{s.config.launcher}; {_notebooks(s)}")
         print(format_table(rows, STATUS_COLUMNS))
+        for line in started_lines({r["rank"]: r.get("started") for r in rows if r["rank"] != "-"}):
+            print(line)
         print(s.group_state())
 
     def _dist_stop(self, args):

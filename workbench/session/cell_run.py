@@ -142,6 +142,9 @@ class CellRun:
                 self._outcome(r.rank.rank, r.error, r.stderr, deaths, r.origin)
             if r.outcome in ("stopped", "interrupted"):
                 r.where = where_in_cell(r.error) or self.where.get(r.rank.rank)
+        if self.fault is not None and self._no_fault(result) and not self.timed_out:
+            self.health.forget(self.fault)  # every rank raised its own error: one error, no fault
+            self.fault = None
         if self.fault is not None:
             self.fault.abort_s = round(time.monotonic() - self.first_fault_at, 3)
             result.fault = self.fault
@@ -155,7 +158,7 @@ class CellRun:
         failures = [f for f in result.failures() if f.outcome in ("error", "died", "killed")] \
             or result.failures()
         if failures:
-            if self.fault is None:  # failed without anyone waiting: nothing to stop
+            if self.fault is None and not self._no_fault(result):  # failed without anyone waiting
                 first = failures[0]
                 self.fault = result.fault = self.health.record(
                     "exception", first.rank, f"{first.error.ename}: {first.error.evalue}", None, 0.0)
@@ -274,7 +277,7 @@ class CellRun:
         for r, c in self.children:
             err = c.output.metadata["error"]
             if err is None or faults.is_secondary(err.ename, str(err.evalue),
-                                                  self._origin(r, c.output.metadata["completed"])):
+                                                  self._origin(r, c.output.metadata["completed"], err)):
                 continue
             if raised_in_collective(err) and now - self._suspects.setdefault(r.rank, now) < ECHO_WAIT_S:
                 continue  # maybe the echo of a peer's death that the watcher is about to report
@@ -324,8 +327,10 @@ class CellRun:
                 # SIGTERM for a rank that had only raised)
                 ended = self._errored()
                 running = [r for r in running if r.rank not in ended]
-                if step != "sigint":  # a rank that was released and is only writing its traceback
-                    running = [r for r in running if not self._finishing(r.rank)]  # is not stuck
+                if step != "sigint" or self._after_failure():  # a rank that was released and is only
+                    running = [r for r in running if not self._finishing(r.rank)]  # writing its traceback,
+                    # or (after another rank's error) one still moving, on its way to its own error, is not
+                    # stuck: no KeyboardInterrupt in place of the error every rank raises
                 if not running:
                     return
             self.steps_done.add(step)
@@ -343,6 +348,16 @@ class CellRun:
                 for r in running:
                     self.signalled.setdefault(r.rank, set()).add(step)
                 self.group.signal(running, SIGNALS[step])
+
+    def _after_failure(self) -> bool:
+        """Whether the ladder in force follows a rank's own error (not an interrupt, a timeout, a death)."""
+        return self.fault is not None and self.fault.kind == "exception" and not self.interrupts
+
+    def _no_fault(self, result: CellResult) -> bool:
+        """Whether nothing went wrong beyond the errors the ranks raised themselves: no rank was cut short,
+        died or was lost; such a cell failed, but it is no fault of the pool (none is recorded)."""
+        return not result.ranks_with("stopped", "interrupted", "died", "killed", "lost") and \
+            (self.fault is None or self.fault.kind == "exception")
 
     def _errored(self) -> set[int]:
         """The ranks whose error reached us (ipyparallel publishes it before the reply)."""
@@ -370,13 +385,15 @@ class CellRun:
             if self._places.get(r.rank, (None,))[0] != where:
                 self._places[r.rank] = (where, now)
 
-    def _origin(self, info: RankInfo, completed) -> str | None:
+    def _origin(self, info: RankInfo, completed, error=None) -> str | None:
         """Where the rank says its failure came from (its beacon; engine clocks on both sides)."""
         beats = self.health.beacons.latest if self.health.beacons else {}
         origin = faults.origin_of(beats.get(info.rank), self.started, faults.seconds(completed))
         if origin == "aborted" and info.rank in self._raised_before_abort:
             return None  # its error reached us before the abort: the root cause, however late its reply
-        return origin
+        if origin == "aborted" and error is not None and not raised_in_collective(error):
+            return None  # the abort cuts collectives only: an error raised outside one is the rank's own
+        return origin                 # (an echo by its text still: "aborted", "Connection closed", ...)
 
     def _rank_result(self, info: RankInfo, child) -> RankResult:
         md = child.output.metadata
@@ -399,7 +416,7 @@ class CellRun:
             stderr=self.relay.text(info.rank, "stderr"),
             result=(md["execute_result"] or {}).get("data"), outputs=list(md["outputs"]),
             error=error, completed=md["completed"],
-            origin=self._origin(info, md["completed"]) if error is not None else None,
+            origin=self._origin(info, md["completed"], error) if error is not None else None,
         )
 
     def _outcome(self, rank: int, error, stderr: str, deaths: bool, origin: str | None = None) -> str:

@@ -265,6 +265,13 @@ class Health:
         self._pending = event
         return event
 
+    def forget(self, event: faults.FaultEvent) -> None:
+        """``event`` was no fault after all (every rank raised its own error, none was cut short)."""
+        if self._pending is event:
+            self._pending = None
+        if event in self.faults:
+            self.faults.remove(event)
+
     def announce(self, ranks) -> None:
         """These deaths were reported already (a cell's one fault for a whole host): not again as idle."""
         self._announced |= set(ranks)

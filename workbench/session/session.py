@@ -670,6 +670,8 @@ class Session:
             return []
         self._check()
         states = rank_states(self.client, {r.rank: r.engine_id for r in self.ranks}, dead=self.dead_ranks())
-        rows = [{"rank": r.rank, "host": r.host, "pid": r.pid, "device": r.device, "state": states[r.rank]}
+        beats = self._beacons.latest if self._beacons is not None else {}
+        rows = [{"rank": r.rank, "host": r.host, "pid": r.pid, "device": r.device, "state": states[r.rank],
+                 "started": (beats.get(r.rank) or {}).get("children") or []}  # processes it started
                 for r in self.ranks]
         return rows + fenced_rows(self._group.fenced, self._beacons, self._pool.fenced_ended())

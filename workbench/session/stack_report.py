@@ -115,6 +115,27 @@ def headline(frames: list[dict]) -> str:
     return text + (f" (native: {hint})" if hint else "")
 
 
+def started_lines(started: dict[int, list]) -> list[str]:
+    """One line per rank that started processes still running (``{rank: [[pid, command line], ...]}``, from
+    its beacon or its stacks' answer): they are the pool's, ended with a failed cell and with the pool.
+
+    >>> started_lines({0: [[41, "python -c from multiprocessing.spawn ..."]], 1: []})
+    ['rank 0 started 1 process that still runs: pid 41 (python -c from multiprocessing.spawn ...)']
+    """
+    lines = []
+    for rank in sorted(started):
+        procs = started[rank] or []
+        if procs:
+            listed = ", ".join(f"pid {pid} ({_short_command(line)})" for pid, line in procs)
+            lines.append(f"rank {rank} started {len(procs)} process{'es' * (len(procs) != 1)} that still "
+                         f"run{'s' * (len(procs) == 1)}: {listed}")
+    return lines
+
+
+def _short_command(line: str, limit: int = 60) -> str:
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
 @dataclass
 class StackGroup:
     """Ranks whose threads stand at the same frames."""
@@ -209,6 +230,7 @@ class Stacks:
                                  else f"    {f['name']} ({f['where']})")
         if common:
             lines.append(f"threads the same on every rank (not shown): {', '.join(common)}")
+        lines += started_lines({rank: a.get("children") or [] for rank, a in self.answers.items()})
         return "\n".join(lines)
 
     def __repr__(self) -> str:
