@@ -92,7 +92,7 @@ def run_lab(tmp_path: Path, notebooks: dict[str, dict], install_kernel: str | tu
                     pytest.fail("JupyterLab did not start:\n" + log_path.read_text()[-3000:])
                 time.sleep(0.3)
         yield {"base": base, "token": token, "state_dir": tmp_path / "pool-state", "work": work,
-               "log": log_path}
+               "log": log_path, "process": proc}
     finally:
         proc.terminate()  # the server shuts its kernels down and stops the pools it started
         try:
