@@ -47,6 +47,7 @@ import torch.distributed as dist
 from workbench import faults
 from workbench.engine import agent, guard, rendezvous
 from workbench.train.data import ElasticLoader
+from workbench.train.state_tree import broadcast_tree
 
 BATCH_POLICIES = ("global", "per_rank")
 
@@ -435,67 +436,6 @@ def _checkpoint_dir(trainer) -> Path | None:
         if isinstance(cb, Checkpoint):
             return cb.directory
     return None
-
-
-# -- moving a state tree ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Slot:
-    """Where a tensor was in a tree sent by :func:`broadcast_tree`."""
-
-    index: int
-    shape: tuple
-    dtype: torch.dtype
-    cuda: bool
-
-
-def broadcast_tree(tree, src: int, device: torch.device):
-    """``src``'s ``tree`` (dicts, lists, tuples, tensors and plain values) on every rank.
-
-    The structure travels pickled (one small object); each tensor by ``dist.broadcast``, so a large
-    optimizer state is not pickled. Returns the tree (on ``src``: the same one).
-    """
-    tensors: list[torch.Tensor] = []
-    box = [_strip(tree, tensors) if _rank() == src else None]
-    dist.broadcast_object_list(box, src=src)
-    skeleton = box[0]
-    slots = list(_slots(skeleton))
-    if _rank() != src:
-        tensors = [torch.empty(s.shape, dtype=s.dtype, device=device if s.cuda else "cpu") for s in slots]
-    for t in tensors:
-        dist.broadcast(t, src=src)
-    return tree if _rank() == src else _fill(skeleton, tensors)
-
-
-def _strip(tree, tensors: list):
-    if isinstance(tree, torch.Tensor):
-        tensors.append(tree.detach().contiguous())
-        return _Slot(len(tensors) - 1, tuple(tree.shape), tree.dtype, tree.is_cuda)
-    if isinstance(tree, dict):
-        return {k: _strip(v, tensors) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_strip(v, tensors) for v in tree)
-    return tree
-
-
-def _slots(tree):
-    if isinstance(tree, _Slot):
-        yield tree
-    elif isinstance(tree, dict):
-        for v in tree.values():
-            yield from _slots(v)
-    elif isinstance(tree, (list, tuple)):
-        for v in tree:
-            yield from _slots(v)
-
-
-def _fill(tree, tensors: list):
-    if isinstance(tree, _Slot):
-        return tensors[tree.index]
-    if isinstance(tree, dict):
-        return {k: _fill(v, tensors) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_fill(v, tensors) for v in tree)
-    return tree
 
 
 # -- an engine that joins a run in progress ------------------------------------------------------------

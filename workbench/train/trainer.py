@@ -27,7 +27,7 @@ import math
 import sys
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.distributed as dist
@@ -39,6 +39,7 @@ from workbench.strategies.layout import device_of, layout_of
 from workbench.strategies.pipeline import Pipelined
 from workbench.train import elastic as elastic_mod
 from workbench.train.events import Callback, StepStats, default_callbacks
+from workbench.train.feed import Feed, PlainFeed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,92 +101,37 @@ class RunResult:
                 f"{rate:.0f} samples/s)")
 
 
-class Feed:
-    """Where a Trainer's batches come from, step by step: the one interface a plain run
-    (:class:`PlainFeed`) and an elastic run (:class:`~workbench.train.elastic.ElasticRun`) implement.
+@dataclass
+class StepFlags:
+    """What each rank says at the end of a step, summed over the ranks in one all-reduce so that every
+    rank decides alike: take the update or skip it, stop, go on. One float each (the sum is a count).
 
-    The Trainer prefetches one step ahead: ``fetch`` gives the next step's micro-batches, ``take`` says
-    the step that begins uses them, ``commit`` that it is done (taken, or skipped alike on every rank),
-    ``abandon`` forgets every step fetched and not committed (an elastic regroup takes them again).
+    >>> mine = StepFlags(loss=0.5, holders=1, stop=1)
+    >>> StepFlags.of(mine.tensor(torch.device("cpu")) * 2)       # as two such ranks sum
+    StepFlags(loss=1.0, holders=2.0, nonfinite=0.0, out_of_data=0.0, stop=2.0, regroup=0.0)
+    >>> _.mean_loss
+    0.5
     """
 
-    def fetch(self, trainer: Trainer) -> list | None:
-        """``grad_accum`` batches on the trainer's device, or ``None`` when this rank's data ran out."""
-        raise NotImplementedError
+    loss: float = 0.0  # this rank's mean loss where it holds one (0 on a pipeline stage that does not)
+    holders: float = 0.0  # 1 where this rank holds a loss
+    nonfinite: float = 0.0  # 1 where that loss is NaN or Inf
+    out_of_data: float = 0.0  # 1 where this rank has no next step (its data ran out)
+    stop: float = 0.0  # 1 where someone asked this rank to stop (Ctrl-C in the notebook)
+    regroup: float = 0.0  # 1 where the kernel's regroup plan waits (elastic): taken after this step
 
-    def take(self, trainer: Trainer, batches: list) -> None:
-        """A step begins with ``batches`` (the ones fetched first)."""
+    def tensor(self, device: torch.device) -> torch.Tensor:
+        return torch.tensor([float(getattr(self, f.name)) for f in fields(self)], dtype=torch.float64,
+                            device=device)
 
-    def commit(self) -> None:
-        """The step in progress is done."""
-
-    def abandon(self) -> None:
-        """Forget the steps fetched and not committed."""
-
-    def check_group(self) -> None:
-        """Before the step's all-reduce: raise if the process group is gone under this rank."""
-
-    def counters(self) -> dict:
-        """The data position to save with a checkpoint (beside the Trainer's own counters)."""
-        return {}
-
-    def restore(self, trainer: Trainer, counters: dict) -> None:
-        """Stand where a checkpoint's ``counters`` say (the Trainer's step and epoch are set already)."""
-
-
-class PlainFeed(Feed):
-    """A plain run's batches: a DataLoader's (re-iterated every epoch, with ``sampler.set_epoch``), or any
-    iterable of ``(x, y)`` batches (used once).
-
-    >>> feed = PlainFeed([(torch.ones(2), torch.zeros(2))] * 3)
-    >>> feed.cyclic
-    False
-    """
-
-    def __init__(self, data):
-        self.data, self.iter = data, None
-        self.consumed = 0  # batches taken in this epoch (for resuming a DataLoader)
+    @classmethod
+    def of(cls, summed: torch.Tensor) -> StepFlags:
+        """The record back from its (summed) tensor."""
+        return cls(*summed.cpu().tolist())
 
     @property
-    def cyclic(self) -> bool:
-        return hasattr(getattr(self.data, "sampler", None), "set_epoch")
-
-    def fetch(self, trainer: Trainer) -> list | None:
-        batches = []
-        for _ in range(trainer.config.grad_accum):
-            batch = self._next_batch(trainer)
-            if batch is None:
-                return None
-            batches.append(tuple(t.to(trainer.device, non_blocking=True) for t in batch))
-        return batches
-
-    def take(self, trainer: Trainer, batches: list) -> None:
-        self.consumed += len(batches)
-
-    def counters(self) -> dict:
-        return {"consumed": self.consumed}
-
-    def restore(self, trainer: Trainer, counters: dict) -> None:
-        self.iter, self.consumed = None, 0
-        if self.cyclic:
-            for _ in range(int(counters.get("consumed", 0))):
-                self._next_batch(trainer)
-            self.consumed = int(counters.get("consumed", 0))
-
-    def _next_batch(self, trainer: Trainer):
-        if self.iter is None:
-            if self.cyclic:
-                self.data.sampler.set_epoch(trainer.epoch)
-            self.iter = iter(self.data)
-        try:
-            return next(self.iter)
-        except StopIteration:
-            if not self.cyclic:
-                return None
-            trainer.epoch, self.consumed = trainer.epoch + 1, 0
-            self.data.sampler.set_epoch(trainer.epoch)
-            self.iter = iter(self.data)
-            return next(self.iter, None)
+    def mean_loss(self) -> float:
+        return self.loss / max(self.holders, 1.0)
 
 
 class Trainer:
@@ -248,6 +194,10 @@ class Trainer:
         """On a new engine (after the setup replay): join this elastic run in progress with the kernel's
         regroup ``plan`` and train until the run ends (see :func:`workbench.train.elastic.join_running`)."""
         return self._run_elastic(None, joining=plan)
+
+    def _next_epoch(self) -> None:
+        """The feed began the next epoch of the data (a plain run's DataLoader ran out and starts again)."""
+        self.epoch += 1
 
     # -- the loop -------------------------------------------------------------------------
     def run(self, steps: int) -> RunResult:
@@ -386,29 +336,26 @@ class Trainer:
         data_time = time.perf_counter() - t_data
         t_comm = time.perf_counter()
         holds_loss = self.layout.is_last_stage
-        flags = torch.tensor([loss * holds_loss, float(holds_loss),
-                              float(holds_loss and not math.isfinite(loss)),
-                              float(self._pending is None), float(agent.stop_requested()),
-                              float(agent.plan_pending())], dtype=torch.float64, device=self._flag_device)
-        self.feed.check_group()
-        total = _world_sum(flags).cpu()  # one all-reduce, and its wait: NCCL returns once it is enqueued
+        flags = self._flags(loss=loss * holds_loss, holders=float(holds_loss),
+                            nonfinite=float(holds_loss and not math.isfinite(loss)),
+                            out_of_data=float(self._pending is None), stop=float(agent.stop_requested()))
+        total = self._vote(flags)  # one all-reduce, and its wait: NCCL returns once it is enqueued
         comm = time.perf_counter() - t_comm
-        mean_loss = float(total[0] / max(total[1], 1.0))
-        self._exhausted = bool(total[3])
-        self._regroup_asked = bool(total[5])
+        mean_loss = total.mean_loss
+        self._exhausted = bool(total.out_of_data)
         norm_ok, norm_comm = True, 0.0
-        if not total[2] and self.config.clip is not None:
+        if not total.nonfinite and self.config.clip is not None:
             norm_ok, norm_comm = self._clip(self.config.clip)
         lr = self.optimizer.param_groups[0]["lr"]
-        if total[2] or not norm_ok:
+        if total.nonfinite or not norm_ok:
             self.optimizer.zero_grad(set_to_none=True)
             self.feed.commit()  # its samples are used up, as in a plain run
             self._cut_mid_step = False  # every rank drops this step the same way
-            if total[4]:
+            if total.stop:
                 self.stopped_at = self.step
             if self.config.on_nonfinite == "raise":
                 raise FloatingPointError(
-                    f"non-finite {'loss' if total[2] else 'gradient norm'} at step {self.step + 1} "
+                    f"non-finite {'loss' if total.nonfinite else 'gradient norm'} at step {self.step + 1} "
                     f"(mean loss {mean_loss}); no rank took the update. Lower lr or check the data.")
             self.skipped += 1
             return None
@@ -435,9 +382,19 @@ class Trainer:
             cb.on_step_end(self, stats)
         agent.trainer_status.update(step=self.step, step_time=step_time)
         self._cut_mid_step = False
-        if total[4]:  # someone asked to stop: every rank saw the same sum, so every rank stops here
+        if total.stop:  # someone asked to stop: every rank saw the same sum, so every rank stops here
             self.stopped_at = self.step
         return stats
+
+    def _flags(self, **facts) -> StepFlags:
+        return StepFlags(**facts, regroup=float(agent.plan_pending()))
+
+    def _vote(self, flags: StepFlags) -> StepFlags:
+        """Every rank's ``flags`` summed (one all-reduce)."""
+        self.feed.check_group()
+        total = StepFlags.of(_world_sum(flags.tensor(self._flag_device)))
+        self._regroup_asked = bool(total.regroup)
+        return total
 
     def _forward_backward(self, batches) -> float:
         """Mean loss of this rank's batches (nan on pipeline stages that hold no loss)."""
