@@ -3,6 +3,9 @@ the seam between the plain Trainer and its elastic subclass."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -135,3 +138,13 @@ def test_trainer_with_elastic_makes_the_elastic_subclass_and_refuses_a_wrong_val
 
     mine = Mine(model, loader, elastic=True)
     assert isinstance(mine, Mine) and isinstance(mine, ElasticTrainer) and mine.note() == "mine"
+
+
+def test_what_the_kernel_calls_on_every_engine_does_not_load_the_trainer():
+    """``remote.trainer_count`` and ``newest_elastic_status`` import workbench.train.elastic on every engine,
+    trained or not: it stays light (the Trainer's module brings the strategies and pipelining, ~1.7 s)."""
+    code = ("import sys, workbench.train.elastic\n"
+            "print('workbench.train.trainer' in sys.modules, 'workbench.strategies' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          timeout=50)
+    assert done.stdout.split() == ["False", "False"]
