@@ -389,10 +389,10 @@ class SlurmCluster:
         out = self.run(["squeue", "-h", "-o", "%i %T %r"], check=False).stdout
         return [line for line in out.splitlines() if line.strip()]
 
-    def left(self) -> list[str]:
+    def left(self, keep: set[int] = frozenset()) -> list[str]:
         """What still runs in the cluster's namespaces besides its daemons (and slurmctld's helper
-        ``slurmscriptd``): a job's processes, or a test's."""
-        keep = {p.pid for p in self.procs.values()}
+        ``slurmscriptd``) and ``keep``: a job's processes, or a test's."""
+        keep = {p.pid for p in self.procs.values()} | set(keep)
         for pid in list(keep):
             try:
                 keep |= {c.pid for c in psutil.Process(pid).children(recursive=True)
