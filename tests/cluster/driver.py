@@ -512,9 +512,12 @@ def scenario_allocation_env(ip, spec: dict) -> dict:
     nodes = os.environ["SLURM_JOB_NUM_NODES"]
     step = subprocess.run(["srun", f"--jobid={job}", "--overlap", f"--nodes={nodes}",
                            f"--ntasks={nodes}", "hostname"], capture_output=True, text=True, timeout=60)
+    doctor = subprocess.run([sys.executable, "-m", "workbench.cli", "doctor"], capture_output=True, text=True,
+                            timeout=60)
     return {"hostname": os.uname().nodename, "env": {k: os.environ.get(k) for k in SLURM_ENV},
             "squeue": squeue("-o", "%i %T %D %N %C"), "step_hosts": sorted(step.stdout.split()),
-            "step_error": step.stderr.strip(), "magics": run(ip, "%dist status")}
+            "step_error": step.stderr.strip(), "magics": run(ip, "%dist status"),
+            "doctor": doctor.stdout + doctor.stderr}
 
 
 def scenario_allocation_slurm_start(ip, spec: dict) -> dict:

@@ -534,7 +534,7 @@ def run_in_allocation(cluster: SlurmCluster, scenario: str, spec: dict, *, nodes
                       workdir: Path, how: str = "salloc", partition: str | None = None,
                       env: dict | None = None) -> dict:
     """Run ``tests/cluster/driver.py SCENARIO`` as a kernel inside a Slurm allocation of ``nodes`` whole
-    nodes (``--exclusive``: every CPU of them is the job's) and return the JSON it wrote.
+    nodes (``--exclusive``: every CPU of them is the job's) for 30 minutes, and return the JSON it wrote.
 
     ``how``: ``"salloc"``, the notebook's shell started by ``salloc`` on the login node (head), with
     ``SLURM_JOB_ID``, ``SLURM_JOB_NODELIST``... set; ``"batch"``, the shape of Open OnDemand's and
@@ -551,7 +551,8 @@ def run_in_allocation(cluster: SlurmCluster, scenario: str, spec: dict, *, nodes
                 "WORKBENCH_STATE_DIR": str(Path(workdir) / "state"), **(env or {})}
     driver = REPO / "tests" / "cluster" / "driver.py"
     cmd = [sys.executable, str(driver), scenario, json.dumps(spec), str(out)]
-    asked = [f"--nodes={nodes}", "--exclusive", f"--partition={partition}", f"--job-name=wb-{scenario}"]
+    asked = [f"--nodes={nodes}", "--exclusive", f"--partition={partition}", f"--job-name=wb-{scenario}",
+             "--time=30"]
     if how == "salloc":
         argv = ["salloc", *asked, "--", *cmd]
     else:  # the kernel as the batch script; sbatch --wait returns when the job has ended

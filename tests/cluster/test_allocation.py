@@ -11,6 +11,8 @@ Open OnDemand and batchspawner start it, on partitions that are not oversubscrib
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytestmark = [pytest.mark.slow]
@@ -39,6 +41,12 @@ def test_a_kernel_inside_an_allocation_sees_its_job(allocation, nodes, how):
         assert result["hostname"] not in hosts and env["SLURMD_NODENAME"] is None, result
     assert result["step_hosts"] == hosts, result["step_error"]
     assert "this notebook drives no pool" in result["magics"]
+    # workbench doctor, from the kernel: the allocation, its nodes and the time left (30 minutes asked)
+    doctor = result["doctor"]
+    nodelist = env["SLURM_JOB_NODELIST"]
+    assert f"allocation: inside Slurm job {job} ({nodes} node(s): {nodelist}; GPUs on this node: none; " \
+           "time left " in doctor, doctor
+    assert re.search(r"time left (29|30):\d\d\)", doctor), doctor
 
 
 @pytest.mark.timeout(240)

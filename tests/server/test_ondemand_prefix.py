@@ -24,8 +24,8 @@ import psutil
 import pytest
 import tornado.web
 
-from tests.conftest import alive, until
-from tests.ui.lab import free_port
+from tests.conftest import until
+from tests.ui.lab import free_port, stop_server
 from workbench.server.handlers import ROUTES
 
 PREFIX = "/node/vm/8899/"
@@ -77,16 +77,9 @@ def ondemand(tmp_path_factory):
         assert until(up, 60, every=0.2) and proc.poll() is None, (tmp / "server.log").read_text()[-3000:]
         yield server
     finally:
-        children = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)] \
-            if proc.poll() is None else []
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        left = stop_server(proc)
         log.close()
-        assert alive(children) == [], children
+        assert left == [], left
 
 
 def login_cookie(server: Server) -> str:
