@@ -53,6 +53,9 @@ function append(data, ext) {
 }
 
 function initialize({ model }) {
+  // the kernel hears that this page has the widget manager and this module: the widget can render here
+  // (a front end without them never creates the model, and the kernel falls back to plain HTML updates)
+  if (typeof model.send === "function") model.send({ alive: true });
   const uid = model.get("uid");
   const store = { data: copy(model.get("figure").data || []) };
   stores.set(uid, store);
