@@ -7,6 +7,7 @@
 - ``workbench pools [--json]``: every pool of this user on this machine.
 - ``workbench stop NAME|ID|--all [--yes]``: stop pools the way the JupyterLab panel does.
 - ``workbench kernels install|uninstall|list-specs``: the workbench kernel specs.
+- ``workbench stacks NAME|ID [--native]``: every rank's stacks now, as the sidebar's "Stacks" shows them.
 - ``workbench doctor``: which environment the Jupyter server and the kernel run in, the version of each
   piece, the Slurm allocation, and what to install where.
 
@@ -139,6 +140,31 @@ def pools(args) -> int:
     return 0
 
 
+def stacks(args) -> int:
+    from workbench.pool import overview
+    from workbench.pool import state as pool_state
+    from workbench.session.stack_report import PoolStacks
+
+    try:
+        pool = overview.find(args.pool)
+    except ValueError as exc:
+        print(f"workbench stacks: {exc}", file=sys.stderr)
+        return 1
+    state = pool_state.read_state(pool_state.state_path(pool["id"])) or {}
+    if not state.get("channel"):
+        print(f"workbench stacks: pool {pool['name']} has no side channel to ask its ranks through.",
+              file=sys.stderr)
+        return 1
+    asker = PoolStacks(state["channel"])
+    try:
+        ranks = [r["rank"] for r in state.get("ranks", [])]
+        found = asker.gather(ranks, generation=state.get("generation", 0), native=args.native)
+    finally:
+        asker.close()
+    print(found.format())
+    return 0
+
+
 def doctor(args) -> int:
     from workbench.doctor import report
 
@@ -205,6 +231,10 @@ def build_parser(command: str | None = "demo") -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every pool of this user on this machine")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask first")
     p.set_defaults(fn=stop)
+    p = sub.add_parser("stacks", help="every rank's stacks now, as the sidebar's Stacks shows them")
+    p.add_argument("pool", metavar="NAME|ID", help="the pool's name or id")
+    p.add_argument("--native", action="store_true", help="with native frames (py-spy)")
+    p.set_defaults(fn=stacks)
     p = sub.add_parser("doctor", help="where the server and the kernel run, each piece's version, the "
                                       "allocation, and what to install where")
     p.set_defaults(fn=doctor)
