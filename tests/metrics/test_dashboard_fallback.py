@@ -19,7 +19,7 @@ from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
 
 from tests.conftest import alive, until
-from tests.metrics.test_dashboard_kernel import PLOTLY, TRAIN, WIDGET
+from tests.metrics.test_dashboard_kernel import PLOTLY, TRAIN, WIDGET, start_pool
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 SLOW_TRAIN = TRAIN.replace("trainer = Trainer(model, loader, lr=1e-2)", """\
@@ -36,15 +36,9 @@ def test_auto_falls_back_to_html_updates_where_no_page_draws_the_widget(monkeypa
     km, kc = start_new_kernel(kernel_name="python3")
     pids = []
     try:
+        pids = start_pool(kc)
         out = []
         hook = out.append
-        reply = kc.execute_interactive("%load_ext workbench\n%dist start -n 2\nimport json, workbench\n"
-                                       "print('PIDS', json.dumps(workbench.current().pids()))",
-                                       timeout=120, output_hook=hook)
-        assert reply["content"]["status"] == "ok", out
-        text = "".join(m["content"].get("text", "") for m in out)
-        pids = json.loads(text.split("PIDS", 1)[1].splitlines()[0])
-        out.clear()
         reply = kc.execute_interactive(SLOW_TRAIN, timeout=180, output_hook=hook)
         assert reply["content"]["status"] == "ok", [m["content"] for m in out]
         shown = [m["content"] for m in out if m["msg_type"] == "display_data"]
