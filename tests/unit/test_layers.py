@@ -40,7 +40,7 @@ UNITS = {
     "workbench": ("kernel", 6), "workbench.cli": ("kernel", 6), "workbench.demo": ("kernel", 5),
     "workbench.magics": ("kernel", 5), "workbench.server": ("kernel", 5),
     "workbench.widgets": ("kernel", 4), "workbench.scatter": ("kernel", 4),
-    "workbench.preflight": ("kernel", 4),
+    "workbench.preflight": ("kernel", 4), "workbench.doctor": ("kernel", 4),
     "workbench.session": ("kernel", 3),
     "workbench.remote": ("door", 2),
     "workbench.pool": ("kernel", 1), "workbench.metrics": ("kernel", 1),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -147,13 +148,18 @@ class PoolManager:
 
     # -- facts for the panel ---------------------------------------------------------
     def info(self) -> dict:
-        """What the Start dialog offers, and whether this machine has GPUs."""
+        """What the Start dialog offers, whether this machine has GPUs, and which workbench serves it (its
+        version and environment: a kernel compares them with its own, ``workbench doctor`` shows them)."""
+        from workbench.doctor import package_version
+
         gpus = self._usage.gpu_count()
         return {
             "launchers": list(LAUNCHERS),
             "backends": list(BACKENDS),
             "gpus": gpus,
             "default_n": gpus or 2,
+            "version": package_version(),
+            "prefix": sys.prefix,
         }
 
     # -- listing ---------------------------------------------------------------------
