@@ -32,21 +32,22 @@ COLUMNS = ["rank", "host", "device", "device ok", "all_reduce", "latency us", "b
            "torch", "python"]
 
 
-def clock_offsets(client, engine_ids: list[int], samples: int = 3) -> dict[int, float]:
-    """Each engine's clock minus the kernel's, in seconds (the sample with the shortest round trip).
+def clock_offsets(door, ranks: list, samples: int = 3) -> dict[int, float]:
+    """Each rank's clock minus the kernel's, in seconds, by engine id (the sample with the shortest round
+    trip); ``door``: the pool's :class:`~workbench.remote.door.Door`, ``ranks``: their ``RankInfo``.
 
     The error of each offset is at most half that round trip (a few ms on a LAN).
     """
     offsets = {}
-    for eid in engine_ids:
+    for info in ranks:
         best = None
         for _ in range(samples):
             t0 = time.time()
-            remote = client[eid].apply_sync(time.time)
+            theirs = door.call_one(remote.clock, info)
             t1 = time.time()
             if best is None or t1 - t0 < best[0]:
-                best = (t1 - t0, remote - (t0 + t1) / 2)
-        offsets[eid] = best[1]
+                best = (t1 - t0, theirs - (t0 + t1) / 2)
+        offsets[info.engine_id] = best[1]
     return offsets
 
 
@@ -107,13 +108,12 @@ def run_check(session, *, size_mb: float = 4.0, iters: int = 10, timeout: float 
     (True, 'all_reduce over 4 ranks on 2 nodes: latency 180 us, bus bandwidth 1.10 GB/s (16 MiB)')
     """
     timeout = timeout if timeout is not None else max(60.0, session.config.timeout)
-    # pushed, then called by a cell on every rank at once (a collective the cell's ladder watches)
-    session.push({"_wb_probe": remote.preflight_probe}, ranks=[r.rank for r in session.ranks])
-    session.run(f"_wb_check = _wb_probe(device, size_mb={float(size_mb)!r}, iters={int(iters)})\n"
-                "del _wb_probe", timeout=timeout)
-    probes = session.pull("_wb_check")
-    session.run("del _wb_check", timeout=timeout)
-    offsets = clock_offsets(session.client, [r.engine_id for r in session.ranks])
+    door, targets = session.rooms.door, session.view().alive()  # every rank; a dead one refused by name
+    # on every rank at once in a cell (a collective the cell's ladder watches), each with its own device
+    session.run(door.cell(remote.preflight_probe, targets, size_mb=float(size_mb), iters=int(iters)),
+                timeout=timeout)
+    probes = door.cell_results(remote.preflight_probe, targets)
+    offsets = clock_offsets(door, targets)
     rows, problems = [], []
     for info, p in zip(session.ranks, probes, strict=True):
         offset_ms = offsets[info.engine_id] * 1e3

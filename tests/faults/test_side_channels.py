@@ -144,7 +144,8 @@ def test_a_signal_command_reaches_a_rank_without_a_nanny(pool):
     """Ranks on other machines are signalled through their agent (engines have no ipyparallel nanny)."""
     pool.run("import signal\nsignalled = []\n"
              "signal.signal(signal.SIGUSR1, lambda *a: signalled.append(rank))")
-    pool._group.command("signal", pool.ranks[1:], sig=int(signal.SIGUSR1))  # what signal() does off this host
+    # what signal() does off this host
+    pool.rooms.group.command(wire.Command.SIGNAL, pool.ranks[1:], sig=int(signal.SIGUSR1))
     assert until(lambda: pool.pull("signalled") == [[], [1]])
 
 

@@ -121,8 +121,9 @@ def arrows_up(sources: dict[str, str]) -> list[str]:
             if room_of(target) == room_of(module) or (module, target) in ALLOWED:
                 continue
             to_side, to_level = UNITS[unit_of(target)]
-            if side == "door":
-                ok = lazy
+            if side == "door":  # the catalogue imports lazily; the transport (remote.door) the leaves, pool
+                ok = lazy or (module != "workbench.remote" and (to_side == "leaf" or to_side == "kernel"
+                                                                 and to_level < level))
             elif to_side == "leaf":
                 ok = True
             elif to_side == "door":
