@@ -1,12 +1,13 @@
-"""The layering contract (issue 22): arrows run down, one door to the engines, no privates across rooms,
-no two modules with one file name.
+"""The layering contract (issues 22, 36): arrows run down, one door to the engines, no privates across rooms,
+no two modules with one file name, every send to the engines through the door.
 
 Each rule is a function over ``{module name: source}``, so the tests below run it on the package and on a
 small crafted tree that breaks it (a rule that cannot fail would hold nothing).
 
 Kernel side, top to bottom: the package's front (``workbench``, ``cli``) -> ``demo``, ``magics``, ``server``
--> ``widgets``, ``scatter``, ``preflight`` -> ``session`` -> ``remote`` (the door) -> ``pool`` and the
-kernel's metrics (``collector``, ``history``). Engine side: ``train`` and the engine's metrics
+-> ``widgets``, ``scatter``, ``preflight`` -> ``session`` -> ``remote`` (the door: the catalogue of
+endpoints and the transport, ``remote.door``) -> ``pool`` and the kernel's metrics (``collector``,
+``history``). Engine side: ``train`` and the engine's metrics
 (``publisher``, ``sampler``) -> ``strategies`` -> ``engine``. Leaves (``config``, ``errors``, ``wire``,
 ``faults``, ``tables``, ``metrics.records``, ``walkthroughs``, ``cell_targets``, and ``pool.state``,
 ``pool.devices``, which import nothing of the package) may be imported from anywhere and import only leaves.
@@ -113,7 +114,10 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 
 def arrows_up(sources: dict[str, str]) -> list[str]:
-    """Rule (a): every import runs down the layers (the door's lazy imports are its job)."""
+    """Rule (a): every import runs down the layers. The door reaches the engine side by lazy imports only
+    (its job: the engines import the catalogue, ``workbench.remote``, which imports nothing at its top);
+    its transport imports the leaves and the kernel below it (``pool``), never a room above it (the
+    preflight check once made a circle with it)."""
     known, bad = set(sources), []
     for module, source in sources.items():
         side, level = UNITS[unit_of(module)]
@@ -121,9 +125,9 @@ def arrows_up(sources: dict[str, str]) -> list[str]:
             if room_of(target) == room_of(module) or (module, target) in ALLOWED:
                 continue
             to_side, to_level = UNITS[unit_of(target)]
-            if side == "door":  # the catalogue imports lazily; the transport (remote.door) the leaves, pool
-                ok = lazy or (module != "workbench.remote" and (to_side == "leaf" or to_side == "kernel"
-                                                                 and to_level < level))
+            if side == "door":
+                below = to_side in ("engine", "leaf") or (to_side == "kernel" and to_level < level)
+                ok = below and (lazy or (module != "workbench.remote" and to_side != "engine"))
             elif to_side == "leaf":
                 ok = True
             elif to_side == "door":
@@ -215,6 +219,48 @@ def privates_across_rooms(sources: dict[str, str]) -> list[str]:
     return bad
 
 
+# What makes ipyparallel send to the engines: a view's methods that always send, those that send when given
+# ``block=`` (ours of the same names, Session.push and RankView.pull, take no ``block``), and making a view.
+VIEW_SENDS = {"apply_sync", "apply_async", "execute", "map_sync", "map_async"}
+BLOCKING_SENDS = {"push", "pull", "apply", "scatter", "gather", "map", "run"}
+VIEW_MAKERS = {"direct_view", "load_balanced_view", "broadcast_view"}
+
+
+def sends_outside_the_door(sources: dict[str, str]) -> list[str]:
+    """Rule (e): on the kernel side, only the door (``workbench.remote``: its transport, one object per
+    process group) sends to the engines: no ipyparallel view made (``client[...]``, ``direct_view``...), no
+    view's send (``apply_sync``, ``apply_async``, ``execute``, ``map_*``, or ``push``/``pull``/``apply``/
+    ``scatter``/``gather`` given ``block=``), and no side-channel command (the ``COMMAND`` topic, a ``PUSH``
+    socket up the channel: ``wire.pusher``) anywhere else. The user's own data and cells (``RankView``,
+    ``%%distributed``) go through the door's user verbs. The engine side (its beacons, its metrics) is
+    another direction: not counted."""
+    bad = []
+    for module, source in sources.items():
+        if UNITS[unit_of(module)][0] != "kernel":
+            continue
+        for node in ast.walk(ast.parse(source)):
+            what = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                name = node.func.attr
+                if name in VIEW_SENDS or name in VIEW_MAKERS:
+                    what = f"{name}()"
+                elif name in BLOCKING_SENDS and any(k.arg == "block" for k in node.keywords):
+                    what = f"{name}(block=...)"
+                elif name == "pusher":
+                    what = "a PUSH socket up the side channel"
+            elif isinstance(node, ast.Subscript) and (
+                    isinstance(node.value, ast.Name) and node.value.id == "client"
+                    or isinstance(node.value, ast.Attribute) and node.value.attr == "client"):
+                what = "a view (client[...])"
+            elif isinstance(node, ast.Attribute) and node.attr == "COMMAND":
+                what = "a side-channel command (COMMAND)"
+            elif isinstance(node, ast.ImportFrom) and any(a.name == "COMMAND" for a in node.names):
+                what = "a side-channel command (COMMAND)"
+            if what is not None:
+                bad.append(f"{module}:{node.lineno} sends past the door: {what}")
+    return bad
+
+
 def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
@@ -228,7 +274,7 @@ def shared_file_names(sources: dict[str, str]) -> list[str]:
     return [f"{name}.py: {', '.join(mods)}" for name, mods in sorted(seen.items()) if len(mods) > 1]
 
 
-RULES = [arrows_up, second_doors, privates_across_rooms, shared_file_names]
+RULES = [arrows_up, second_doors, privates_across_rooms, shared_file_names, sends_outside_the_door]
 
 
 def in_a_fresh_interpreter(rule) -> list:
@@ -257,7 +303,10 @@ BROKEN = {
     arrows_up: {"workbench.pool.cluster": "from workbench.session import Session\n",
                 "workbench.session": "", "workbench.errors": "from workbench.pool import cluster\n",
                 "workbench.pool": "", "workbench.remote": "from workbench.engine import guard\n",
-                "workbench.engine.guard": "", "workbench.engine": ""},
+                "workbench.engine.guard": "", "workbench.engine": "",
+                # the circle that was: the door reaching up to the preflight check, which imports it
+                "workbench.remote.door": "def f():\n    from workbench.preflight import run_check\n",
+                "workbench.preflight": "from workbench import remote\n"},
     second_doors: {"workbench.session.group": "def f():\n    from workbench.engine import guard\n",
                    "workbench.session.elastic": 'JOIN = "x = 1\\nimport workbench.train.elastic as e"\n',
                    "workbench.engine.guard": "", "workbench.engine": "", "workbench.session": ""},
@@ -269,8 +318,23 @@ BROKEN = {
                             "workbench.pool.netif": "", "workbench.config": "_FIELDS = ()\n"},
     shared_file_names: {"workbench.widgets.cell": "", "workbench.session.cell": "", "workbench.session": "",
                         "workbench.widgets": ""},
+    sends_outside_the_door: {
+        "workbench.session.group": "def f(pool, fn):\n    return pool.client[[0, 1]].apply_sync(fn)\n",
+        "workbench.session.cell_elastic": "def f(view, plan):\n    view.push({'p': plan}, block=True)\n"
+                                          "    return view.execute('x = 1', block=False)\n",
+        "workbench.preflight": "import time\ndef f(client):\n    return client[0].apply_async(time.time)\n",
+        "workbench.session.stack_report": "from workbench import wire\ndef f(sock, s, b):\n"
+                                          "    sock.send_multipart(s.pack(wire.COMMAND, b))\n",
+        # the door's own sends, the user's verbs that take no block=, the engine's beacons: none counted
+        "workbench.remote.door": "def f(view, fn):\n    return view.apply_sync(fn)\n",
+        "workbench.session.session": "def f(s):\n"
+                                     "    return s.push({'x': 1}), s.pull('x'), s.view(0).apply(len)\n",
+        "workbench.engine.agent": "from workbench import wire\n"
+                                  "def f(ctx):\n    return wire.pusher(ctx, 'u')\n",
+        "workbench.session": "", "workbench.remote": "", "workbench.engine": "", "workbench.wire": ""},
 }
-EXPECTED = {arrows_up: 3, second_doors: 2, privates_across_rooms: 4, shared_file_names: 1}
+EXPECTED = {arrows_up: 4, second_doors: 2, privates_across_rooms: 4, shared_file_names: 1,
+            sends_outside_the_door: 7}
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.__name__)
