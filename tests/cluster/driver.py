@@ -320,7 +320,8 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
         time.sleep(0.2)
         left = {name: netns_left(name, keep) for name, (_, keep) in cut.items()}
     out["fenced_s"] = time.monotonic() - t_up
-    out["fence_heard"] = {f"{h}:{p}": s._beacons.heard_since_fenced(h, p) for h, p in s._beacons.fenced}
+    beacons = s.rooms.beacons
+    out["fence_heard"] = {f"{h}:{p}": beacons.heard_since_fenced(h, p) for h, p in beacons.fenced}
     fencer = getattr(s.pool, "_fencer", None)
     out["fence_ssh"] = dict(fencer.fenced) if fencer is not None else {}
     out["left_on_cut_host"] = [p for pids in left.values() for p in pids]
