@@ -17,6 +17,7 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 
 import psutil
 
@@ -524,24 +525,12 @@ def scenario_allocation_env(ip, spec: dict) -> dict:
 def scenario_allocation_slurm_start(ip, spec: dict) -> dict:
     """Issue 37's first finding: ``%dist start -n 2 --launcher slurm`` from a kernel inside an allocation
     that holds every CPU of a partition that is not oversubscribed. Every job squeue shows while the start
-    runs is recorded; the start's error, if it fails, is kept (today: a second job pends behind ours)."""
-    import threading
-
+    runs is recorded; the start's error, if it fails, is kept (before part 1: a second job pended behind
+    ours)."""
     from workbench import session
 
     own = os.environ["SLURM_JOB_ID"]
-    seen: dict[str, set] = {}
-    done = threading.Event()
-
-    def watch():
-        while not done.is_set():
-            for line in squeue("-o", "%i %T %r").splitlines():
-                job, state, reason = line.split(" ", 2)
-                seen.setdefault(job, set()).add(f"{state} ({reason})")
-            done.wait(0.1)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    _, jobs_seen = jobs_watch()
     out: dict = {"own_job": own}
     t0 = time.perf_counter()
     try:
@@ -557,9 +546,91 @@ def scenario_allocation_slurm_start(ip, spec: dict) -> dict:
         pids = s.pids()
         run(ip, "%dist stop")
         out["left"] = [p for p in pids if psutil.pid_exists(p)]
-    done.set()
-    watcher.join(5)
-    out["jobs_seen"] = {job: sorted(states) for job, states in seen.items()}
+    out["jobs_seen"] = jobs_seen()
+    out["squeue_after"] = squeue("-o", "%i %T")
+    return out
+
+
+def jobs_watch() -> tuple[dict[str, set], Callable[[], dict]]:
+    """Every job squeue shows from now on, with its states (the allocation's own, and any other): returns
+    what was seen so far, and the function that stops watching and returns it as lists."""
+    import threading
+
+    seen: dict[str, set] = {}
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            for line in squeue("-o", "%i %T %r").splitlines():
+                job, state, reason = line.split(" ", 2)
+                seen.setdefault(job, set()).add(f"{state} ({reason})")
+            done.wait(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+
+    def stop() -> dict:
+        done.set()
+        watcher.join(5)
+        return {job: sorted(states) for job, states in seen.items()}
+
+    return seen, stop
+
+
+def own_steps(job: str) -> list[str]:
+    """The numbered steps of ``job`` squeue shows (not its batch or extern step): ``["12.3 n2", ...]``."""
+    lines = squeue("-s", "-j", job, "-o", "%i %N").splitlines()
+    return [line for line in lines if line.split()[0].split(".")[-1].isdigit()]
+
+
+def scenario_allocation_pool(ip, spec: dict) -> dict:
+    """Issue 37 part 1, inside an allocation: ``-n`` above the job refused with the numbers; ``-n`` below it
+    uses part of it and says so; ``%dist start`` with no launcher takes every slot of every node as steps of
+    the job (no second job at any point); status, ``workbench pools``; a killed rank back as a new step on its
+    node; scaled down and up inside the job; stopped with no step left."""
+    from workbench import session
+
+    own = os.environ["SLURM_JOB_ID"]
+    _, jobs_seen = jobs_watch()
+    out: dict = {"own_job": own}
+    out["too_many"] = cell_error(ip, f"%dist start -n {spec['too_many']}")
+    out["part"] = run(ip, f"%dist start -n {spec['part']}")
+    s = session.current()
+    out["part_ranks"] = [[r.rank, r.host] for r in s.ranks]
+    run(ip, "%dist stop")
+    t0 = time.perf_counter()
+    out["started"] = run(ip, "%dist start")
+    out["start_s"] = time.perf_counter() - t0
+    s = session.current()
+    out["steps_running"] = own_steps(own)
+    out["ranks"] = [r.__dict__ for r in s.ranks]
+    out["status"] = run(ip, "%dist status")
+    out["pools_cli"] = subprocess.run([sys.executable, "-m", "workbench.cli", "pools"], capture_output=True,
+                                      text=True, timeout=60).stdout
+    run(ip, ALL_REDUCE)
+    out["where"] = s.pull("where")
+    run(ip, STEP)
+    out["steps"] = s.pull("step")
+    victim = s.ranks[-1]
+    os.kill(victim.pid, 9)
+    out["seen_dead"] = until_dead(s, victim.rank)
+    out["restart"] = run(ip, "%dist restart")
+    out["ranks_restarted"] = [r.__dict__ for r in s.ranks]
+    run(ip, STEP)
+    out["steps_restarted"] = s.pull("step")
+    n = len(s.ranks)
+    out["scale_down"] = run(ip, f"%dist scale {n - 1}")
+    out["scale_up"] = run(ip, f"%dist scale {n}")
+    out["too_many_scale"] = cell_error(ip, f"%dist scale {n + 1}")
+    out["ranks_scaled"] = [[r.rank, r.host, r.slurm_job] for r in s.ranks]
+    run(ip, ALL_REDUCE)
+    out["sums_scaled"] = [w["sum"] for w in s.pull("where")]
+    pids = s.pids()
+    run(ip, "%dist stop")
+    until(lambda: not own_steps(own), 30, every=0.2)
+    out["steps_after_stop"] = own_steps(own)
+    out["left"] = [p for p in pids if psutil.pid_exists(p)]
+    out["jobs_seen"] = jobs_seen()
     out["squeue_after"] = squeue("-o", "%i %T")
     return out
 
@@ -568,7 +639,8 @@ SCENARIOS = {"slurm": scenario_slurm, "slurm_restart": scenario_slurm_restart,
              "slurm_replace": scenario_slurm_replace, "mpi": scenario_mpi, "ssh": scenario_ssh,
              "ssh_cut": scenario_ssh_cut, "ssh_plain": scenario_ssh_plain,
              "allocation_env": scenario_allocation_env,
-             "allocation_slurm_start": scenario_allocation_slurm_start}
+             "allocation_slurm_start": scenario_allocation_slurm_start,
+             "allocation_pool": scenario_allocation_pool}
 
 
 def main() -> None:

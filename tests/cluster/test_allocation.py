@@ -4,9 +4,10 @@ Open OnDemand and batchspawner start it, on partitions that are not oversubscrib
 - The fixture itself: a kernel inside an allocation of 1 and of 2 nodes, started by ``salloc`` on the login
   node or as the job's batch script on its first node, sees the job as those tools give it, and a step of
   that job starts on each of its nodes (``srun --jobid=J --overlap``).
-- Today's behaviour that part 1 of issue 37 changes: ``%dist start -n 2 --launcher slurm`` inside the
-  allocation submits a second job that pends behind the user's own; marked ``xfail(strict=True)`` so it
-  turns into a failure (and is then un-marked) when part 1 lands.
+- Part 1 of issue 37: the allocation is the pool. ``%dist start -n 2 --launcher slurm`` inside it queues
+  no second job (it did before: the second job pended behind the user's own; the test was an expected
+  failure until then); ``%dist start`` with no launcher takes every slot of every node as steps of the job,
+  restarts and scales inside it.
 """
 
 from __future__ import annotations
@@ -50,12 +51,11 @@ def test_a_kernel_inside_an_allocation_sees_its_job(allocation, nodes, how):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="part 1 of issue 37")
 @pytest.mark.parametrize(("nodes", "how"), [(1, "salloc"), (2, "batch")],
                          ids=["1-node-salloc", "2-node-batch"])
 def test_launcher_slurm_inside_an_allocation_queues_no_second_job(allocation, nodes, how):
-    """Wanted: the allocation is the pool, no second job at any point of the start. Today a second job
-    sits ``PENDING (Resources)`` behind the user's own, and the start fails after its timeout."""
+    """The allocation is the pool, no second job at any point of the start (before part 1 of issue 37 a
+    second job sat ``PENDING (Resources)`` behind the user's own, and the start failed after its timeout)."""
     spec = {"partition": "debug" if nodes == 2 else "one", "interface": "wb0", "timeout": 20}
     try:
         result = allocation("allocation_slurm_start", spec, nodes=nodes, how=how, timeout=200)
@@ -73,3 +73,57 @@ def test_launcher_slurm_inside_an_allocation_queues_no_second_job(allocation, no
     assert result["left"] == []
     assert result["squeue_after"].split()[:1] == [own], "nothing but the allocation is left"
 
+
+
+
+POOL_SHAPES = [(1, "salloc"), (2, "batch")]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("nodes", "how"), POOL_SHAPES, ids=[f"{n}-node-{h}" for n, h in POOL_SHAPES])
+def test_the_allocation_is_the_pool(allocation, nodes, how):
+    """Part 1 of issue 37: inside a job of 1 or 2 whole nodes (2 CPUs, so 2 tasks, each), `%dist start` with
+    no launcher starts one engine per allocated task on every node as steps of that job, ranks contiguous per
+    node in the job's node order; `-n` above the job is refused with the numbers, below it uses part of it
+    and says so; status, `workbench pools` say which job and its time left; a killed rank comes back as a
+    new step on its node; the pool scales down and back up inside the job, not past it; no second job at
+    any point, no step left after `%dist stop`."""
+    slots = 2 * nodes
+    hosts = [h for h in ("n1", "n2")[:nodes] for _ in range(2)]
+    result = allocation("allocation_pool", {"too_many": slots + 1, "part": slots - 1}, nodes=nodes, how=how,
+                        timeout=260)
+    own = result["own_job"]
+    words = f"Slurm job {own} ({nodes} node{'s' if nodes > 1 else ''}, {slots} tasks, no GPU)"
+    too_many = result["too_many"]
+    assert f"UsageError: -n {slots + 1} is more than Slurm job {own} holds: {nodes} node" in too_many
+    assert f"= {slots} ranks (one per task). Start at most {slots}" in result["too_many"]
+    assert f"{slots - 1} ranks use part of {words}: " in result["part"], result["part"]
+    assert [h for _, h in result["part_ranks"]] == hosts[:-1]
+    print(f"inside {words} ({how}): %dist start with no launcher took {result['start_s']:.1f} s")
+    assert f"inside {words} · " in result["started"] and " min left" in result["started"], result["started"]
+    # every slot of every node, as steps of the job: one step per node, ranks contiguous in node order
+    ranks = result["ranks"]
+    assert [r["host"] for r in ranks] == hosts and [r["local_rank"] for r in ranks] == [0, 1] * nodes
+    assert {r["slurm_job"] for r in ranks} == {own} and [r["slurm_node"] for r in ranks] == hosts
+    steps = {tuple(s[:2]) for s in result["steps"]}
+    assert len(steps) == nodes and all(job == own and step.isdigit() for job, step in steps), result["steps"]
+    assert sorted(line.split()[1] for line in result["steps_running"]) == sorted(set(hosts))
+    assert [w["sum"] for w in result["where"]] == [float(sum(range(1, slots + 1)))] * slots
+    assert re.search(rf"^inside {re.escape(words)} · (29|30) min left$", result["status"], re.M), \
+        result["status"]
+    assert "launcher allocation" in result["status"]
+    assert f"inside Slurm job {own}" in result["pools_cli"] and "min left" in result["pools_cli"]
+    # a killed rank: a new step of the job on its node, the others untouched
+    assert result["seen_dead"] and "restarted rank" in result["restart"], result["restart"]
+    keep = ("rank", "local_rank", "host", "slurm_job", "slurm_node")
+    assert [{k: r[k] for k in keep} for r in result["ranks_restarted"]] == [{k: r[k] for k in keep}
+                                                                          for r in ranks]
+    before, after = result["steps"], result["steps_restarted"]
+    assert after[:-1] == before[:-1] and after[-1][0] == own and after[-1][1] not in {s for _, s in steps}
+    # down by one and back up into the free slot, inside the job; past it refused with the numbers
+    assert [r[1:] for r in result["ranks_scaled"]] == [[h, own] for h in hosts]
+    assert f"is more than Slurm job {own} holds" in result["too_many_scale"]
+    assert result["sums_scaled"] == [float(sum(range(1, slots + 1)))] * slots
+    # no second job at any point, no step and no process of the pool left
+    assert result["jobs_seen"] == {own: ["RUNNING (None)"]}, result["jobs_seen"]
+    assert result["steps_after_stop"] == [] and result["left"] == []

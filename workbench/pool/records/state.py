@@ -123,6 +123,10 @@ class PoolState:
     files: list[str] = field(default_factory=list)  # ipyparallel's files a SIGKILLed controller leaves
     log: str | None = None  # the pool's log
     created: float = 0.0
+    # the Slurm job its engines run in ({job, nodes, gpus, tasks, inside}: the kernel's own allocation, or the
+    # pool's own job), and when its time limit ends it (epoch seconds; None: no job, or no limit)
+    allocation: dict | None = None
+    ends: float | None = None
     # -- the sessions' (Shared.publish)
     ranks: list[dict] = field(default_factory=list)  # RankInfo fields, one dict per rank
     backend: str | None = None
@@ -241,8 +245,8 @@ def config_of(state: PoolState) -> PoolConfig:
     >>> config_of(PoolState(n=4, config=PoolConfig(n=2, launcher="mpi", name="team-a")))
     PoolConfig(n=4, launcher='mpi', backend='auto', timeout=60.0, address='127.0.0.1', interface=None, \
 nodes=None, gpus_per_node=None, partition=None, time=None, account=None, hosts=(), idle_release=None, \
-oversubscribe=False, name='team-a', collective_timeout=None, share_gpus=False, keep=False, \
-launcher_options={})
+oversubscribe=False, name='team-a', collective_timeout=None, share_gpus=False, keep=False, new_job=False, \
+walltime_warning=None, launcher_options={})
     """
     config = state.config
     if config.engines is None and state.n:
