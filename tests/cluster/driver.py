@@ -635,12 +635,70 @@ def scenario_allocation_pool(ip, spec: dict) -> dict:
     return out
 
 
+WALLTIME_TRAIN = """%%distributed
+import time, torch
+import workbench as wb
+from torch.utils.data import TensorDataset
+torch.manual_seed(0)
+model = wb.shard(wb.MLP(wb.MLPConfig(n_layers=2)), "ddp")
+data = wb.make_loader(TensorDataset(*wb.regression_data(4096)), 8, model=model)
+saver = wb.Checkpoint(CKPT, every=100_000)  # saves only where the notebook asks it to
+trainer = wb.Trainer(model, data, optim="sgd", lr=0.05, clip=None, callbacks=[saver])
+t0 = time.time()
+while not saver.asked and time.time() - t0 < LIMIT:  # every rank sees the same asked steps: they agree
+    trainer.run(steps=1)
+    time.sleep(0.1)
+asked = [list(saver.asked), trainer.step]
+"""
+
+
+def scenario_allocation_walltime(ip, spec: dict) -> dict:
+    """Issue 37 part 2, inside an allocation with a short time limit: the pool's state, ``%dist status`` and
+    ``workbench pools`` give the time left; ``walltime_warning`` s before the end the notebook is warned once
+    and a running Trainer with a ``wb.Checkpoint`` callback saves at its next step; when Slurm ends the job
+    (its steps with it) the pool stops by itself and says so, nothing of it left (the kernel, started by
+    ``salloc`` without ``--kill-command``, outlives its job as a notebook on a login node does)."""
+    from workbench import session
+
+    own = os.environ["SLURM_JOB_ID"]
+    told: list[list] = []
+    out: dict = {"own_job": own}
+    run(ip, f"%dist start --walltime-warning {spec['warning']}")
+    s = session.current()
+    t_ready = time.time()
+
+    def notify(text: str) -> None:
+        told.append([time.time(), text])
+        print(text, flush=True)
+
+    s.notify = notify
+    out["ends"] = s.pool.state.ends
+    out["ready"] = t_ready
+    out["status"] = run(ip, "%dist status")
+    out["pools_cli"] = subprocess.run([sys.executable, "-m", "workbench.cli", "pools"], capture_output=True,
+                                      text=True, timeout=60).stdout
+    s.push({"CKPT": spec["ckpt"], "LIMIT": spec["limit"]})
+    out["train"] = run(ip, WALLTIME_TRAIN)
+    out["asked"] = s.pull("asked")
+    out["told_at_save"] = list(told)
+    pids = s.pids()
+    out["stopped_by_itself"] = until(lambda: not s.running and len(told) >= 2, spec["limit"] + 120,
+                                     every=0.2)
+    out["told"] = told
+    out["stopped_at"] = time.time()
+    out["steps_after"] = own_steps(own) if squeue("-j", own) else []
+    out["left"] = [p for p in pids if psutil.pid_exists(p)]
+    out["job_state"] = squeue("-j", own, "-o", "%T") or "gone"
+    return out
+
+
 SCENARIOS = {"slurm": scenario_slurm, "slurm_restart": scenario_slurm_restart,
              "slurm_replace": scenario_slurm_replace, "mpi": scenario_mpi, "ssh": scenario_ssh,
              "ssh_cut": scenario_ssh_cut, "ssh_plain": scenario_ssh_plain,
              "allocation_env": scenario_allocation_env,
              "allocation_slurm_start": scenario_allocation_slurm_start,
-             "allocation_pool": scenario_allocation_pool}
+             "allocation_pool": scenario_allocation_pool,
+             "allocation_walltime": scenario_allocation_walltime}
 
 
 def main() -> None:

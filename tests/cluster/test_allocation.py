@@ -127,3 +127,39 @@ def test_the_allocation_is_the_pool(allocation, nodes, how):
     # no second job at any point, no step and no process of the pool left
     assert result["jobs_seen"] == {own: ["RUNNING (None)"]}, result["jobs_seen"]
     assert result["steps_after_stop"] == [] and result["left"] == []
+
+
+@pytest.mark.timeout(300)
+def test_the_walltime_warns_checkpoints_and_ends_the_pool(allocation, workdir):
+    """Part 2 of issue 37: inside an allocation of 1 minute, with ``--walltime-warning 40``: the time left
+    in the pool's state, ``%dist status`` and ``workbench pools``; 40 s before the end the notebook is warned
+    once and the running Trainer's ``wb.Checkpoint`` (``every`` far away) saves at its next step on every
+    rank; when Slurm ends the job the pool stops by itself and says so once, no step and no process of it
+    left."""
+    ckpt = workdir / "walltime-ckpt"
+    result = allocation("allocation_walltime", {"warning": 40, "ckpt": str(ckpt), "limit": 90}, nodes=1,
+                        how="salloc", timeout=280, minutes=1)
+    own, ends, ready = result["own_job"], result["ends"], result["ready"]
+    assert ends is not None and 0 < ends - ready <= 60, result
+    words = f"inside Slurm job {own} (1 node, 2 tasks, no GPU) · "
+    assert re.search(rf"^{re.escape(words)}\d+ s left$", result["status"], re.M), result["status"]
+    assert words in result["pools_cli"], result["pools_cli"]
+    # one warning, 40 s before the end (or at once, had the start taken longer), then the checkpoint
+    [(warned_at, warning)] = result["told_at_save"]
+    assert warning.startswith(f"workbench: Slurm job {own} (1 node, 2 tasks, no GPU) ends in "), warning
+    assert "a running Trainer with a wb.Checkpoint callback saves at its next step" in warning
+    assert 0 < ends - warned_at <= 41, (ends, warned_at)
+    [(saved, step0), (saved1, step1)] = result["asked"]
+    assert saved == saved1 == [step0] and step0 == step1, result["asked"]  # the same step on every rank
+    assert (ckpt / "latest").read_text() == f"step-{step0:06d}"
+    assert f"at step {step0}, as the notebook asked (the pool's Slurm job ends soon)" in result["train"]
+    print(f"Slurm job {own}: pool ready {ends - ready:.0f} s before the end, warned {ends - warned_at:.0f} "
+          f"s before it, checkpoint at step {step0}; the pool stopped {result['stopped_at'] - ends:.0f} s "
+          "after it")
+    # the job's end: the pool stops by itself and says so, once
+    assert result["stopped_by_itself"], result["told"]
+    assert [text for _, text in result["told"]][1:] == [
+        f"workbench: Slurm job {own} (1 node, 2 tasks, no GPU) has ended (its time limit, or it was "
+        "cancelled): Slurm ended its steps and the pool was stopped; start a new allocation, then "
+        "`%dist start`."], result["told"]
+    assert result["steps_after"] == [] and result["left"] == [], result
