@@ -257,12 +257,17 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
     """Ranks on several hosts over ssh (``plain_cell``: an all_reduce cell first), an elastic run, and one
     host's link cut mid-run (``kill_host``: its engines killed instead; ``second``: another host's link cut
     once the regroup is planned); then ``%dist restart`` (unless ``restart`` is false) and the
-    links restored: the cut-off engines fence themselves."""
+    links restored: the cut-off engines fence themselves (``restart_after_up``: then ``%dist restart``
+    again). ``allocation``: the ranks are steps of the Slurm job the driver runs in, not ssh engines."""
     from workbench import PoolConfig, Session
 
-    opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"], "remote_python": spec["python"]}
-    config = PoolConfig(launcher="ssh", hosts=spec["hosts"], n=spec["n"], interface=spec["interface"],
-                        timeout=spec.get("timeout", 60), launcher_options=opts)
+    if spec.get("allocation"):  # the Slurm job this driver runs in: every slot of its nodes, as its steps
+        config = PoolConfig(launcher="allocation", interface=spec["interface"],
+                            timeout=spec.get("timeout", 60))
+    else:
+        opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"], "remote_python": spec["python"]}
+        config = PoolConfig(launcher="ssh", hosts=spec["hosts"], n=spec["n"], interface=spec["interface"],
+                            timeout=spec.get("timeout", 60), launcher_options=opts)
     t0 = time.perf_counter()
     s = Session(config).start(progress=lambda m: print(m, flush=True))
     out: dict = {"ranks": [[r.rank, r.host, r.pid] for r in s.ranks], "start_s": time.perf_counter() - t0}
@@ -327,6 +332,14 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
     out["fence_ssh"] = dict(fencer.fenced) if fencer is not None else {}
     out["left_on_cut_host"] = [p for pids in left.values() for p in pids]
     out["status_after"] = s.status()
+    if spec.get("restart_after_up"):  # the link back: the lost ranks come back where they were
+        try:
+            out["restart_up_output"] = run(ip, "%dist restart")
+            out["ranks_restarted_up"] = [[r.rank, r.host, r.pid] for r in s.ranks]
+            s.run("t = torch.ones(1)\ndist.all_reduce(t)")
+            out["all_reduce_restarted_up"] = [t.item() for t in s.pull("t")]
+        except Exception as exc:
+            out["restart_up_error"] = f"{type(exc).__name__}: {exc}"
     printed = io.StringIO()
     with contextlib.redirect_stderr(printed), contextlib.redirect_stdout(printed):
         s.stop()
@@ -652,20 +665,21 @@ asked = [list(saver.asked), trainer.step]
 """
 
 
-def scenario_allocation_walltime(ip, spec: dict) -> dict:
+def scenario_walltime(ip, spec: dict) -> dict:
     """Issue 37 part 2, inside an allocation with a short time limit: the pool's state, ``%dist status`` and
     ``workbench pools`` give the time left; ``walltime_warning`` s before the end the notebook is warned once
     and a running Trainer with a ``wb.Checkpoint`` callback saves at its next step; when Slurm ends the job
     (its steps with it) the pool stops by itself and says so, nothing of it left (the kernel, started by
-    ``salloc`` without ``--kill-command``, outlives its job as a notebook on a login node does)."""
+    ``salloc`` without ``--kill-command``, outlives its job as a notebook on a login node does). The same
+    outside an allocation for a pool's own job (``spec["start"]``: ``--launcher slurm --time 1 ...``)."""
     from workbench import session
 
-    own = os.environ["SLURM_JOB_ID"]
     told: list[list] = []
-    out: dict = {"own_job": own}
-    run(ip, f"%dist start --walltime-warning {spec['warning']}")
+    run(ip, f"%dist start --walltime-warning {spec['warning']} {spec.get('start', '')}")
     s = session.current()
     t_ready = time.time()
+    own = os.environ.get("SLURM_JOB_ID") or s.pool.jobs()[0]  # the allocation, else the pool's own job
+    out: dict = {"own_job": own}
 
     def notify(text: str) -> None:
         told.append([time.time(), text])
@@ -698,7 +712,7 @@ SCENARIOS = {"slurm": scenario_slurm, "slurm_restart": scenario_slurm_restart,
              "allocation_env": scenario_allocation_env,
              "allocation_slurm_start": scenario_allocation_slurm_start,
              "allocation_pool": scenario_allocation_pool,
-             "allocation_walltime": scenario_allocation_walltime}
+             "walltime": scenario_walltime}
 
 
 def main() -> None:

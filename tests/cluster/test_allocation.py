@@ -15,6 +15,9 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
+
+from tests.cluster import infra
 
 pytestmark = [pytest.mark.slow]
 
@@ -129,6 +132,7 @@ def test_the_allocation_is_the_pool(allocation, nodes, how):
     assert result["steps_after_stop"] == [] and result["left"] == []
 
 
+
 @pytest.mark.timeout(300)
 def test_the_walltime_warns_checkpoints_and_ends_the_pool(allocation, workdir):
     """Part 2 of issue 37: inside an allocation of 1 minute, with ``--walltime-warning 40``: the time left
@@ -137,29 +141,88 @@ def test_the_walltime_warns_checkpoints_and_ends_the_pool(allocation, workdir):
     rank; when Slurm ends the job the pool stops by itself and says so once, no step and no process of it
     left."""
     ckpt = workdir / "walltime-ckpt"
-    result = allocation("allocation_walltime", {"warning": 40, "ckpt": str(ckpt), "limit": 90}, nodes=1,
-                        how="salloc", timeout=280, minutes=1)
+    result = allocation("walltime", {"warning": 40, "ckpt": str(ckpt), "limit": 90}, nodes=1, how="salloc",
+                        timeout=280, minutes=1)
+    check_the_walltime(result, ckpt, "inside")
+
+
+@pytest.mark.timeout(300)
+def test_a_pools_own_slurm_job_has_its_walltime_watched_too(slurm_box, workdir):
+    """Part 2 of issue 37 for ``--launcher slurm --time 1`` (the pool's own job, the kernel outside Slurm):
+    the same warning, checkpoint and end of the pool as inside an allocation."""
+    box, ns = slurm_box
+    ckpt = workdir / "walltime-ckpt"
+    spec = {"warning": 40, "ckpt": str(ckpt), "limit": 90,
+            "start": "--launcher slurm -n 2 --interface lo --partition debug --time 1 --timeout 120"}
+    result = infra.run_driver(ns, "walltime", spec, timeout=280, env=box.env, workdir=workdir)
+    check_the_walltime(result, ckpt, "in")
+
+
+def check_the_walltime(result: dict, ckpt, where: str) -> None:
+    """What a pool whose Slurm job (``where``: "inside" the kernel's, "in" its own) ends within a minute
+    shows: the time left, one warning ``warning`` s before the end, the checkpoint at the same step on every
+    rank, then the pool stopped by itself with one sentence, nothing of it left."""
     own, ends, ready = result["own_job"], result["ends"], result["ready"]
     assert ends is not None and 0 < ends - ready <= 60, result
-    words = f"inside Slurm job {own} (1 node, 2 tasks, no GPU) · "
-    assert re.search(rf"^{re.escape(words)}\d+ s left$", result["status"], re.M), result["status"]
-    assert words in result["pools_cli"], result["pools_cli"]
+    job = f"Slurm job {own} (1 node, 2 tasks, no GPU)"
+    assert re.search(rf"^{where} {re.escape(job)} · \d+ s left$", result["status"], re.M), result["status"]
+    assert f"{where} {job} · " in result["pools_cli"], result["pools_cli"]
     # one warning, 40 s before the end (or at once, had the start taken longer), then the checkpoint
     [(warned_at, warning)] = result["told_at_save"]
-    assert warning.startswith(f"workbench: Slurm job {own} (1 node, 2 tasks, no GPU) ends in "), warning
+    assert warning.startswith(f"workbench: {job} ends in "), warning
     assert "a running Trainer with a wb.Checkpoint callback saves at its next step" in warning
     assert 0 < ends - warned_at <= 41, (ends, warned_at)
     [(saved, step0), (saved1, step1)] = result["asked"]
     assert saved == saved1 == [step0] and step0 == step1, result["asked"]  # the same step on every rank
     assert (ckpt / "latest").read_text() == f"step-{step0:06d}"
     assert f"at step {step0}, as the notebook asked (the pool's Slurm job ends soon)" in result["train"]
-    print(f"Slurm job {own}: pool ready {ends - ready:.0f} s before the end, warned {ends - warned_at:.0f} "
-          f"s before it, checkpoint at step {step0}; the pool stopped {result['stopped_at'] - ends:.0f} s "
-          "after it")
+    print(f"{job}: pool ready {ends - ready:.0f} s before the end, warned {ends - warned_at:.0f} s before "
+          f"it, checkpoint at step {step0}; the pool stopped {result['stopped_at'] - ends:.0f} s after it")
     # the job's end: the pool stops by itself and says so, once
     assert result["stopped_by_itself"], result["told"]
     assert [text for _, text in result["told"]][1:] == [
-        f"workbench: Slurm job {own} (1 node, 2 tasks, no GPU) has ended (its time limit, or it was "
-        "cancelled): Slurm ended its steps and the pool was stopped; start a new allocation, then "
-        "`%dist start`."], result["told"]
+        f"workbench: {job} has ended (its time limit, or it was cancelled): Slurm ended its steps and the "
+        "pool was stopped; start a new allocation, then `%dist start`."], result["told"]
     assert result["steps_after"] == [] and result["left"] == [], result
+
+
+@pytest.mark.timeout(600)
+def test_a_node_of_the_allocation_cut_off_mid_run_goes_on_then_comes_back_inside_the_job(allocation):
+    """Part 4 of issue 37: an elastic DDP run on every slot of a 2-node allocation (4 ranks, steps of the
+    job), n2's cable cut on the switch side mid-run: one fault naming n2, the run goes on on n1's ranks with
+    the parameters of a single-process run; `%dist restart` while n2's slurmd does not answer says so in one
+    sentence (n1 has no free slot); the cable back, the cut-off engines fence themselves and `%dist restart`
+    brings the ranks back as a new step of the job on n2."""
+    from tests.faults.test_elastic import check_every_sample_once, reference, setup_code
+
+    n2 = allocation.cluster.hosts["n2"][0]
+    steps = 40
+    spec = {"allocation": True, "interface": "wb0", "steps": steps, "at_step": 8, "port": "port2",
+            "setup": setup_code().replace("hang_timeout=3", "hang_timeout=30"), "wait": 150,
+            "netns": n2.name, "keep": n2.pids(), "fence_wait": 30, "restart_after_up": True}
+    result = allocation("ssh_cut", spec, nodes=2, how="salloc", timeout=560)
+    assert "cell_error" not in result, result["cell_error"]
+    assert [r[1] for r in result["ranks"]] == ["n1", "n1", "n2", "n2"]
+    outcomes = sorted((host, outcome) for _, host, outcome in result["outcomes"])
+    assert outcomes == [("n1", "ok"), ("n1", "ok"), ("n2", "lost"), ("n2", "lost")], result["outcomes"]
+    [fault] = result["faults"]
+    assert fault["first_failure"].startswith("host n2 lost: ranks 2-3"), fault["first_failure"]
+    cut_to_step = fault["time"] - result["t_cut"] + fault["recover_s"]
+    print(f"inside a 2-node allocation, n2 cut -> detected {fault['detect_s']:.2f} s -> next step "
+          f"{cut_to_step:.2f} s; cable back -> the cut-off engines gone in {result['fenced_s']:.1f} s")
+    assert "after_error" not in result, result["after_error"]
+    assert [r[1] for r in result["ranks_after"]] == ["n1", "n1"] and result["steps"] == [steps, steps]
+    check_every_sample_once(result["step_log"], steps)
+    want = reference(steps)
+    for params in result["params"]:
+        got = {k: torch.tensor(v, dtype=torch.float64) for k, v in params.items()}
+        torch.testing.assert_close(got, want)
+    assert result["all_reduce"] == [2.0, 2.0]
+    # n2 cut: no free slot on n1, one sentence; back: a new step of the job on n2
+    said = result.get("restart_error", "")
+    assert "node n2 of Slurm job " in said and "does not answer (its slurmd)" in said, result.get(
+        "restart_output", said)
+    assert result["left_on_cut_host"] == [], result["fence_heard"]
+    assert "restart_up_error" not in result, result["restart_up_error"]
+    assert [r[1] for r in result["ranks_restarted_up"]] == ["n1", "n1", "n2", "n2"]
+    assert result["all_reduce_restarted_up"] == [4.0] * 4
