@@ -19,7 +19,8 @@ from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, open_notebook
 from tests.ui.test_dashboard_browser import _run, _start_training
 
 WHERE = ("%%distributed\nimport os, socket\n"
-         "print('WHERE', rank, socket.gethostname(), os.environ.get('SLURM_JOB_ID'))")
+         "print('WHERE', rank, socket.gethostname(), os.environ.get('SLURM_JOB_ID'),\n"
+         "      os.environ.get('SLURM_STEP_ID'))")
 
 
 def squeue(*args: str) -> str:
@@ -45,7 +46,7 @@ def session(page, spec: dict, out: dict) -> None:
         _run(page, cells, i)
     out["start_cell"] = cells.nth(1).locator(".jp-OutputArea").inner_text()
     where = _run(page, cells, 3).locator(".jp-OutputArea").inner_text()
-    out["where"] = sorted(re.findall(r"WHERE (\d) (\S+) (\S+)", where))
+    out["where"] = sorted(re.findall(r"WHERE (\d) (\S+) (\S+) (\S+)", where))
 
     cell, dash = _start_training(page, cells, 4, points=20)  # the live dashboard in the cell
     expect(dash.locator(".workbench-dashboard-header")).to_contain_text("training")
