@@ -26,8 +26,8 @@ job's free slots.
 (8, 'Slurm job 12 (2 nodes, 8 GPUs)', {'n1': 4, 'n2': 2})
 >>> kw = launcher.engine_set_kwargs(4, work_dir="/tmp/x", env={}, engine_args=[], placement={"n2": 4})
 >>> " ".join(kw["mpi_cmd"])
-'srun --jobid=12 --nodelist=n2 --nodes=1 --ntasks-per-node=4 --cpus-per-task=8 --overlap --input=none \
---kill-on-bad-exit=0 --job-name=workbench-engines --gpus-per-node=4'
+'srun --jobid=12 --nodelist=n2 --nodes=1 --ntasks-per-node=4 --cpus-per-task=8 --overlap --export=ALL \
+--input=none --kill-on-bad-exit=0 --job-name=workbench-engines --gpus-per-node=4'
 """
 
 from __future__ import annotations
@@ -158,9 +158,13 @@ class SlurmAllocation(Launcher):
         if info is None:
             raise ValueError(f"node {node} is not one of {self.job.words()}: "
                              f"{', '.join(x.name for x in self.job.nodes)}.")
+        # --export=ALL: the engines' environment (the controller's connection info, the pool's tag) goes to
+        # the tasks even where the job was submitted with --export=LIST (batchspawner's SlurmSpawner), which
+        # leaves SLURM_EXPORT_ENV in the job's environment for every srun in it
         command = ["srun", f"--jobid={self.job.id}", f"--nodelist={node}", "--nodes=1",
                    f"--ntasks-per-node={k}", f"--cpus-per-task={max(1, info.cpus // k)}", "--overlap",
-                   "--input=none", "--kill-on-bad-exit=0", f"--job-name=workbench-{pool_id or 'engines'}"]
+                   "--export=ALL", "--input=none", "--kill-on-bad-exit=0",
+                   f"--job-name=workbench-{pool_id or 'engines'}"]
         return command + ([f"--gpus-per-node={info.gpus}"] if info.gpus else [])
 
     def start_engines(self, pool: Pool, n: int) -> None:
