@@ -85,6 +85,7 @@ def test_hub_spawns_the_server_as_a_slurm_job_and_the_workbench_works_there(hub_
         # no step of the pool left after %dist stop
         assert [s for s in seen["steps_after_stop"].split() if s.split(".")[-1].isdigit()] == [], \
             seen["steps_after_stop"]
+        print(f"hub: the pool's step left squeue {seen['steps_gone_s']:.1f} s after %dist stop")
         assert seen["page_errors"] == [], seen["page_errors"]
 
         # Stop My Server: the hub cancelled the job; nothing of the server or its kernel is left
