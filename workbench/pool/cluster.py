@@ -265,6 +265,9 @@ class EnginePool:
                 raise start_errors.start_error(
                     f"the controller exited while the engines were starting (it listened on {self.address})",
                     "The log has its whole output.", log=self.log_file)
+            failed = self.launcher.start_failed(self)  # e.g. a pod no node fits, in the API's words
+            if failed is not None:
+                raise failed
             dead = self._dead_engines()
             if dead:
                 raise start_errors.start_error(self.launcher.engines_exited(len(dead), self.n),
@@ -323,6 +326,11 @@ class EnginePool:
         pool: over ssh, in the background, once their hosts answer; see
         :mod:`workbench.pool.launch.fence`)."""
         self.launcher.fence(self, pids)
+
+    def lost_hosts(self) -> dict[str, str]:
+        """Hosts (a Kubernetes pool: pods) whose engines the launcher's own system says are gone, with how;
+        the health watcher asks every look (:meth:`~workbench.pool.launch.base.Launcher.lost_hosts`)."""
+        return self.launcher.lost_hosts(self)
 
     def fenced_ended(self) -> set[int]:
         """Pids of the fenced engines known ended (their host answered the ssh kill)."""
@@ -477,7 +485,8 @@ class EnginePool:
             n=self.n,
             config=self.config,  # every field: a restart elsewhere starts it as it was
             # what the lease cancels if the owner dies: engines on other nodes are not our processes
-            jobs=[{"id": job, "cancel": [*self._cancel_command(), job]} for job in self.jobs()],
+            jobs=[{"id": job, "cancel": [*self._cancel_command(), job]} for job in self.jobs()]
+            + self.launcher.lease_jobs(self.pool_id),  # a Kubernetes pool: one delete of its objects
             # engines started over ssh: what stop and the lease run to end them
             remote=[{"id": f"{el.location}:{el.pid}",
                      "cancel": [*el.ssh_cmd, *el.ssh_args, el.location, "kill", str(el.pid)]}
@@ -557,7 +566,6 @@ class EnginePool:
                 self._record()  # the launchers' latest pids, jobs and remote engines
         state, self.state, self.state_file = self.state, PoolState(), None
         self._forget_controller()
-        self.launcher.close()
         if self.cluster is not None:
             spawn.cancel(self.cluster.cluster_id)
             spawn.zygotes.pop(self.cluster.cluster_id, None)
@@ -576,12 +584,14 @@ class EnginePool:
             for proc in slow:
                 with contextlib.suppress(psutil.Error):
                     proc.kill()
+        ended = self.launcher.lease_jobs(self.pool_id)  # what its close() deletes itself (a Kubernetes pool's
+        self.launcher.close()  # objects), after the engines were told
         pool_state.state_path(self.pool_id).unlink(missing_ok=True)
         if self._lease is not None:  # before the pool's processes: with its owner alive it only watches
             self._lease.terminate()
             self._lease.wait(timeout=5)
             self._lease = None
-        reap.clean_up(replace(state, id=self.pool_id), grace)
+        reap.clean_up(replace(state, id=self.pool_id, jobs=[j for j in state.jobs if j not in ended]), grace)
         if self.zygote is not None:  # ended above with the pool's other processes
             self.zygote.close()
             self.zygote.proc.poll()

@@ -280,7 +280,7 @@ class Session:
             self.metrics = Collector(pool.channel)
         self._health = Health(pool_id=pool.pool_id, busy=self._busy, beacons=self._beacons,
                               pool_running=lambda: self._shared is None or not self._shared.gone(),
-                              endpoints=lambda: self._group.endpoints)
+                              endpoints=lambda: self._group.endpoints, lost_hosts=pool.lost_hosts)
         on_ranks = self.metrics.set_ranks if self.metrics is not None else (lambda ranks: None)
         self._shared = Shared(pool, self._group, self._health, local=self.local, role=role, on_ranks=on_ranks)
         self._recovery = Recovery(config=self.config, group=self._group, health=self._health,

@@ -205,7 +205,25 @@ class Launcher:
         agents(ranks, sig)
 
     def close(self) -> None:
-        """The pool stopped: let go of whatever this object still runs."""
+        """The pool stopped: let go of whatever this object still runs (and delete what it created that
+        :meth:`lease_jobs` names: the pool's stop leaves those commands out)."""
+
+    def lease_jobs(self, pool_id: str) -> list[dict]:
+        """What the lease runs when pool ``pool_id``'s owner dies, beside its batch jobs and remote engines:
+        ``[{"id", "cancel": argv}]`` (a Kubernetes pool: one delete of its objects)."""
+        return []
+
+    # -- what the launcher's own system says ------------------------------------------------------
+    def lost_hosts(self, pool: Pool) -> dict[str, str]:
+        """Hosts whose engines the launcher's own system says are gone, with how (``{host: how}``): the
+        health watcher counts their ranks lost at once, beside what the heartbeats say. Most launchers
+        know nothing of the kind: {}."""
+        return {}
+
+    def start_failed(self, pool: Pool) -> PoolStartError | None:
+        """The launcher's own word that a start in progress cannot succeed (a pod no node fits), as the
+        start's one error; None while it may."""
+        return None
 
     # -- a start that waits or fails ------------------------------------------------------------
     @property
