@@ -133,6 +133,7 @@ class EnginePool:
         """
         self.launcher.check_address(self.address)
         self.launcher.check_capacity(self.n)
+        self.launcher.preflight(self.n)
         if self.forks and not self._id_given:  # (a pool started again keeps its id, hence its tag)
             self.zygote = spare.take()  # started at %load_ext: torch is loaded already
             if self.zygote is not None:
@@ -302,6 +303,7 @@ class EnginePool:
         :meth:`~workbench.pool.launch.base.Launcher.where_to_start` said (an ssh pool: how many on which
         host; a Slurm pool: how many in which ``(job, node)``, each a new step)."""
         self.launcher.check_capacity(alive + n)
+        self.launcher.preflight(n)
         steps = self.launcher.start_more(self, n, hosts)
         deadline = time.monotonic() + self.timeout
         while True:
@@ -326,6 +328,12 @@ class EnginePool:
         pool: over ssh, in the background, once their hosts answer; see
         :mod:`workbench.pool.launch.fence`)."""
         self.launcher.fence(self, pids)
+
+    def host_label(self, host: str) -> str:
+        """A rank's host as tables show it: with its machine where the host is not one (``wb-1a2b-x7k2p
+        (node-3)``, a Kubernetes pod on its node)."""
+        node = (self.launcher.places(self) or self.state.places).get(host)
+        return f"{host} ({node})" if node else host
 
     def lost_hosts(self) -> dict[str, str]:
         """Hosts (a Kubernetes pool: pods) whose engines the launcher's own system says are gone, with how;
@@ -505,6 +513,7 @@ class EnginePool:
                    + [str(Path(self.cluster.profile_dir, "log", f"engines{cluster_id}.json"))]
                    if self.cluster else []),
             log=str(self.log_file) if self.log_file else None,
+            places=self.launcher.places(self),  # a Kubernetes pool: each pod's node
             created=time.time(),
             **extra,
         )

@@ -670,6 +670,7 @@ class Session:
             return []
         self._check()
         states = rank_states(self.client, {r.rank: r.engine_id for r in self.ranks}, dead=self.dead_ranks())
-        rows = [{"rank": r.rank, "host": r.host, "pid": r.pid, "device": r.device, "state": states[r.rank]}
+        rows = [{"rank": r.rank, "host": self._pool.host_label(r.host), "pid": r.pid, "device": r.device,
+                 "state": states[r.rank]}
                 for r in self.ranks]
         return rows + fenced_rows(self._group.fenced, self._beacons, self._pool.fenced_ended())

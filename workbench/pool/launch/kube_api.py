@@ -161,34 +161,56 @@ def pool_pods(api: Api, pool_id: str) -> list:
                                         _request_timeout=REQUEST_TIMEOUT_S).items
 
 
+def runs(pod) -> bool:
+    """Whether any container of ``pod`` (a client model) may still run a process: not yet known to have
+    ended, nor to have never started."""
+    if (pod.status.phase or "Pending") in ("Succeeded", "Failed"):
+        return False
+    statuses = pod.status.container_statuses or []
+    return any(s.state is not None and s.state.running is not None for s in statuses)
+
+
 def delete_pool(api: Api, pool_id: str, wait_s: float = GONE_WAIT_S) -> list[str]:
-    """Delete every object of the pool: its pods (each, ending at once) and its Secret (the parent: the
-    garbage collector deletes any pod this missed); wait up to ``wait_s`` for the pods to be gone. Returns
-    the pods still there (none, normally)."""
+    """Delete every object of the pool and wait up to ``wait_s`` for its pods to be gone; the pods still
+    there (none, normally).
+
+    A pod whose engines run is deleted with its grace period: the kubelet SIGTERMs its first process, which
+    ends the engines at once, and confirms. A pod with no process left (its engines exited, or its container
+    never started) is deleted at once (grace 0): nothing of it runs, and a kubelet that raced the deletion
+    with the container's own end (1.20 then waits for its next full sync, a minute) is not waited for. The
+    Secret goes last: it is the pods' owner, so the garbage collector deletes any pod this missed."""
     from kubernetes.client.rest import ApiException
 
+    def delete(name: str, grace: int) -> None:
+        try:
+            api.core.delete_namespaced_pod(name, api.namespace, grace_period_seconds=grace,
+                                           _request_timeout=REQUEST_TIMEOUT_S)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    graceful: set[str] = set()
+    forced: set[str] = set()
+    deadline = time.monotonic() + wait_s
     pods = pool_pods(api, pool_id)
-    for pod in pods:
-        if pod.metadata.deletion_timestamp is None:
-            try:
-                api.core.delete_namespaced_pod(pod.metadata.name, api.namespace,
-                                               grace_period_seconds=kube_specs.GRACE_S,
-                                               _request_timeout=REQUEST_TIMEOUT_S)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+    while pods and time.monotonic() < deadline:
+        for pod in pods:
+            name = pod.metadata.name
+            if not runs(pod) and name not in forced:
+                delete(name, 0)
+                forced.add(name)
+            elif name not in graceful and name not in forced:
+                delete(name, kube_specs.GRACE_S)
+                graceful.add(name)
+        time.sleep(0.2)
+        pods = pool_pods(api, pool_id)
     try:
         api.core.delete_namespaced_secret(kube_specs.secret_name(pool_id), api.namespace,
                                           propagation_policy="Background", _request_timeout=REQUEST_TIMEOUT_S)
     except ApiException as exc:
         if exc.status != 404:
             raise
-    deadline = time.monotonic() + wait_s
-    left = [p.metadata.name for p in pods]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = [p.metadata.name for p in pool_pods(api, pool_id)]
-    return left
+    return [p.metadata.name for p in pods]
 
 
 def main(argv: list[str] | None = None) -> int:

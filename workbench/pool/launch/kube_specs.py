@@ -11,7 +11,7 @@ reaches the engines as that Secret, mounted read-only (never an environment vari
 >>> pod = engine_pod(pool_id="1a2b3c4d", image="wb:1", engines=2, gpus=2, python="python3",
 ...                  engine_args=["--IPEngine.enable_nanny=False"], env={"OMP_NUM_THREADS": "1"})
 >>> pod["spec"]["containers"][0]["resources"]
-{'limits': {'nvidia.com/gpu': 2}}
+{'limits': {'nvidia.com/gpu': '2'}}
 >>> pod["spec"]["containers"][0]["command"][:4]
 ['python3', '-m', 'workbench.pool.processes.pod_main', '--engines']
 """
@@ -180,9 +180,9 @@ container has one).
                            {"name": "workbench-connection", "mountPath": MOUNT, "readOnly": True}]
     if gpus:
         resources = box.setdefault("resources", {})
-        resources.setdefault("limits", {})[GPU] = gpus
+        resources.setdefault("limits", {})[GPU] = str(gpus)  # a quantity: the API's JSON has it a string
         if GPU in (resources.get("requests") or {}):
-            resources["requests"][GPU] = gpus
+            resources["requests"][GPU] = str(gpus)
     spec["volumes"] = [*(spec.get("volumes") or []),
                        {"name": "workbench-connection",
                         "secret": {"secretName": secret_name(pool_id), "defaultMode": 0o400}}]

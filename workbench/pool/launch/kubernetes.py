@@ -308,9 +308,8 @@ class Kubernetes(Launcher):
         return api_for(self.config.namespace, options.get("kubeconfig"), options.get("context"))
 
     def check_capacity(self, n: int) -> None:
-        """Before anything starts: the pod template readable, the image named, the engines filling whole pods,
-        this user allowed every verb the launcher needs (:func:`kube_api.check_permissions`), and in pods
-        that run already, enough of them."""
+        """Before anything starts: the pod template readable, the image named, the engines filling whole
+        pods (no cluster asked: the panel's start request checks this too)."""
         if n % self.per_pod:
             raise ValueError(f"-n {n} does not fill pods of {self.per_pod} engines (one per GPU of "
                              f"--gpus-per-pod {self.per_pod}): give a multiple of {self.per_pod}.")
@@ -319,6 +318,10 @@ class Kubernetes(Launcher):
             # a ValueError names what is missing
             kube_specs.engine_pod(pool_id="check", image=self.config.image, engines=1, gpus=0,
                                   python="python3", engine_args=[], env={}, template=template)
+
+    def preflight(self, n: int) -> None:
+        """This user may do every verb the launcher needs in the namespace (asked of the API server:
+        :func:`kube_api.check_permissions`), and in pods that run already there is room for ``n`` more."""
         api = self.api
         kube_api.check_permissions(api, "attach" if self.config.pods is not None else "create")
         if self.config.pods is not None:
@@ -396,6 +399,14 @@ class Kubernetes(Launcher):
         _, lost = self.watch(pool.pool_id).snapshot()
         return {name: f"lost: {how}" for name, how in lost.items()}
 
+    def places(self, pool: Pool) -> dict[str, str]:
+        """Each pod of the pool with its node, as the API says (``{pod: node}``)."""
+        if self._closed:
+            return {}
+        pods, _ = self.watch(pool.pool_id).snapshot()
+        return {name: pod["spec"]["nodeName"] for name, pod in pods.items()
+                if (pod.get("spec") or {}).get("nodeName")}
+
     def start_failed(self, pool: Pool) -> PoolStartError | None:
         """A pod that will not start, or ended while the engines were starting, in the API's words."""
         pods, lost = self.watch(pool.pool_id).snapshot()
@@ -403,7 +414,7 @@ class Kubernetes(Launcher):
             blocked = blocked_how(pod)
             if blocked:
                 what, todo = blocked
-                return start_error(what, todo, log=pool.log_file, output="")
+                return start_error(what.rstrip("."), todo, log=pool.log_file, output="")
         for name, how in lost.items():
             said = self._pod_output(name, pool.log_file)
             return start_error(f"{how.replace('its pod', 'pod', 1)} while the engines were starting",
@@ -488,7 +499,7 @@ class Kubernetes(Launcher):
 
     def explain(self, exc: BaseException, log: Path | None) -> PoolStartError | None:
         if isinstance(exc, KubernetesRefused):
-            return start_error(str(exc), exc.todo_text, log=log, output="")
+            return start_error(str(exc).rstrip("."), exc.todo_text, log=log, output="")
         status = getattr(exc, "status", None)
         if status is not None and getattr(exc, "body", None) is not None:
             return start_error(f"Kubernetes refused: {kube_api.reason(exc)}",

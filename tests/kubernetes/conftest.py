@@ -1,0 +1,122 @@
+"""The Kubernetes tier: a real two-node cluster on this machine (:mod:`tests.kubernetes.cluster`), once per
+test session, taken down after it leaving nothing (its processes, mounts, bridge, files outside its folder).
+
+``.ci/run`` builds the cluster's binaries (``tests/kubernetes/cluster/build.sh``); where they are missing
+(or this is not root) the tier is skipped with the reason. Pools start as the user ``wb-tester``, whom the
+test namespace grants exactly the Role of ``docs/kubernetes-role.yaml``. After each test the namespace holds
+no object of a pool and no process of its pods runs (checked, then cleaned so the next test starts clean).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import until
+from tests.kubernetes import cluster as kc
+
+pytestmark = [pytest.mark.slow]
+
+
+@pytest.fixture(scope="session")
+def kube():
+    reason = kc.why_not()
+    if reason:
+        pytest.skip(reason)
+    c = kc.KubeCluster()
+    c.up()
+    try:
+        yield c
+    finally:
+        c.down()
+    assert not c.run.exists(), f"{c.run} left behind"
+    assert kc.BRIDGE not in {i for i in psutil.net_if_addrs()}, "the bridge was left behind"
+
+
+def pod_processes() -> list[psutil.Process]:
+    """The pods' engine processes on this machine (their command line names the pod's supervisor)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "workbench.pool.processes.pod_main" in cmd or "workbench.pool.processes.engine_main" in cmd:
+            found.append(p)
+    return found
+
+
+@pytest.fixture
+def namespace_left_clean(kube):
+    """Fails a test that leaves an object of a pool in the namespace, or a process of its pods running."""
+    before = {p.pid for p in pod_processes()}
+    yield kube
+    left = kube.objects()
+    procs = [p for p in pod_processes() if p.pid not in before]
+    for name in left:  # clean, so the next test starts with an empty namespace
+        kind, _, obj = name.partition("/")
+        kube.api_send("DELETE", f"/api/v1/namespaces/{kc.NAMESPACE}/{kind}s/{obj}?gracePeriodSeconds=0")
+    until(lambda: not kube.objects(), 30)
+    assert left == [], f"left in namespace {kc.NAMESPACE}: {left}"
+    assert until(lambda: not [p for p in pod_processes() if p.pid not in before], 30), (
+        f"pod processes still running: {[p.pid for p in procs]}"
+    )
+
+
+def pod_template(path: Path, *, memory: str | None = None, extra: dict | None = None) -> Path:
+    """A pod template that runs this tree: the local image, the host's /usr, this interpreter's prefix and
+    the repository mounted read-only at their own paths; a small CPU request spreads pods over the nodes."""
+    mounts, volumes = [], []
+    for i, where in enumerate(sorted({"/usr", sys.base_prefix, sys.prefix, str(kc.REPO)})):
+        volumes.append({"name": f"host{i}", "hostPath": {"path": where, "type": "Directory"}})
+        mounts.append({"name": f"host{i}", "mountPath": where, "readOnly": True})
+    resources = {"requests": {"cpu": "100m"}}
+    if memory:
+        resources["limits"] = {"memory": memory}
+    template = {
+        "kind": "Pod",
+        "metadata": {"labels": {"team": "tests"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "engine",
+                    "image": kc.IMAGE,
+                    "imagePullPolicy": "Never",
+                    "volumeMounts": mounts,
+                    "resources": resources,
+                }
+            ],
+            "volumes": volumes,
+            **(extra or {}),
+        },
+    }
+    path.write_text(json.dumps(template))
+    return path
+
+
+def config(tmp_path: Path, kube, n: int = 2, **changes):
+    """A Kubernetes pool's config for the test cluster, as the tester."""
+    from workbench.config import PoolConfig
+
+    options = {
+        "python": sys.executable,
+        "kubeconfig": str(kube.tester_kubeconfig),
+        **changes.pop("launcher_options", {}),
+    }
+    base = dict(
+        launcher="kubernetes",
+        n=n,
+        interface=kc.BRIDGE,
+        namespace=kc.NAMESPACE,
+        timeout=180,
+        pod_template=str(pod_template(tmp_path / "pod.json")),
+        launcher_options=options,
+    )
+    return PoolConfig(**{**base, **changes})
+
+
+def timed(what: str):
+    t0 = time.perf_counter()
+    return lambda: print(f"{what}: {time.perf_counter() - t0:.1f} s", flush=True)
