@@ -310,6 +310,10 @@ class EnginePool:
             new = sorted(set(self.client.ids) - known_ids)
             if len(new) >= n:
                 return new[:n]
+            failed = self.launcher.start_failed(self)  # e.g. no node fits the new pod
+            if failed is not None and len(new) < n:  # the pool runs on: only what failed is said
+                raise PoolStartError(f"{failed.what.rstrip(':.')}. "
+                                     f"{failed.todo.replace(start_errors.STOPPED, '').strip()}")
             ended = [el for el in steps if el.state == "after"]
             if len(ended) > len(new):  # srun refused or its step ended: it said why in the log
                 raise PoolStartError(self.launcher.steps_ended(len(ended), self.log_file))

@@ -13,7 +13,7 @@ the API's JSON. Two readings of it, pure functions of one pod (tested without a 
 >>> pod = {"metadata": {"name": "wb-1a-x"}, "spec": {"nodeName": "n1"},
 ...        "status": {"phase": "Failed", "reason": "Evicted", "message": "The node was low on memory."}}
 >>> lost_how(pod)
-'its pod wb-1a-x was evicted by node n1: The node was low on memory.'
+'ended: its pod was evicted by node n1: The node was low on memory.'
 """
 
 from __future__ import annotations
@@ -40,45 +40,46 @@ def _condition(pod: dict, kind: str) -> dict:
 
 
 def lost_how(pod: dict) -> str | None:
-    """How a pod's engines were lost, in words, or None while it runs (or has not started).
+    """How a pod's engines were lost, in words that follow "rank 3 ", or None while it runs (or has not
+    started). The pod is the ranks' host: it is named beside these words.
 
     >>> running = {"state": {"running": {}}, "ready": True}
     >>> base = {"metadata": {"name": "p"}, "spec": {"nodeName": "n1"}}
     >>> lost_how({**base, "metadata": {"name": "p", "deletionTimestamp": "2026-12-04T21:00:00Z"}})
-    'its pod p was deleted'
+    'ended: its pod was deleted'
     >>> lost_how({**base, "status": {"phase": "Failed", "containerStatuses": [
     ...     {"state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}})
-    'its pod p was OOM-killed (it went over its memory limit)'
+    'ended: its pod was OOM-killed (it went over its memory limit)'
     >>> lost_how({**base, "status": {"phase": "Running", "containerStatuses": [running],
     ...                              "conditions": [{"type": "Ready", "status": "False"}]}})
-    'its pod p is on node n1, which is NotReady (its kubelet stopped reporting)'
+    'cut off: its node n1 is NotReady (its kubelet stopped reporting)'
     >>> lost_how({**base, "status": {"phase": "Running", "containerStatuses": [running],
     ...                              "conditions": [{"type": "Ready", "status": "True"}]}}) is None
     True
     """
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    name, node = meta.get("name"), (pod.get("spec") or {}).get("nodeName")
+    node = (pod.get("spec") or {}).get("nodeName")
     if meta.get("deletionTimestamp"):
-        return f"its pod {name} was deleted"
+        return "ended: its pod was deleted"
     phase = status.get("phase")
     if phase == "Failed":
         if status.get("reason") == "Evicted":
             said = (status.get("message") or "").strip()
-            return f"its pod {name} was evicted by node {node}" + (f": {said}" if said else "")
+            return f"ended: its pod was evicted by node {node}" + (f": {said}" if said else "")
         ended = [s["state"]["terminated"] for s in _statuses(pod) if (s.get("state") or {}).get("terminated")]
         if any(t.get("reason") == "OOMKilled" for t in ended):
-            return f"its pod {name} was OOM-killed (it went over its memory limit)"
+            return "ended: its pod was OOM-killed (it went over its memory limit)"
         said = ended[0] if ended else {}
         why = said.get("reason") or status.get("reason") or "Error"
-        return f"its pod {name} failed ({why}, exit code {said.get('exitCode', '?')})"
+        return f"ended: its pod failed ({why}, exit code {said.get('exitCode', '?')})"
     if phase == "Succeeded":
-        return f"its pod {name} ended (its engines exited)"
+        return "ended: its pod's engines exited"
     if phase == "Running" and _condition(pod, "Ready").get("status") == "False":
         statuses = _statuses(pod)
         # the node lifecycle controller marks the pods of a node that stopped reporting not ready, and
         # leaves the containers as the kubelet last reported them: running and ready
         if statuses and all(s.get("ready") and "running" in (s.get("state") or {}) for s in statuses):
-            return f"its pod {name} is on node {node}, which is NotReady (its kubelet stopped reporting)"
+            return f"cut off: its node {node} is NotReady (its kubelet stopped reporting)"
     return None
 
 
@@ -144,7 +145,7 @@ class PodWatch:
         with self._changed:
             if kind == "DELETED":
                 self.pods.pop(name, None)
-                how = lost_how(pod) or f"its pod {name} was deleted"
+                how = lost_how(pod) or "ended: its pod was deleted"
             else:
                 self.pods[name] = pod
                 how = lost_how(pod)

@@ -41,7 +41,7 @@ from traitlets import Any, Dict, Integer, List, Unicode
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
 from workbench.pool.launch import kube_api, kube_specs, spawn
-from workbench.pool.launch.base import Launcher, Pool
+from workbench.pool.launch.base import Launcher, Pool, go_on, ranks_left
 from workbench.pool.launch.kube_watch import PodWatch, blocked_how
 from workbench.pool.launch.start_errors import start_error
 
@@ -397,7 +397,7 @@ class Kubernetes(Launcher):
         if self._closed:
             return {}
         _, lost = self.watch(pool.pool_id).snapshot()
-        return {name: f"lost: {how}" for name, how in lost.items()}
+        return lost
 
     def places(self, pool: Pool) -> dict[str, str]:
         """Each pod of the pool with its node, as the API says (``{pod: node}``)."""
@@ -408,8 +408,13 @@ class Kubernetes(Launcher):
                 if (pod.get("spec") or {}).get("nodeName")}
 
     def start_failed(self, pool: Pool) -> PoolStartError | None:
-        """A pod that will not start, or ended while the engines were starting, in the API's words."""
+        """A pod of the latest start (the pool's first, or a replacement's) that will not start, or that ended
+        while its engines were starting, in the API's words."""
+        sets = pool.engine_sets()
+        starting = set(getattr(sets[-1], "pods", ())) if sets else set()
         pods, lost = self.watch(pool.pool_id).snapshot()
+        pods = {name: pod for name, pod in pods.items() if name in starting}
+        lost = {name: how for name, how in lost.items() if name in starting}
         for pod in pods.values():
             blocked = blocked_how(pod)
             if blocked:
@@ -417,7 +422,10 @@ class Kubernetes(Launcher):
                 return start_error(what.rstrip("."), todo, log=pool.log_file, output="")
         for name, how in lost.items():
             said = self._pod_output(name, pool.log_file)
-            return start_error(f"{how.replace('its pod', 'pod', 1)} while the engines were starting",
+            said_how = how.split(": ", 1)[-1]
+            said_how = said_how.replace("its pod", f"pod {name}", 1) if "its pod" in said_how \
+                else f"pod {name}: {said_how}"
+            return start_error(f"{said_how} while the engines were starting",
                                "Its output is above; the log has the pods' output.", log=pool.log_file,
                                output=said)
         return None
@@ -453,8 +461,13 @@ class Kubernetes(Launcher):
 
     # -- replacements, fencing --------------------------------------------------------------------
     def where_to_start(self, pool: Pool | None, lost: list, ranks: list,
-                       progress: Callable[[str], None]) -> dict | None:
-        return None  # new pods, wherever the scheduler puts them
+                       progress: Callable[[str], None]) -> dict[str, int]:
+        """New pods for the lost ranks, wherever the scheduler puts them (``{"new pods": n}``): each rank
+        moves to a host of its own, its new pod."""
+        if self.config.pods is not None and not self._free_pods():
+            raise ValueError(f"no running pod chosen by --pods {self.config.pods} has room for the lost "
+                             f"ranks' engines: {go_on(ranks_left(lost, ranks))}")
+        return {"new pods": len(lost)}
 
     def fence(self, pool: Pool, pids: list[int]) -> None:
         """Delete the pods the API saw lost that are still there (a pod on a NotReady node: its engines may
