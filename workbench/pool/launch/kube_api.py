@@ -14,7 +14,7 @@ pods/log get
 secrets create delete
 >>> for resource, verbs in NEEDS["attach"].items(): print(resource, " ".join(verbs))
 pods get list watch
-pods/exec create
+pods/exec create get
 
 Run as ``python -m workbench.pool.launch.kube_api delete --namespace NS --pool ID [--kubeconfig F]
 [--context C]`` (the lease does, when the kernel that owned a pool died).
@@ -35,7 +35,8 @@ from workbench.pool.launch import kube_specs
 NEEDS: dict[str, dict[str, tuple[str, ...]]] = {
     "create": {"pods": ("create", "get", "list", "watch", "delete"), "pods/log": ("get",),
                "secrets": ("create", "delete")},
-    "attach": {"pods": ("get", "list", "watch"), "pods/exec": ("create",)},
+    # exec over a websocket (the client's stream) is a GET of pods/exec, over SPDY (kubectl) a POST
+    "attach": {"pods": ("get", "list", "watch"), "pods/exec": ("create", "get")},
 }
 IN_CLUSTER_NS = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 REQUEST_TIMEOUT_S = 10  # one API request; a watch has its own
@@ -125,6 +126,11 @@ def reason(exc: BaseException) -> str:
             pass
     status = getattr(exc, "status", None)
     said = getattr(exc, "reason", None) or str(exc)
+    if isinstance(said, str) and '"message":' in said:  # a refused websocket: the Status is in the reason
+        try:
+            return str(json.loads(said[said.index("{\"kind\""):].split(" -+-+- ")[0])["message"])
+        except (ValueError, KeyError):
+            pass
     return f"{status} {said}".strip() if status else str(said)
 
 

@@ -44,6 +44,7 @@ from workbench.pool.launch import kube_api, kube_specs, spawn
 from workbench.pool.launch.base import Launcher, Pool, go_on, ranks_left
 from workbench.pool.launch.kube_watch import PodWatch, blocked_how
 from workbench.pool.launch.start_errors import start_error
+from workbench.pool.processes.reap import MARKER
 
 # the pool's Secret as created (its uid), by (namespace, pool id): every engine set of the pool names it
 _parents: dict[tuple[str, str], dict] = {}
@@ -104,8 +105,10 @@ class KubernetesEngineSetLauncher(EngineLauncher):
             return json.load(f)
 
     def _env(self) -> dict[str, str]:
-        """What the engines' environment gets: the pool's, without this machine's ipyparallel paths."""
-        return {k: v for k, v in self.get_env().items() if not k.startswith("IPP_")}
+        """What the engines' environment gets: the pool's, without this machine's ipyparallel paths and
+        without the tag that marks the pool's processes on this machine (a pod's are ended through the API,
+        and on a test cluster on this very machine the tag would let a stop kill them by hand)."""
+        return {k: v for k, v in self.get_env().items() if not k.startswith("IPP_") and k != MARKER}
 
     def start(self, n: int):
         connection = self._connection()
@@ -513,8 +516,7 @@ class Kubernetes(Launcher):
     def explain(self, exc: BaseException, log: Path | None) -> PoolStartError | None:
         if isinstance(exc, KubernetesRefused):
             return start_error(str(exc).rstrip("."), exc.todo_text, log=log, output="")
-        status = getattr(exc, "status", None)
-        if status is not None and getattr(exc, "body", None) is not None:
+        if type(exc).__name__ == "ApiException":  # the client's; refused requests and websockets alike
             return start_error(f"Kubernetes refused: {kube_api.reason(exc)}",
                                refusal_todo(exc, self.api.namespace), log=log, output="")
         return None
