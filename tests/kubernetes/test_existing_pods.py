@@ -21,8 +21,10 @@ from tests.kubernetes import cluster as kc
 from tests.kubernetes.conftest import config, pod_processes
 from workbench import Session
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.filterwarnings("ignore::workbench.pool.machine.netif.UnauthenticatedNetworkWarning")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::workbench.pool.machine.netif.UnauthenticatedNetworkWarning"),
+]
 
 SLEEPER = "import signal, sys, time; signal.signal(15, lambda *a: sys.exit(0)); time.sleep(3600)"
 
@@ -32,11 +34,15 @@ def trainer_pods(kube, tmp_path, label: str, n: int) -> list[str]:
     template = json.loads((tmp_path / "pod.json").read_text())
     names = []
     for i in range(n):
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": f"{label}-{i}", "labels": {"role": label}},
-               "spec": {**template["spec"], "restartPolicy": "Never", "terminationGracePeriodSeconds": 1}}
-        pod["spec"]["containers"] = [{**template["spec"]["containers"][0], "name": "main",
-                                      "command": [sys.executable, "-c", SLEEPER]}]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{label}-{i}", "labels": {"role": label}},
+            "spec": {**template["spec"], "restartPolicy": "Never", "terminationGracePeriodSeconds": 1},
+        }
+        pod["spec"]["containers"] = [
+            {**template["spec"]["containers"][0], "name": "main", "command": [sys.executable, "-c", SLEEPER]}
+        ]
         kube.api_send("POST", f"/api/v1/namespaces/{kc.NAMESPACE}/pods", pod)
         names.append(pod["metadata"]["name"])
 
@@ -99,8 +105,13 @@ def test_a_killed_kernel_ends_its_engines_in_the_pods(namespace_left_clean, tmp_
     try:
         cfg = config(tmp_path, kube, n=1, pod_template=None, pods=f"role={label}").to_dict()
         code = textwrap.dedent(DRIVER).format(cfg=repr(cfg))
-        kernel = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                                  cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": str(kc.REPO)})
+        kernel = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=str(tmp_path),
+            env={**os.environ, "PYTHONPATH": str(kc.REPO)},
+        )
         assert kernel.stdout.readline().startswith("READY")
         assert pod_processes()
         kernel.send_signal(signal.SIGKILL)
@@ -108,8 +119,10 @@ def test_a_killed_kernel_ends_its_engines_in_the_pods(namespace_left_clean, tmp_
         t0 = time.perf_counter()
         # its exec stream closed with it: the engine in the pod saw its stdin end
         assert until(lambda: not pod_processes(), 30), [p.pid for p in pod_processes()]
-        print(f"kubernetes: kernel SIGKILLed -> engines in running pods ended in "
-              f"{time.perf_counter() - t0:.1f} s")
+        print(
+            f"kubernetes: kernel SIGKILLed -> engines in running pods ended in "
+            f"{time.perf_counter() - t0:.1f} s"
+        )
     finally:
         if kernel is not None and kernel.poll() is None:
             kernel.kill()

@@ -25,14 +25,19 @@ from tests.kubernetes.conftest import config, pod_template
 from workbench import Session
 from workbench.errors import WorkbenchError
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.filterwarnings("ignore::workbench.pool.machine.netif.UnauthenticatedNetworkWarning")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::workbench.pool.machine.netif.UnauthenticatedNetworkWarning"),
+]
 
 
 def pods_of(kube, pool_id: str) -> dict[str, dict]:
     items = kube.api_get(f"/api/v1/namespaces/{kc.NAMESPACE}/pods")["items"]
-    return {p["metadata"]["name"]: p for p in items
-            if p["metadata"]["labels"].get("distributed-workbench/pool") == pool_id}
+    return {
+        p["metadata"]["name"]: p
+        for p in items
+        if p["metadata"]["labels"].get("distributed-workbench/pool") == pool_id
+    }
 
 
 @pytest.mark.timeout(420)
@@ -49,14 +54,17 @@ def test_a_pod_deleted_mid_run_is_named_from_the_api_and_a_new_pod_joins(namespa
         t_delete = time.time()
         kube.api_send("DELETE", f"/api/v1/namespaces/{kc.NAMESPACE}/pods/{pod}")
         result = handle.wait(300)
-        assert sorted(r.outcome for r in result.ranks) == ["lost"] + ["ok"] * 3, \
-            [(r.rank.rank, r.outcome, r.stderr[-300:]) for r in result.ranks]
+        assert sorted(r.outcome for r in result.ranks) == ["lost"] + ["ok"] * 3, [
+            (r.rank.rank, r.outcome, r.stderr[-300:]) for r in result.ranks
+        ]
         fault = next(f for f in s.faults if f.kind == "died")
         # named from the API's watch: the heartbeats would say "exited" or "sent no heartbeat"
         said = f"host {pod} lost: rank {victim}, ended: its pod was deleted after step"
         assert said in fault.first_failure, fault.first_failure
-        print(f"kubernetes: pod deleted -> fault named {fault.time - t_delete:.2f} s -> next elastic step "
-              f"{fault.time - t_delete + fault.recover_s:.2f} s")
+        print(
+            f"kubernetes: pod deleted -> fault named {fault.time - t_delete:.2f} s -> next elastic step "
+            f"{fault.time - t_delete + fault.recover_s:.2f} s"
+        )
         assert fault.recover_s is not None
         # the replacement: a new pod, which joined the run at a step boundary
         assert s.world_size == 3 and pod not in {r.host for r in s.ranks}
@@ -128,8 +136,12 @@ def test_scale_adds_and_removes_pods_and_idle_release_empties_the_namespace(name
         assert [t.item() for t in s.pull("t")] == [3.0] * 3
         gone = s.ranks[2].host
         assert len(s.scale(2)) == 2
-        assert until(lambda: pods_of(kube, s.pool_id).get(gone, {}).get("status", {}).get("phase")
-                     in (None, "Succeeded"), 30)
+        assert until(
+            lambda: (
+                pods_of(kube, s.pool_id).get(gone, {}).get("status", {}).get("phase") in (None, "Succeeded")
+            ),
+            30,
+        )
         # no cell for idle_release seconds: the pool stops itself and its objects go
         assert until(lambda: not s.running, 90), "idle release did not stop the pool"
         assert until(lambda: kube.objects() == [], 30), kube.objects()

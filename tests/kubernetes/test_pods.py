@@ -25,8 +25,10 @@ from workbench import Session
 from workbench.errors import PoolStartError
 
 # the pod network is a private bridge: that the pool listens beyond loopback is said once, not an error here
-pytestmark = [pytest.mark.slow,
-              pytest.mark.filterwarnings("ignore::workbench.pool.machine.netif.UnauthenticatedNetworkWarning")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::workbench.pool.machine.netif.UnauthenticatedNetworkWarning"),
+]
 FAIL_WITHIN_S = 20.0  # a start that cannot work says so within this (the issue: "within seconds")
 
 

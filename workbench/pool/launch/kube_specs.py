@@ -208,3 +208,46 @@ def pods_for(n: int, per_pod: int) -> list[int]:
     """
     full, rest = divmod(n, per_pod)
     return [per_pod] * full + ([rest] if rest else [])
+
+
+def unknown_fields(sent: Any, kept: Any, path: str = "") -> list[str]:
+    """The paths in ``sent`` that ``kept`` (the same object after the API's models read it) lost: fields the
+    API does not have, e.g. a misspelt key of a pod template.
+
+    >>> unknown_fields({"spec": {"restartPolcy": "Never", "containers": [{"name": "a"}]}},
+    ...                {"spec": {"containers": [{"name": "a"}]}})
+    ['spec.restartPolcy']
+    """
+    if isinstance(sent, dict) and isinstance(kept, dict):
+        lost = []
+        for key, value in sent.items():
+            where = f"{path}.{key}" if path else key
+            if key not in kept:
+                lost.append(where)
+            else:
+                lost += unknown_fields(value, kept[key], where)
+        return lost
+    if isinstance(sent, list) and isinstance(kept, list):
+        pairs = enumerate(zip(sent, kept, strict=False))
+        return [w for i, (a, b) in pairs for w in unknown_fields(a, b, f"{path}[{i}]")]
+    return []
+
+
+def check(pod: dict) -> None:
+    """``pod`` as the API's own models read it (the official client's): a ValueError naming a field of the
+    wrong type or one the API does not have, before anything is sent."""
+    try:
+        from kubernetes.client import ApiClient, V1Pod
+    except ImportError:
+        raise ValueError("--launcher kubernetes needs the official Kubernetes client: pip install "
+                         "'distributed-workbench[kubernetes]' (or kubernetes==37.0.2).") from None
+    try:
+        kept = ApiClient().sanitize_for_serialization(V1Pod.from_dict(pod))
+    except Exception as exc:  # pydantic's ValidationError names the field and what it takes
+        first = str(exc).strip().splitlines()
+        raise ValueError(f"the engine pod is not a valid Pod: {' '.join(first[1:3]) or first[0]} (check the "
+                         "pod template).") from None
+    lost = unknown_fields(pod, kept)
+    if lost:
+        raise ValueError(f"the engine pod has fields a Pod does not have: {', '.join(lost)} (check the pod "
+                         "template).")

@@ -319,8 +319,11 @@ class Kubernetes(Launcher):
         if self.config.pods is None:
             template = kube_specs.read_template(self.config.pod_template)
             # a ValueError names what is missing
-            kube_specs.engine_pod(pool_id="check", image=self.config.image, engines=1, gpus=0,
-                                  python="python3", engine_args=[], env={}, template=template)
+            gpus = 1 if self.config.gpus_per_pod else 0
+            kube_specs.check(kube_specs.engine_pod(pool_id="check", image=self.config.image, engines=1,
+                                                   gpus=gpus, python="python3", engine_args=[], env={},
+                                                   template=template,
+                                                   node_selector=dict(self.config.node_selector)))
 
     def preflight(self, n: int) -> None:
         """This user may do every verb the launcher needs in the namespace (asked of the API server:
