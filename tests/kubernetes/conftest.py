@@ -25,9 +25,10 @@ pytestmark = [pytest.mark.slow]
 
 @pytest.fixture(scope="session")
 def kube():
-    reason = kc.why_not()
+    reason = kc.why_not(built=False)
     if reason:
         pytest.skip(reason)
+    kc.build()  # seconds when the binaries are cached; waits for .ci/run's background build, if running
     c = kc.KubeCluster()
     c.up()
     try:

@@ -25,6 +25,9 @@ T0=$(date +%s)
 log() { echo "[k8s-build +$(( $(date +%s) - T0 ))s] $*"; }
 [ "$(id -u)" = 0 ] || { echo "build.sh needs root (apt-get, and the cluster runs as root)" >&2; exit 1; }
 mkdir -p "$ROOT/bin" "$ROOT/gocache"
+# one build at a time: .ci/run starts one in the background and the test fixture's call waits for it here
+exec 9>"$ROOT/.build.lock"
+flock 9
 
 # ---- 1. Debian packages: the build's and the running cluster's
 PKGS="golang-go etcd-server etcd-client containerd runc containernetworking-plugins
