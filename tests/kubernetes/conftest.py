@@ -36,6 +36,12 @@ def kube():
     finally:
         c.down()
     assert not c.run.exists(), f"{c.run} left behind"
+    left = [
+        p.pid for p in psutil.process_iter(["cmdline"]) if str(c.run) in " ".join(p.info["cmdline"] or [])
+    ]
+    assert left == [], f"processes of the cluster left running: {left}"
+    mounts = [ln.split()[4] for ln in open("/proc/self/mountinfo") if ln.split()[4].startswith(str(c.run))]
+    assert mounts == [], f"left mounted: {mounts}"
     assert kc.BRIDGE not in {i for i in psutil.net_if_addrs()}, "the bridge was left behind"
 
 
