@@ -9,7 +9,10 @@ no object of a pool and no process of its pods runs (checked, then cleaned so th
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -127,3 +130,36 @@ def config(tmp_path: Path, kube, n: int = 2, **changes):
 def timed(what: str):
     t0 = time.perf_counter()
     return lambda: print(f"{what}: {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+KERNEL = """
+import time
+from workbench import Session
+from workbench.config import PoolConfig
+s = Session(PoolConfig.from_dict({cfg!r})).start()
+print("READY", s.pool_id, flush=True)
+time.sleep(600)
+"""
+
+
+@contextlib.contextmanager
+def kernel_with_pool(cfg, cwd: Path):
+    """A process standing for a notebook's kernel, holding a pool started with ``cfg``: yields
+    ``(process, pool id)`` once the pool is up; the process is killed after the block if still alive."""
+    code = KERNEL.format(cfg=json.loads(json.dumps(cfg.to_dict())))
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(cwd),
+        env={**os.environ, "PYTHONPATH": str(kc.REPO)},
+    )
+    try:
+        line = kernel.stdout.readline()
+        assert line.startswith("READY"), line
+        yield kernel, line.split()[1]
+    finally:
+        if kernel.poll() is None:
+            kernel.kill()
+        kernel.wait(10)
+        kernel.stdout.close()

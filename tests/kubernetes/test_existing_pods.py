@@ -6,19 +6,16 @@ the selector chooses, over ``exec``, the connection file on its stdin. The pool 
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import signal
-import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 
 from tests.conftest import until
 from tests.kubernetes import cluster as kc
-from tests.kubernetes.conftest import config, pod_processes
+from tests.kubernetes.conftest import config, kernel_with_pool, pod_processes
 from workbench import Session
 
 pytestmark = [
@@ -85,46 +82,24 @@ def test_engines_start_in_pods_chosen_by_label_and_stop_leaves_them_running(name
         delete_pods(kube, names)
 
 
-DRIVER = """
-import time
-from workbench import Session
-from workbench.config import PoolConfig
-s = Session(PoolConfig.from_dict({cfg})).start()
-print("READY", flush=True)
-time.sleep(600)
-"""
-
-
 @pytest.mark.timeout(300)
 def test_a_killed_kernel_ends_its_engines_in_the_pods(namespace_left_clean, tmp_path):
     kube = namespace_left_clean
     label = f"trainer-{secrets.token_hex(3)}"
     config(tmp_path, kube, n=1)
     names = trainer_pods(kube, tmp_path, label, 1)
-    kernel = None
     try:
-        cfg = config(tmp_path, kube, n=1, pod_template=None, pods=f"role={label}").to_dict()
-        code = textwrap.dedent(DRIVER).format(cfg=repr(cfg))
-        kernel = subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=str(tmp_path),
-            env={**os.environ, "PYTHONPATH": str(kc.REPO)},
-        )
-        assert kernel.stdout.readline().startswith("READY")
-        assert pod_processes()
-        kernel.send_signal(signal.SIGKILL)
-        kernel.wait(10)
-        t0 = time.perf_counter()
-        # its exec stream closed with it: the engine in the pod saw its stdin end
-        assert until(lambda: not pod_processes(), 30), [p.pid for p in pod_processes()]
-        print(
-            f"kubernetes: kernel SIGKILLed -> engines in running pods ended in "
-            f"{time.perf_counter() - t0:.1f} s"
-        )
-    finally:
-        if kernel is not None and kernel.poll() is None:
-            kernel.kill()
+        cfg = config(tmp_path, kube, n=1, pod_template=None, pods=f"role={label}")
+        with kernel_with_pool(cfg, tmp_path) as (kernel, _):
+            assert pod_processes()
+            kernel.send_signal(signal.SIGKILL)
             kernel.wait(10)
+            t0 = time.perf_counter()
+            # its exec stream closed with it: the engine in the pod saw its stdin end
+            assert until(lambda: not pod_processes(), 30), [p.pid for p in pod_processes()]
+            print(
+                f"kubernetes: kernel SIGKILLed -> engines in running pods ended in "
+                f"{time.perf_counter() - t0:.1f} s"
+            )
+    finally:
         delete_pods(kube, names)

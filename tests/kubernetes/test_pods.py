@@ -6,12 +6,7 @@ API's words and leaves nothing. All as the user bound to exactly the Role of doc
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 
 import pytest
@@ -20,7 +15,7 @@ import torch
 from tests.conftest import until
 from tests.faults.test_elastic import final_params, reference, setup_code
 from tests.kubernetes import cluster as kc
-from tests.kubernetes.conftest import config, pod_processes
+from tests.kubernetes.conftest import config, kernel_with_pool, pod_processes
 from workbench import Session
 from workbench.errors import PoolStartError
 
@@ -160,42 +155,15 @@ def test_without_one_verb_of_the_role_the_start_says_which(namespace_left_clean,
     assert took < FAIL_WITHIN_S
 
 
-LEASE_DRIVER = """
-import sys, time
-from workbench import Session
-from workbench.config import PoolConfig
-cfg = PoolConfig.from_dict({cfg})
-s = Session(cfg).start()
-print("READY", s.pool_id, flush=True)
-time.sleep(600)
-"""
-
-
 @pytest.mark.timeout(300)
 def test_the_lease_deletes_every_object_when_the_kernel_is_killed(namespace_left_clean, tmp_path):
     kube = namespace_left_clean
-    cfg = config(tmp_path, kube).to_dict()
-    code = textwrap.dedent(LEASE_DRIVER).format(cfg=repr(json.loads(json.dumps(cfg))))
-    kernel = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=str(tmp_path),
-        env={**os.environ, "PYTHONPATH": str(kc.REPO)},
-    )
-    try:
-        line = kernel.stdout.readline()
-        assert line.startswith("READY"), line
-        pool_id = line.split()[1]
-        assert len([o for o in kube.objects() if o.startswith("pod/")]) == 2
+    with kernel_with_pool(config(tmp_path, kube), tmp_path) as (kernel, pool_id):
+        mine = [o for o in kube.objects() if o.startswith(f"pod/wb-{pool_id}-")]
+        assert len(mine) == 2 and f"secret/wb-{pool_id}" in kube.objects()
         t0 = time.perf_counter()
         kernel.send_signal(signal.SIGKILL)
         kernel.wait(10)
         assert until(lambda: kube.objects() == [], 60), kube.objects()
         print(f"kernel SIGKILLed -> namespace empty (the lease) in {time.perf_counter() - t0:.1f} s")
         assert until(lambda: not pod_processes(), 30)
-        assert pool_id
-    finally:
-        if kernel.poll() is None:
-            kernel.kill()
-            kernel.wait(10)
