@@ -73,15 +73,16 @@ def kill_once(s, victim: int) -> dict:
         marks.setdefault("kill", time.time())
         os.kill(pid, signal.SIGKILL)
 
-    send = s._group.command
+    group = s.rooms.group
+    send = group.command
 
     def timed(what, infos, **details):
         marks.setdefault(f"sent_{what}", time.time())
         return send(what, infos, **details)
 
     pid = s.ranks[victim].pid
-    s._health.add_listener(named)
-    s._group.command = timed
+    s.rooms.health.add_listener(named)
+    group.command = timed
     timer = threading.Timer(2.0, kill)
     timer.start()
     err = None
@@ -91,12 +92,12 @@ def kill_once(s, victim: int) -> dict:
         err = exc
     ended = time.time()
     timer.join()
-    s._group.command = send
-    s._health.remove_listener(named)
+    group.command = send
+    s.rooms.health.remove_listener(named)
     at = marks["kill"]
     if ended < at:  # the cell ended before the kill: nothing to time
         return {"victim": victim, "error": f"the cell ended before the kill: {str(err)[:300]}"}
-    beats = s._beacons.latest
+    beats = s.rooms.beacons.latest
     others = [r for r in range(len(s.ranks)) if r != victim]
     aborted = [beats[r]["aborted_at"] - at for r in others if (beats.get(r) or {}).get("aborted_at")]
     ranks = err.result.ranks if err else []

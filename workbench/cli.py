@@ -7,6 +7,9 @@
 - ``workbench pools [--json]``: every pool of this user on this machine.
 - ``workbench stop NAME|ID|--all [--yes]``: stop pools the way the JupyterLab panel does.
 - ``workbench kernels install|uninstall|list-specs``: the workbench kernel specs.
+- ``workbench stacks NAME|ID [--native]``: every rank's stacks now, as the sidebar's "Stacks" shows them.
+- ``workbench doctor``: which environment the Jupyter server and the kernel run in, the version of each
+  piece, the Slurm allocation, and what to install where.
 
 >>> main(["kernels", "list-specs"])          # doctest: +SKIP
 workbench-cpu  Python 3 (workbench, CPU)
@@ -137,6 +140,39 @@ def pools(args) -> int:
     return 0
 
 
+def stacks(args) -> int:
+    from workbench.pool import overview
+    from workbench.pool.records import state as pool_state
+    from workbench.session.stack_report import PoolStacks
+
+    try:
+        pool = overview.find(args.pool)
+    except ValueError as exc:
+        print(f"workbench stacks: {exc}", file=sys.stderr)
+        return 1
+    state = pool_state.read_state(pool_state.state_path(pool["id"]))
+    if state is None or not state.channel:
+        print(f"workbench stacks: pool {pool['name']} has no side channel to ask its ranks through.",
+              file=sys.stderr)
+        return 1
+    asker = PoolStacks(state.channel)
+    try:
+        ranks = [r["rank"] for r in state.ranks]
+        found = asker.gather(ranks, generation=state.generation, native=args.native)
+    finally:
+        asker.close()
+    print(found.format())
+    return 0
+
+
+def doctor(args) -> int:
+    from workbench.doctor import report
+
+    found = report()
+    print(found.format())
+    return 0
+
+
 STOPPED_BY = "`workbench stop` in a terminal"
 
 
@@ -172,13 +208,16 @@ def stop(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = "demo") -> argparse.ArgumentParser:
+    """The parser; the demo's options (which import nbformat and nbclient, about a second) only when the
+    command is ``demo`` (or unknown: None), so that ``workbench pools`` and the others answer fast."""
     parser = argparse.ArgumentParser(prog="workbench", description="distributed-workbench tools.")
     sub = parser.add_subparsers(dest="command", required=True)
-    from workbench.demo import add_arguments
-
     p = sub.add_parser("demo", help="run the quickstart (or the walkthroughs named) on a local CPU pool")
-    add_arguments(p)
+    if command in ("demo", None):
+        from workbench.demo import add_arguments
+
+        add_arguments(p)
     p.set_defaults(fn=demo)
     p = sub.add_parser("notebooks", help="copy the walkthrough notebooks into a folder to open")
     p.add_argument("dir", nargs="?", type=Path, default=Path("workbench-notebooks"), metavar="DIR",
@@ -192,6 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every pool of this user on this machine")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask first")
     p.set_defaults(fn=stop)
+    p = sub.add_parser("stacks", help="every rank's stacks now, as the sidebar's Stacks shows them")
+    p.add_argument("pool", metavar="NAME|ID", help="the pool's name or id")
+    p.add_argument("--native", action="store_true", help="with native frames (py-spy)")
+    p.set_defaults(fn=stacks)
+    p = sub.add_parser("doctor", help="where the server and the kernel run, each piece's version, the "
+                                      "allocation, and what to install where")
+    p.set_defaults(fn=doctor)
     kernels = sub.add_parser("kernels", help="install or remove the workbench kernel specs")
     ksub = kernels.add_subparsers(dest="action", required=True)
     for action, fn, text in (("install", install, "install the kernel specs"),
@@ -211,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    first = (sys.argv[1:] if argv is None else argv)[:1]
+    parser = build_parser(first[0] if first and not first[0].startswith("-") else None)
     args = parser.parse_args(argv)
     unknown = [n for n in getattr(args, "names", None) or [] if n not in KERNEL_NAMES] \
         if args.command == "kernels" else []

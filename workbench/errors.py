@@ -146,8 +146,9 @@ class RankError(WorkbenchError):
         info, err = self.failures[0]
         lines += relabel_cells(err.render_traceback(), _notebook_cell())
         for info, err in self.failures[1:]:
-            what = f"died: {err.evalue}" if _died(err) else f"{err.ename}: {err.evalue}"
-            lines.append(f"rank {info.rank} ({info.host}, {info.device}): {what}")
+            if (err.ename, str(err.evalue)) != (self.failures[0][1].ename, str(self.failures[0][1].evalue)):
+                what = f"died: {err.evalue}" if _died(err) else f"{err.ename}: {err.evalue}"
+                lines.append(f"rank {info.rank} ({info.host}, {info.device}): {what}")
         stopped = self.result.ranks_with("stopped")
         if stopped:
             lines.append(f"stopped (cut short when rank {self.rank} failed): rank "

@@ -5,8 +5,10 @@ all_reduce (and get the right sum), the measured all_reduce latency and bandwidt
 pool, and between nodes where there are several), each rank's clock offset from the kernel, and the
 versions of Python, torch, CUDA/NCCL and the workbench on every rank, with any skew named.
 
-Kernel side: :func:`run_check`. Engine side: :func:`probe` (imports torch only when it runs, on the
-engines; this module imports no torch, so the kernel never touches CUDA).
+This is the kernel half: :func:`run_check` (the table). The engine half, what every rank measures, is
+:func:`workbench.engine.probe.probe`, reached through the door (:func:`workbench.remote.preflight_probe`,
+called in a watched cell: it is a collective); this module imports no torch, so the kernel never touches
+CUDA.
 
 >>> report = run_check(session)          # doctest: +SKIP
 >>> print(report)                        # doctest: +SKIP
@@ -17,7 +19,6 @@ rank  host  device  device ok  all_reduce  latency us  busbw GB/s  clock ms  tor
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -31,142 +32,22 @@ COLUMNS = ["rank", "host", "device", "device ok", "all_reduce", "latency us", "b
            "torch", "python"]
 
 
-def _time_all_reduce(tensor, iters: int, group=None) -> float:
-    """Seconds per all_reduce of ``tensor`` (median of ``iters``, after a warm-up), in step on all ranks."""
-    import torch
-    import torch.distributed as dist
-
-    for _ in range(2):
-        dist.all_reduce(tensor, group=group)
-    times = []
-    for _ in range(iters):
-        dist.barrier(group=group)
-        if tensor.is_cuda:
-            torch.cuda.synchronize(tensor.device)
-        t0 = time.perf_counter()
-        dist.all_reduce(tensor, group=group)
-        if tensor.is_cuda:
-            torch.cuda.synchronize(tensor.device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def bus_bandwidth(nbytes: int, seconds: float, world: int) -> float:
-    """all_reduce bus bandwidth in GB/s (the nccl-tests convention: ``algbw * 2 (n - 1) / n``).
-
-    >>> round(bus_bandwidth(1_000_000_000, 1.0, 2), 3)
-    1.0
-    >>> bus_bandwidth(100, 0.0, 1)
-    0.0
-    """
-    if world < 2 or seconds <= 0:
-        return 0.0
-    return nbytes / seconds / 1e9 * 2 * (world - 1) / world
-
-
-def versions() -> dict:
-    """The versions this process runs, for the skew check (engine side: imports torch)."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
-    import torch
-
-    out = {"python": platform.python_version(), "torch": torch.__version__,
-           "cuda": torch.version.cuda or "-", "nccl": "-"}
-    if torch.cuda.is_available():
-        try:
-            out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:
-            pass
-    for name in ("ipyparallel", "numpy"):
-        try:
-            out[name] = __import__(name).__version__
-        except Exception:
-            out[name] = "-"
-    try:
-        out["workbench"] = version("distributed-workbench")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        out["workbench"] = "-"
-    return out
-
-
-def probe(device, size_mb: float = 4.0, iters: int = 10) -> dict:
-    """Engine side, on every rank at once (inside the process group): device, all_reduce, timings.
-
-    Collective: every rank must call it together (``%dist check`` does).
-    """
-    import socket
-
-    import torch
-    import torch.distributed as dist
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    dev = torch.device(device)
-    out: dict = {"rank": rank, "host": socket.gethostname(), "device": str(dev), "versions": versions()}
-    try:
-        if dev.type == "cuda":
-            ok = torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count()
-            out["device_name"] = torch.cuda.get_device_name(dev) if ok else "not visible"
-        else:
-            ok = True
-            out["device_name"] = "cpu"
-        (torch.ones(2, device=dev) * 2).sum().item()  # the device really runs work
-        out["device_ok"] = bool(ok)
-    except Exception as exc:  # a device that is listed but broken
-        out["device_ok"], out["device_error"] = False, f"{type(exc).__name__}: {exc}"
-    # Every rank must run the collectives on the same kind of device (a CPU tensor on gloo and a CUDA tensor
-    # on NCCL never meet: both would hang), so the ranks first agree, over the group's CPU backend.
-    every_ok = torch.tensor([float(out["device_ok"])])
-    dist.all_reduce(every_ok, op=dist.ReduceOp.MIN)
-    if not every_ok.item():
-        dev = torch.device("cpu")  # some rank's device is broken: every rank measures on the CPU
-    out["collective_device"] = str(dev)
-
-    t = torch.full((4,), float(rank + 1), device=dev)
-    dist.all_reduce(t)
-    expected = world * (world + 1) / 2
-    out["all_reduce_ok"] = bool(torch.allclose(t.cpu(), torch.full((4,), expected)))
-
-    small = torch.ones(1, device=dev)
-    out["latency_s"] = _time_all_reduce(small, iters)
-    numel = max(1, int(size_mb * 2**20) // 4)
-    big = torch.ones(numel, dtype=torch.float32, device=dev)
-    seconds = _time_all_reduce(big, max(3, iters // 2))
-    out["bytes"], out["bandwidth_s"] = numel * 4, seconds
-    out["busbw_gbps"] = bus_bandwidth(numel * 4, seconds, world)
-
-    # Between nodes: one rank per host, so the figure is the network's, not shared memory's.
-    hosts: list = [None] * world
-    dist.all_gather_object(hosts, out["host"])
-    leaders = sorted({hosts.index(h) for h in hosts})
-    out["nodes"] = len(leaders)
-    if len(leaders) > 1:
-        group = dist.new_group(ranks=leaders)  # every rank takes part in creating it
-        if rank in leaders:
-            s_lat = _time_all_reduce(torch.ones(1, device=dev), iters, group=group)
-            s_bw = _time_all_reduce(big, max(3, iters // 2), group=group)
-            out["internode"] = {"ranks": leaders, "latency_s": s_lat,
-                                "busbw_gbps": bus_bandwidth(numel * 4, s_bw, len(leaders))}
-        dist.barrier()
-        dist.destroy_process_group(group)
-    return out
-
-
-def clock_offsets(client, engine_ids: list[int], samples: int = 3) -> dict[int, float]:
-    """Each engine's clock minus the kernel's, in seconds (the sample with the shortest round trip).
+def clock_offsets(door, ranks: list, samples: int = 3) -> dict[int, float]:
+    """Each rank's clock minus the kernel's, in seconds, by engine id (the sample with the shortest round
+    trip); ``door``: the pool's :class:`~workbench.remote.door.Door`, ``ranks``: their ``RankInfo``.
 
     The error of each offset is at most half that round trip (a few ms on a LAN).
     """
     offsets = {}
-    for eid in engine_ids:
+    for info in ranks:
         best = None
         for _ in range(samples):
             t0 = time.time()
-            remote = client[eid].apply_sync(time.time)
+            theirs = door.call_one(remote.clock, info)
             t1 = time.time()
             if best is None or t1 - t0 < best[0]:
-                best = (t1 - t0, remote - (t0 + t1) / 2)
-        offsets[eid] = best[1]
+                best = (t1 - t0, theirs - (t0 + t1) / 2)
+        offsets[info.engine_id] = best[1]
     return offsets
 
 
@@ -227,13 +108,12 @@ def run_check(session, *, size_mb: float = 4.0, iters: int = 10, timeout: float 
     (True, 'all_reduce over 4 ranks on 2 nodes: latency 180 us, bus bandwidth 1.10 GB/s (16 MiB)')
     """
     timeout = timeout if timeout is not None else max(60.0, session.config.timeout)
-    # pushed, then called by a cell on every rank at once (a collective the cell's ladder watches)
-    session.push({"_wb_probe": remote.preflight_probe}, ranks=[r.rank for r in session.ranks])
-    session.run(f"_wb_check = _wb_probe(device, size_mb={float(size_mb)!r}, iters={int(iters)})\n"
-                "del _wb_probe", timeout=timeout)
-    probes = session.pull("_wb_check")
-    session.run("del _wb_check", timeout=timeout)
-    offsets = clock_offsets(session.client, [r.engine_id for r in session.ranks])
+    door, targets = session.rooms.door, session.view().alive()  # every rank; a dead one refused by name
+    # on every rank at once in a cell (a collective the cell's ladder watches), each with its own device
+    session.run(door.cell(remote.preflight_probe, targets, size_mb=float(size_mb), iters=int(iters)),
+                timeout=timeout)
+    probes = door.cell_results(remote.preflight_probe, targets)
+    offsets = clock_offsets(door, targets)
     rows, problems = [], []
     for info, p in zip(session.ranks, probes, strict=True):
         offset_ms = offsets[info.engine_id] * 1e3

@@ -21,6 +21,7 @@ workbench.wire.BadMessage: bad signature
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import secrets
@@ -30,6 +31,26 @@ BEACON = b"beacon"
 METRICS = b"metrics"
 COMMAND = b"cmd"
 STACKS = b"stacks"  # a rank's answer to a ``stacks`` command (workbench.engine.stacks)
+
+
+class Command(enum.StrEnum):
+    """What a command on the side channel asks a rank's agent to do: the one list the sender (the kernel's
+    door, :mod:`workbench.remote.door`) and the receiver (:mod:`workbench.engine.agent`) share. A command's
+    body is JSON: ``{"do": <one of these>, "ranks", "generation", "id", ...details}``.
+
+    >>> Command("abort") is Command.ABORT, Command.STACKS == "stacks"
+    (True, True)
+    """
+
+    STOP = "stop"  # a running Trainer stops at its next step boundary
+    ABORT = "abort"  # abort the process group from the agent's thread (``peers``: where the group listens)
+    REGROUP = "regroup"  # an elastic run's new group (``plan``; ``abort``: a rank was lost, abort first)
+    FENCE = "fence"  # an engine declared lost (``engines``: [host, pid] each) ends itself
+    STACKS = "stacks"  # every thread's stack, sent up under :data:`STACKS` (``request``, ``native``)
+    INTERRUPT = "interrupt"  # SIGINT the main thread
+    SIGNAL = "signal"  # this process gets signal ``sig`` (ranks the kernel cannot signal by pid)
+
+
 # How long a rank's py-spy may take for its native frames (it reads libtorch's symbols: seconds on a
 # loaded machine); the asking side waits this long on top of the Python stacks.
 NATIVE_STACKS_TIMEOUT_S = 20.0

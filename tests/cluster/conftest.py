@@ -10,10 +10,13 @@ from __future__ import annotations
 import contextlib
 import secrets
 import shutil
+import subprocess
 
+import psutil
 import pytest
 
 from tests.cluster import infra
+from tests.conftest import alive, until
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +52,52 @@ def slurm_box(namespaces_ok, workdir):
     finally:
         box.stop()
         ns.delete()
+
+
+def namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+@pytest.fixture
+def slurm_two(namespaces_ok, workdir):
+    """A two-node Slurm (:class:`infra.SlurmCluster`): head 10.77.6.1 (slurmctld, the login node), n1 and
+    n2 (.11, .12; a slurmd each, 2 CPUs each); partitions ``debug`` (n1, n2) and ``one`` (n1), neither
+    oversubscribed. Afterwards every job is cancelled, the daemons stopped by pid, the namespaces
+    deleted, and none of them nor any child process of this test is left."""
+    need("slurmctld", "slurmd", "munged", "mungekey", "sbatch", "salloc", "srun", "squeue", "scancel",
+         "sinfo")
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = namespaces()
+    cluster = infra.SlurmCluster(workdir / "slurm2", f"wb{secrets.token_hex(2)}", "10.77.6")
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+    assert namespaces() - before == set(), "namespaces of the two-node Slurm left"
+    left = [p.pid for p in psutil.Process().children(recursive=True) if p.pid not in children]
+    assert alive(left) == [], infra.describe(left)
+
+
+@pytest.fixture
+def allocation(slurm_two, workdir):
+    """A kernel inside a Slurm allocation on the two-node Slurm, as Open OnDemand and batchspawner give
+    one: ``allocation(SCENARIO, SPEC, nodes=1|2, how="salloc"|"batch", timeout=S)`` runs
+    ``tests/cluster/driver.py SCENARIO`` (a real IPython shell with the magics) inside an allocation of
+    that many whole nodes and returns what it saw (see :func:`infra.run_in_allocation`).
+    ``allocation.cluster`` is the :class:`infra.SlurmCluster`. After the test no job is left and nothing
+    but the daemons runs on the cluster's hosts."""
+
+    def inside(scenario: str, spec: dict | None = None, *, nodes: int, how: str = "salloc",
+               timeout: float = 120, partition: str | None = None) -> dict:
+        return infra.run_in_allocation(slurm_two, scenario, spec or {}, nodes=nodes, how=how, timeout=timeout,
+                                       workdir=workdir, partition=partition)
+
+    inside.cluster = slurm_two
+    yield inside
+    gone = until(lambda: slurm_two.squeue() == [], 30)
+    assert gone, f"jobs left after the test: {slurm_two.squeue()}"
+    assert until(lambda: slurm_two.left() == [], 15), f"left on the cluster's hosts: {slurm_two.left()}"
 
 
 @pytest.fixture

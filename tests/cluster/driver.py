@@ -320,7 +320,8 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
         time.sleep(0.2)
         left = {name: netns_left(name, keep) for name, (_, keep) in cut.items()}
     out["fenced_s"] = time.monotonic() - t_up
-    out["fence_heard"] = {f"{h}:{p}": s._beacons.heard_since_fenced(h, p) for h, p in s._beacons.fenced}
+    beacons = s.rooms.beacons
+    out["fence_heard"] = {f"{h}:{p}": beacons.heard_since_fenced(h, p) for h, p in beacons.fenced}
     fencer = getattr(s.pool, "_fencer", None)
     out["fence_ssh"] = dict(fencer.fenced) if fencer is not None else {}
     out["left_on_cut_host"] = [p for pids in left.values() for p in pids]
@@ -500,9 +501,74 @@ def scenario_slurm_replace(ip, spec: dict) -> dict:
     return out
 
 
+SLURM_ENV = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_NTASKS",
+             "SLURM_JOB_CPUS_PER_NODE", "SLURM_CPUS_ON_NODE", "SLURM_STEP_ID", "SLURMD_NODENAME",
+             "SLURM_JOB_PARTITION", "SLURM_SUBMIT_HOST")
+
+
+def scenario_allocation_env(ip, spec: dict) -> dict:
+    """What a kernel inside an allocation sees: the job's variables, the job in squeue, and a step of the
+    job on each of its nodes (``srun --jobid=J --overlap``, how part 1 of issue 37 starts engines)."""
+    job = os.environ["SLURM_JOB_ID"]
+    nodes = os.environ["SLURM_JOB_NUM_NODES"]
+    step = subprocess.run(["srun", f"--jobid={job}", "--overlap", f"--nodes={nodes}",
+                           f"--ntasks={nodes}", "hostname"], capture_output=True, text=True, timeout=60)
+    doctor = subprocess.run([sys.executable, "-m", "workbench.cli", "doctor"], capture_output=True, text=True,
+                            timeout=60)
+    return {"hostname": os.uname().nodename, "env": {k: os.environ.get(k) for k in SLURM_ENV},
+            "squeue": squeue("-o", "%i %T %D %N %C"), "step_hosts": sorted(step.stdout.split()),
+            "step_error": step.stderr.strip(), "magics": run(ip, "%dist status"),
+            "doctor": doctor.stdout + doctor.stderr}
+
+
+def scenario_allocation_slurm_start(ip, spec: dict) -> dict:
+    """Issue 37's first finding: ``%dist start -n 2 --launcher slurm`` from a kernel inside an allocation
+    that holds every CPU of a partition that is not oversubscribed. Every job squeue shows while the start
+    runs is recorded; the start's error, if it fails, is kept (today: a second job pends behind ours)."""
+    import threading
+
+    from workbench import session
+
+    own = os.environ["SLURM_JOB_ID"]
+    seen: dict[str, set] = {}
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            for line in squeue("-o", "%i %T %r").splitlines():
+                job, state, reason = line.split(" ", 2)
+                seen.setdefault(job, set()).add(f"{state} ({reason})")
+            done.wait(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    out: dict = {"own_job": own}
+    t0 = time.perf_counter()
+    try:
+        out["started"] = run(ip, f"%dist start -n 2 --launcher slurm --partition {spec['partition']} "
+                                 f"--interface {spec['interface']} --timeout {spec['timeout']}")
+    except RuntimeError as exc:
+        out["start_error"] = str(exc)
+    out["start_s"] = time.perf_counter() - t0
+    s = session.current_or_none()
+    if s is not None:
+        run(ip, ALL_REDUCE)
+        out["where"] = s.pull("where")
+        pids = s.pids()
+        run(ip, "%dist stop")
+        out["left"] = [p for p in pids if psutil.pid_exists(p)]
+    done.set()
+    watcher.join(5)
+    out["jobs_seen"] = {job: sorted(states) for job, states in seen.items()}
+    out["squeue_after"] = squeue("-o", "%i %T")
+    return out
+
+
 SCENARIOS = {"slurm": scenario_slurm, "slurm_restart": scenario_slurm_restart,
              "slurm_replace": scenario_slurm_replace, "mpi": scenario_mpi, "ssh": scenario_ssh,
-             "ssh_cut": scenario_ssh_cut, "ssh_plain": scenario_ssh_plain}
+             "ssh_cut": scenario_ssh_cut, "ssh_plain": scenario_ssh_plain,
+             "allocation_env": scenario_allocation_env,
+             "allocation_slurm_start": scenario_allocation_slurm_start}
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -184,6 +187,56 @@ def make_hosts(tag: str, names: list[str], subnet: str = "10.77.0") -> dict[str,
     return hosts
 
 
+def start_munged(folder: Path) -> subprocess.Popen:
+    """munged with a key and socket of its own in ``folder`` (``folder/sock``), as the munge user."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _run("mungekey", "--create", "--keyfile", str(folder / "munge.key"))
+    shutil.chown(folder, "munge", "munge")
+    shutil.chown(folder / "munge.key", "munge", "munge")
+    folder.chmod(0o711)  # munged needs x for all on the socket's folder
+    (folder / "munge.key").chmod(0o400)
+    return subprocess.Popen(
+        ["munged", "-F", f"--socket={folder / 'sock'}", f"--key-file={folder / 'munge.key'}",
+         f"--pid-file={folder / 'pid'}", f"--log-file={folder / 'log'}", f"--seed-file={folder / 'seed'}"],
+        user="munge", group="munge", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+
+
+def slurm_conf(cluster: str, ctld_host: str, d: Path, *, spool: str, pid: str, log: str,
+               nodes: list[str], partitions: list[str]) -> str:
+    """A private ``slurm.conf``: munge on ``d/munge/sock``, state and logs under ``d``, SlurmUser root,
+    ``proctrack/linuxproc``, ``task/none``, no accounting; ``spool``, ``pid``, ``log``: slurmd's (``%n``:
+    the node's name, for several slurmds on one machine)."""
+    return f"""\
+ClusterName={cluster}
+SlurmctldHost={ctld_host}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={d}/munge/sock
+CredType=cred/munge
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SwitchType=switch/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+SlurmctldPort=6817
+SlurmdPort=6818
+StateSaveLocation={d}/spool/ctld
+SlurmdSpoolDir={spool}
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={pid}
+SlurmctldLogFile={d}/log/slurmctld.log
+SlurmdLogFile={log}
+SchedulerType=sched/backfill
+""" + "".join(f"{line}\n" for line in [*nodes, *partitions])
+
+
 class SlurmBox:
     """A one-node Slurm (Debian's slurmctld, slurmd, munge) in a namespace of its own.
 
@@ -203,56 +256,21 @@ class SlurmBox:
     def start(self, timeout: float = 30.0) -> SlurmBox:
         d = self.dir
         d.chmod(0o755)
-        munge = d / "munge"
-        for sub in ("munge", "spool/ctld", "spool/d", "log"):
+        for sub in ("spool/ctld", "spool/d", "log"):
             (d / sub).mkdir(parents=True, exist_ok=True)
-        _run("mungekey", "--create", "--keyfile", str(munge / "munge.key"))
-        shutil.chown(munge, "munge", "munge")
-        shutil.chown(munge / "munge.key", "munge", "munge")
-        munge.chmod(0o711)  # munged needs x for all on the socket's folder
-        (munge / "munge.key").chmod(0o400)
-        socket_path = munge / "sock"
-        self.procs["munged"] = subprocess.Popen(
-            ["munged", "-F", f"--socket={socket_path}", f"--key-file={munge / 'munge.key'}",
-             f"--pid-file={munge / 'pid'}", f"--log-file={munge / 'log'}", f"--seed-file={munge / 'seed'}"],
-            user="munge", group="munge", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
+        self.procs["munged"] = start_munged(d / "munge")
         host = os.uname().nodename.split(".")[0]
         # slurmctld resolves its wildcard listen address with AI_ADDRCONFIG, which needs some
         # non-loopback address in the namespace: a veth pair that leads nowhere gives one.
         _run("ip", "-n", self.ns.name, "link", "add", "wbdummy0", "type", "veth", "peer", "name", "wbdummy1")
         _run("ip", "-n", self.ns.name, "addr", "add", "10.78.0.1/24", "dev", "wbdummy0")
         _run("ip", "-n", self.ns.name, "link", "set", "wbdummy0", "up")
-        self.conf.write_text(f"""\
-ClusterName=wbbox
-SlurmctldHost={host}(127.0.0.1)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket={socket_path}
-CredType=cred/munge
-MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SwitchType=switch/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-ReturnToService=2
-SlurmctldPort=6817
-SlurmdPort=6818
-StateSaveLocation={d}/spool/ctld
-SlurmdSpoolDir={d}/spool/d
-SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
-SlurmctldLogFile={d}/log/slurmctld.log
-SlurmdLogFile={d}/log/slurmd.log
-SchedulerType=sched/backfill
-NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory=1000 State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
-""")
+        self.conf.write_text(slurm_conf(
+            "wbbox", f"{host}(127.0.0.1)", d, spool=f"{d}/spool/d", pid=f"{d}/slurmd.pid",
+            log=f"{d}/log/slurmd.log",
+            nodes=[f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory=1000 State=UNKNOWN"],
+            partitions=[f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP "
+                        "OverSubscribe=FORCE:8"]))
         env = {**os.environ, **self.env}
         for daemon in ("slurmctld", "slurmd"):
             self.procs[daemon] = self.ns.popen([daemon, "-D", "-f", str(self.conf)],
@@ -293,6 +311,120 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubsc
             if proc is not None:
                 stop_processes([proc.pid])
                 proc.wait(5)
+
+
+class SlurmCluster:
+    """A Slurm of several nodes on one machine: network-namespace hosts on one bridge (see
+    :func:`make_hosts`), slurmctld on ``head``, one slurmd on each node, each daemon in a UTS namespace of
+    its own so that its hostname is its node's name (slurmd finds its ``NodeName`` by hostname; Debian's
+    slurmd is not built for several slurmds per host). munged runs in this namespace (a unix socket
+    needs no network). Each node declares ``cpus`` CPUs (all share the machine's cores).
+
+    Two partitions, neither oversubscribed (as GPU partitions are: a job asking for CPUs another job holds
+    waits ``PENDING (Resources)``): ``debug`` (every node, the default) and ``one`` (the first node only).
+    Clients run in a namespace on the bridge (head or a node) with :attr:`env` (``SLURM_CONF``).
+
+    >>> cluster = SlurmCluster(tmp_path, "wbs2", "10.77.6").start()     # doctest: +SKIP
+    >>> cluster.run(["srun", "-N2", "hostname"]).stdout                  # doctest: +SKIP
+    'n1\\nn2\\n'
+    >>> cluster.stop()                                                    # doctest: +SKIP
+    """
+
+    def __init__(self, workdir: Path, tag: str, subnet: str, nodes: tuple[str, ...] = ("n1", "n2"),
+                 cpus: int = 2):
+        self.dir, self.tag, self.subnet, self.nodes, self.cpus = Path(workdir), tag, subnet, nodes, cpus
+        self.conf = self.dir / "slurm.conf"
+        self.env = {"SLURM_CONF": str(self.conf)}
+        self.hosts: dict[str, tuple[Netns, str]] = {}
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    @property
+    def head(self) -> Netns:
+        return self.hosts["head"][0]
+
+    def address(self, node: str) -> str:
+        return self.hosts[node][1]
+
+    def start(self, timeout: float = 40.0) -> SlurmCluster:
+        d = self.dir
+        d.mkdir(parents=True, exist_ok=True)
+        d.chmod(0o755)
+        for sub in ("spool/ctld", "log", *(f"spool/{n}" for n in self.nodes)):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        self.hosts = make_hosts(self.tag, ["head", *self.nodes], self.subnet)
+        self.procs["munged"] = start_munged(d / "munge")
+        nodes = [f"NodeName={n} NodeHostname={n} NodeAddr={self.address(n)} CPUs={self.cpus} RealMemory=1000 "
+                 "State=UNKNOWN" for n in self.nodes]
+        every = ",".join(self.nodes)
+        whole = "MaxTime=INFINITE State=UP OverSubscribe=NO"
+        partitions = [f"PartitionName=debug Nodes={every} Default=YES {whole}",
+                      f"PartitionName=one Nodes={self.nodes[0]} {whole}"]
+        self.conf.write_text(slurm_conf("wbtwo", f"head({self.subnet}.1)", d, spool=f"{d}/spool/%n",
+                                        pid=f"{d}/slurmd-%n.pid", log=f"{d}/log/slurmd-%n.log", nodes=nodes,
+                                        partitions=partitions))
+        env = {**os.environ, **self.env}
+        self.procs["slurmctld"] = self.head.popen(["slurmctld", "-D", "-f", str(self.conf)], hostname="head",
+                                                  log=d / "log" / "slurmctld.out", env=env)
+        for n in self.nodes:
+            self.procs[f"slurmd-{n}"] = self.hosts[n][0].popen(["slurmd", "-D", "-f", str(self.conf)],
+                                                               hostname=n, log=d / "log" / f"slurmd-{n}.out",
+                                                               env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            lines = self.run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False).stdout.splitlines()
+            if {line.split()[0] for line in lines if line.endswith(" idle")} == set(self.nodes):
+                return self
+            if any(p.poll() is not None for p in self.procs.values()):
+                break
+            time.sleep(0.2)
+        raise RuntimeError(f"the {len(self.nodes)}-node Slurm did not come up: {self.log_tail()}")
+
+    def run(self, cmd: list[str], ns: Netns | None = None, **kwargs) -> subprocess.CompletedProcess:
+        """A Slurm client command in ``ns`` (head by default), with :attr:`env`."""
+        kwargs.setdefault("env", {**os.environ, **self.env})
+        return (ns or self.head).run(cmd, **kwargs)
+
+    def squeue(self) -> list[str]:
+        """``JOBID STATE REASON`` of every job slurmctld still knows (any state)."""
+        out = self.run(["squeue", "-h", "-o", "%i %T %r"], check=False).stdout
+        return [line for line in out.splitlines() if line.strip()]
+
+    def left(self, keep: set[int] = frozenset()) -> list[str]:
+        """What still runs in the cluster's namespaces besides its daemons (and slurmctld's helper
+        ``slurmscriptd``) and ``keep``: a job's processes, or a test's."""
+        keep = {p.pid for p in self.procs.values()} | set(keep)
+        for pid in list(keep):
+            try:
+                keep |= {c.pid for c in psutil.Process(pid).children(recursive=True)
+                         if c.name() in ("slurmscriptd", "slurmctld", "slurmd")}
+            except psutil.Error:
+                pass
+        return [line for ns, _ in self.hosts.values()
+                for line in describe([p for p in ns.pids() if p not in keep])]
+
+    def log_tail(self, lines: int = 15) -> str:
+        out = []
+        for path in sorted((self.dir / "log").glob("*")):
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {path.name}\n" + "\n".join(text))
+        return "\n".join(out)
+
+    def stop(self) -> None:
+        """Cancel every job (all ours: the cluster is private), stop the daemons by pid, delete the
+        namespaces (stopping anything a job left in them)."""
+        ctld = self.procs.get("slurmctld")
+        if ctld is not None and ctld.poll() is None:
+            jobs = [j.split()[0] for j in self.squeue()]
+            if jobs:
+                self.run(["scancel", "--full", "--quiet", *jobs], check=False)
+        for name in [*(f"slurmd-{n}" for n in self.nodes), "slurmctld", "munged"]:
+            proc = self.procs.pop(name, None)
+            if proc is not None:
+                stop_processes([proc.pid])
+                proc.wait(5)
+        for ns, _ in self.hosts.values():
+            ns.delete()
+        self.hosts = {}
 
 
 class Sshd:
@@ -388,6 +520,64 @@ def run_driver(ns: Netns, scenario: str, spec: dict, *, timeout: float, env: dic
             raise AssertionError(f"driver {scenario} ran past {timeout} s:\n{_tail(log)}") from None
     if not out.exists():
         raise AssertionError(f"driver {scenario} exited {proc.returncode} without a result:\n{_tail(log)}")
+    result = json.loads(out.read_text())
+    if result.get("error"):
+        raise AssertionError(f"driver {scenario} failed:\n{result['error']}\n--- log\n{_tail(log)}")
+    result["log"] = str(log)
+    return result
+
+
+ALLOCATION_SHAPES = ("salloc", "batch")
+
+
+def run_in_allocation(cluster: SlurmCluster, scenario: str, spec: dict, *, nodes: int, timeout: float,
+                      workdir: Path, how: str = "salloc", partition: str | None = None,
+                      env: dict | None = None) -> dict:
+    """Run ``tests/cluster/driver.py SCENARIO`` as a kernel inside a Slurm allocation of ``nodes`` whole
+    nodes (``--exclusive``: every CPU of them is the job's) for 30 minutes, and return the JSON it wrote.
+
+    ``how``: ``"salloc"``, the notebook's shell started by ``salloc`` on the login node (head), with
+    ``SLURM_JOB_ID``, ``SLURM_JOB_NODELIST``... set; ``"batch"``, the shape of Open OnDemand's and
+    batchspawner's sessions: the kernel is the job's batch script on its first node (hostname n1, that
+    node's network, ``SLURM_STEP_ID=batch``...). ``partition``: ``debug`` (every node) for 2 nodes, ``one``
+    (n1 only) for 1 node, unless given. On timeout the allocation is ended (the ``salloc`` killed, the job
+    cancelled) and the output tail is raised.
+    """
+    assert how in ALLOCATION_SHAPES, how
+    partition = partition or ("debug" if nodes > 1 else "one")
+    out = Path(workdir) / f"{scenario}-{how}-{nodes}-result.json"
+    log = Path(workdir) / f"{scenario}-{how}-{nodes}-driver.log"
+    full_env = {**os.environ, **cluster.env, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
+                "WORKBENCH_STATE_DIR": str(Path(workdir) / "state"), **(env or {})}
+    driver = REPO / "tests" / "cluster" / "driver.py"
+    cmd = [sys.executable, str(driver), scenario, json.dumps(spec), str(out)]
+    asked = [f"--nodes={nodes}", "--exclusive", f"--partition={partition}", f"--job-name=wb-{scenario}",
+             "--time=30"]
+    if how == "salloc":
+        argv = ["salloc", *asked, "--", *cmd]
+    else:  # the kernel as the batch script; sbatch --wait returns when the job has ended
+        argv = ["sbatch", "--wait", *asked, f"--output={log}", f"--chdir={workdir}",
+                f"--wrap={shlex.join(cmd)}"]
+    submit = Path(workdir) / f"{scenario}-{how}-{nodes}-submit.log"
+    with open(log if how == "salloc" else submit, "wb") as f:  # the batch script writes its own log
+        proc = subprocess.Popen(cluster.head.argv(argv), stdout=f, stderr=subprocess.STDOUT, env=full_env,
+                                cwd=workdir, start_new_session=True, stdin=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            for job in cluster.squeue():
+                cluster.run(["scancel", "--full", job.split()[0]], check=False)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+            raise AssertionError(f"driver {scenario} inside the allocation ran past {timeout} s:\n"
+                                 f"{_tail(log)}") from None
+    if not out.exists():
+        raise AssertionError(f"driver {scenario} ({how}) exited {proc.returncode} without a result:\n"
+                             f"{_tail(submit, 2000)}\n{_tail(log)}\n{cluster.log_tail()}")
     result = json.loads(out.read_text())
     if result.get("error"):
         raise AssertionError(f"driver {scenario} failed:\n{result['error']}\n--- log\n{_tail(log)}")

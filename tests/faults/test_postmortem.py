@@ -88,15 +88,17 @@ def test_dist_debug_magic(ipshell, pool):
 
 def test_debug_while_a_cell_runs_says_so(pool):
     """This session's own cell: refused at once; a cell the rank runs for someone else: no answer in time."""
+    from workbench.remote.door import Door
     from workbench.session import postmortem_report
 
     handle = pool.submit("import time\ntime.sleep(4)")
+    door = Door(pool.pool)  # as another notebook's session would ask: its own door, no cell of its own
     try:
         with pytest.raises(ValueError, match="a cell is running on the pool"):
             pool.debug(1)
         assert until(lambda: "cell line 2" in pool.stacks(ranks=[1]).groups[0].headline, 20, every=0.1)
-        view = pool.client[[pool.ranks[1].engine_id]]  # as another notebook's session would ask
         with pytest.raises(ValueError, match="rank 1 did not answer within 0.5 s: a cell .* running on it"):
-            postmortem_report.fetch(view, 1, timeout=0.5)
+            postmortem_report.fetch(door, pool.ranks[1], timeout=0.5)
     finally:
         handle.wait(30)
+        door.close()

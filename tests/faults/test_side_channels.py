@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import stat
-import time
 
 import psutil
 import pytest
@@ -34,6 +33,27 @@ def _metrics(rank: int, seq: int, loss: float) -> bytes:
                           steps=[[seq, *records.step_row(t=1.0, step=seq + 1, loss=loss, run=1)]])
 
 
+PROBE = 99  # a rank no test speaks for: its beacons only show that the subscriptions reached the relay
+
+
+def _subscribed(push, signer: wire.Signer, rx: BeaconReceiver, collector: Collector, relay) -> int:
+    """Await the receivers' subscriptions at the relay (a subscription takes a moment to get there, and
+    what the relay sends before is lost): a probe beacon and an empty metrics batch, sent again until each
+    arrived. Returns how many messages the relay has forwarded by then."""
+    sent = 0
+
+    def arrived() -> bool:
+        nonlocal sent
+        push.send_multipart(signer.pack(wire.BEACON, _beat(PROBE, sent)))
+        push.send_multipart(signer.pack(wire.METRICS, records.encode(pub="probe", rank=PROBE, host="h")))
+        sent += 1
+        return PROBE in rx.latest and collector.stats["messages"] > 0
+
+    assert until(arrived, every=0.05)
+    assert until(lambda: relay.forwarded >= 2 * sent)  # every probe has passed the relay
+    return relay.forwarded
+
+
 def test_forged_beacons_and_metrics_are_dropped_and_counted(channel):
     rx, collector = BeaconReceiver(channel), Collector(channel)
     ctx = zmq.Context()
@@ -41,7 +61,7 @@ def test_forged_beacons_and_metrics_are_dropped_and_counted(channel):
     attacker = wire.pusher(ctx, channel["up"])
     ours, theirs = wire.Signer(channel["key"]), wire.Signer(wire.new_key())
     try:
-        time.sleep(0.3)  # subscriptions reach the relay
+        probes = _subscribed(honest, ours, rx, collector, channel["relay"])
         honest.send_multipart(ours.pack(wire.BEACON, _beat(0, 0)))
         honest.send_multipart(ours.pack(wire.METRICS, _metrics(0, 0, loss=1.0)))
         assert until(lambda: 0 in rx.latest and collector.count("step") == 1)
@@ -50,8 +70,10 @@ def test_forged_beacons_and_metrics_are_dropped_and_counted(channel):
         attacker.send_multipart([wire.BEACON, _beat(1, 0), b""])
         attacker.send_multipart(theirs.pack(wire.METRICS, _metrics(0, 1, loss=1e9)))
         attacker.send_multipart(ours.pack(wire.BEACON, _beat(0, 0, inflight="replayed")))  # a replay
-        assert until(lambda: channel["relay"].dropped == 3 and channel["relay"].forwarded == 3)
-        time.sleep(0.2)
+        assert until(lambda: channel["relay"].dropped == 3 and channel["relay"].forwarded == probes + 3)
+        # a mark sent after them on the same socket reaches the receiver after the replay did
+        attacker.send_multipart(ours.pack(wire.BEACON, _beat(2, 0, inflight="mark")))
+        assert until(lambda: 2 in rx.latest)
         assert rx.latest[0]["inflight"] is None and 1 not in rx.latest
         # a receiver checks too: what reaches it without the relay is dropped there
         assert not rx.take(theirs.pack(wire.BEACON, _beat(1, 9))) and rx.bad == 1 and 1 not in rx.latest
@@ -74,7 +96,7 @@ def test_ten_thousand_garbage_and_oversize_messages_change_nothing(channel):
     ours = wire.Signer(channel["key"])
     me = psutil.Process()
     try:
-        time.sleep(0.3)
+        _subscribed(honest, ours, rx, collector, channel["relay"])
         honest.send_multipart(ours.pack(wire.METRICS, _metrics(0, 0, loss=0.5)))
         assert until(lambda: collector.count("step") == 1)
         before = me.memory_info().rss
@@ -144,7 +166,8 @@ def test_a_signal_command_reaches_a_rank_without_a_nanny(pool):
     """Ranks on other machines are signalled through their agent (engines have no ipyparallel nanny)."""
     pool.run("import signal\nsignalled = []\n"
              "signal.signal(signal.SIGUSR1, lambda *a: signalled.append(rank))")
-    pool._group.command("signal", pool.ranks[1:], sig=int(signal.SIGUSR1))  # what signal() does off this host
+    # what signal() does off this host
+    pool.rooms.group.command(wire.Command.SIGNAL, pool.ranks[1:], sig=int(signal.SIGUSR1))
     assert until(lambda: pool.pull("signalled") == [[], [1]])
 
 

@@ -53,6 +53,17 @@ def test_a_saved_notebook_keeps_a_static_figure_not_a_widget(tmp_path):
     assert alive(pids) == []
 
 
+def start_pool(kc) -> list[int]:
+    """``%dist start -n 2`` in the kernel of ``kc``; the pool's pids."""
+    out = []
+    reply = kc.execute_interactive("%load_ext workbench\n%dist start -n 2\nimport json, workbench\n"
+                                   "print('PIDS', json.dumps(workbench.current().pids()))",
+                                   timeout=120, output_hook=out.append)
+    assert reply["content"]["status"] == "ok", out
+    text = "".join(m["content"].get("text", "") for m in out)
+    return json.loads(text.split("PIDS", 1)[1].splitlines()[0])
+
+
 def _iopub_until_gone(km, kc, timeout):
     """IOPub messages until the kernel process has exited and its last messages were read."""
     got = []
@@ -70,15 +81,9 @@ def test_kernel_shutdown_leaves_a_static_figure_of_a_run_still_going():
     km, kc = start_new_kernel(kernel_name="python3")
     pids = []
     try:
+        pids = start_pool(kc)
         out = []
         hook = lambda m: out.append(m)
-        reply = kc.execute_interactive("%load_ext workbench\n%dist start -n 2\nimport json, workbench\n"
-                                       "print('PIDS', json.dumps(workbench.current().pids()))",
-                                       timeout=120, output_hook=hook)
-        assert reply["content"]["status"] == "ok", out
-        text = "".join(m["content"].get("text", "") for m in out)
-        pids = json.loads(text.split("PIDS", 1)[1].splitlines()[0])
-        out.clear()
         reply = kc.execute_interactive(TRAIN.replace("steps=40", "steps=10**7").replace(
             "%%distributed", "%%distributed --async"), timeout=60, output_hook=hook)
         assert reply["content"]["status"] == "ok", out

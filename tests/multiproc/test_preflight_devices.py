@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from world_harness import run_world
 
-from workbench.preflight import probe
+from workbench.engine.probe import probe
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 

@@ -155,3 +155,31 @@ def _export(rank, world, tmp, options, kind):
 def test_export_is_whole_and_loads_in_one_process(tmp_path, kind, options):
     run_world(_export, 2, str(tmp_path / "model"), options, kind)
     assert sorted(p.name for p in (tmp_path / "model").iterdir()) == ["config.json", "model.safetensors"]
+
+
+def _elastic(rank, world, strategy, tmp):
+    from torch.utils.data import TensorDataset
+
+    from workbench.train import ElasticLoader, full_state_dict
+    from workbench.train.checkpoint import Checkpoint
+
+    x, y = regression_data(64, d_in=8, d_out=4, seed=0)
+    loader = ElasticLoader(TensorDataset(x, y), global_batch=16, seed=0)  # 4 steps an epoch
+    steps = [loader.permutation(s // 4)[16 * (s % 4):16 * (s % 4 + 1)] for s in range(6)]
+    ref, ref_losses = reference("mlp", [(x[i], y[i]) for i in steps])
+    model = shard(make("mlp"), strategy)
+    callbacks = [Checkpoint(tmp, every=100)] if strategy == "fsdp" else []
+    trainer = Trainer(model, loader, optim="sgd", lr=LR, clip=None, elastic=True, callbacks=callbacks)
+    history = trainer.run(steps=4).history + trainer.run(steps=2).history  # the second crosses an epoch
+    torch.testing.assert_close([s.loss for s in history], ref_losses, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(full_state_dict(model), ref, atol=2e-5, rtol=1e-4)
+    return type(trainer).__name__, trainer.step, trainer.elastic.committed
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_an_elastic_run_without_faults_equals_a_single_process(strategy, tmp_path):
+    """The elastic Trainer's batches (an epoch's permutation split over the ranks), losses and parameters
+    are a single process's on the same global batches."""
+    assert run_world(_elastic, 2, strategy, str(tmp_path / "ckpt"), timeout=90) == [
+        ("ElasticTrainer", 6, (1, 32))] * 2

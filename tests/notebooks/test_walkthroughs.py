@@ -64,8 +64,13 @@ def _check_10(s):
     assert (s["same_numbers"], s["epochs"], s["improved"]) == (True, 5, True), s
 
 
+def _check_11(s):
+    assert s["accelerate_rerun_equal"] and s["lightning_rerun_equal"] and s["ranks_agree"], s
+    assert s["steps"] == [4, 4], s  # 64 samples, batches of 8, over 2 ranks: both trained across the pool
+
+
 CHECKS = {"02": _check_02, "03": _check_03, "04": _check_04, "05": _check_05, "06": _check_06,
-          "07": _check_07, "08": _check_08, "09": _check_09, "10": _check_10}
+          "07": _check_07, "08": _check_08, "09": _check_09, "10": _check_10, "11": _check_11}
 
 
 class ProcessWatch:

@@ -105,6 +105,11 @@ def _list_refuse_stop(proc: subprocess.Popen, pool: dict, env: dict, here: Path)
     assert [p["id"] for p in as_json] == [pool["id"]]
     assert as_json[0]["drivers"] == [{"notebook": "train.ipynb", "role": "started", "pid": proc.pid}]
 
+    # the sidebar's "Stacks", from a terminal (issue 37 part 6: every sidebar action has a CLI or magic twin)
+    found = cli("stacks", pool["name"], env=env, cwd=here)
+    assert found.returncode == 0, found.stderr
+    assert "stacks of 2 ranks in 1 group" in found.stdout, found.stdout
+
     # no terminal to ask and no --yes: nothing is stopped, and it says who is attached
     refused = cli("stop", pool["name"], env=env, cwd=here)
     assert refused.returncode == 1

@@ -42,11 +42,11 @@ def test_a_view_carries_push_pull_apply_scatter_gather_and_refuses_a_dead_rank()
         assert s.view(0).apply(os.getpid) == [s.ranks[0].pid]  # the living rank still answers
         # one DirectView per set of engines, made once (a new one per cell cost the kernel CPU); a
         # restarted rank's new engine gets a view of its own
-        group = s._group
-        before = group.view(s.ranks)
-        assert group.view(s.ranks) is before and group.view(s.ranks[:1]) is group.view(s.ranks[:1])
+        door = s.rooms.door  # the only holder of views
+        before = door._view(s.ranks)
+        assert door._view(s.ranks) is before and door._view(s.ranks[:1]) is door._view(s.ranks[:1])
         assert s.restart() == [1]
-        after = group.view(s.ranks)
+        after = door._view(s.ranks)
         assert after is not before and list(after.targets) == [r.engine_id for r in s.ranks]
         assert s.view().apply(os.getpid) == [r.pid for r in s.ranks]
         pids = s.pids()

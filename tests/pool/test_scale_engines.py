@@ -65,7 +65,7 @@ def test_idle_beacons_slow_down_and_busy_ones_do_not(pool):
     silence after which a remote rank counts as dead; a rank running a cell beacons every 0.25 s."""
     from workbench.session.health import REMOTE_SILENCE_S
 
-    beacons = pool._health.beacons
+    beacons = pool.rooms.beacons
     assert until(lambda: all(r.rank in beacons.latest for r in pool.ranks), 10)
     before = {r.rank: beacons.latest[r.rank]["seq"] for r in pool.ranks}
     time.sleep(3.0)
@@ -97,7 +97,7 @@ def test_idle_agent_sleeps_and_a_cell_wakes_it_at_once(pool):
     for rank, woke in enumerate(_idle_counts(pool, "agent_wakeups", 3.0)):
         # 3 s idle: ~3 beats plus the two apply calls' wake-ups (and their beats); 4 Hz would be 12+
         assert 1 <= woke <= 9, f"rank {rank}: the agent woke {woke} times in 3 s idle"
-    beacons = pool._health.beacons
+    beacons = pool.rooms.beacons
     for _ in range(3):  # each 0.6 s: with the idle period alone, a busy beat would be missed 2 times in 5
         before = {r.rank: beacons.latest[r.rank]["seq"] for r in pool.ranks}
         busy: dict[int, bool] = {r.rank: False for r in pool.ranks}

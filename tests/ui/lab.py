@@ -34,6 +34,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_server(proc: subprocess.Popen, grace: float = 30) -> list[int]:
+    """Stop a Jupyter server this test started (SIGTERM: it shuts its kernels down; SIGKILL after
+    ``grace`` s); the pids of its children then that still run (none, for a server that cleaned up)."""
+    import psutil
+
+    from tests.conftest import alive, until
+
+    running = proc.poll() is None
+    children = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)] if running else []
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    until(lambda: alive(children) == [], 15)
+    return alive(children)
+
+
 @contextlib.contextmanager
 def run_lab(tmp_path: Path, notebooks: dict[str, dict], install_kernel: str | tuple[str, ...] = (),
             wrap: list[str] = (), extra_env: dict[str, str] | None = None, start_s: float = 60):
@@ -92,7 +111,7 @@ def run_lab(tmp_path: Path, notebooks: dict[str, dict], install_kernel: str | tu
                     pytest.fail("JupyterLab did not start:\n" + log_path.read_text()[-3000:])
                 time.sleep(0.3)
         yield {"base": base, "token": token, "state_dir": tmp_path / "pool-state", "work": work,
-               "log": log_path}
+               "log": log_path, "process": proc}
     finally:
         proc.terminate()  # the server shuts its kernels down and stops the pools it started
         try:

@@ -94,21 +94,16 @@ def test_the_agent_takes_regroup_plans_for_this_engine_and_a_newer_group_only(ch
 def test_a_join_asked_for_after_the_run_ended_fails_at_once_instead_of_waiting():
     """``%dist restart`` (or a replacement) asking a finished elastic run to take a rank: the Future says
     the run ended at once (before, it waited for a tick that never came: 120 s)."""
-    from workbench.session.cell_elastic import ElasticWatch
+    from workbench.session.cell_elastic import Children, ElasticWatch
 
-    class Cell:
-        woken = 0
-
-        def wake(self):
-            self.woken += 1
-
-    watch = ElasticWatch(Cell())
+    woken = []
+    watch = ElasticWatch(None, Children(), wake=lambda: woken.append(1))  # no regroup: no room is asked
     pending = watch.request("join", [])
     watch.close()
     late = watch.request("join", [])
     for future in (pending, late):
         assert future.done() and "the elastic run ended" in str(future.exception())
-    assert watch.cell.woken == 1
+    assert woken == [1]
 
 
 def test_loaders_that_would_split_an_epoch_differently_are_told_apart():

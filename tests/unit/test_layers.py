@@ -1,12 +1,14 @@
-"""The layering contract (issue 22): arrows run down, one door to the engines, no privates across rooms,
-no two modules with one file name, no per-launcher comparison outside the launcher objects.
+"""The layering contract (issues 22, 36): arrows run down, one door to the engines, no privates across rooms,
+no two modules with one file name, every send to the engines through the door, no per-launcher comparison
+outside the launcher objects.
 
 Each rule is a function over ``{module name: source}``, so the tests below run it on the package and on a
 small crafted tree that breaks it (a rule that cannot fail would hold nothing).
 
 Kernel side, top to bottom: the package's front (``workbench``, ``cli``) -> ``demo``, ``magics``, ``server``
--> ``widgets``, ``scatter``, ``preflight`` -> ``session`` -> ``remote`` (the door) -> ``pool`` and the
-kernel's metrics (``collector``, ``history``). Engine side: ``train`` and the engine's metrics
+-> ``widgets``, ``scatter``, ``preflight`` -> ``session`` -> ``remote`` (the door: the catalogue of
+endpoints and the transport, ``remote.door``) -> ``pool`` and the kernel's metrics (``collector``,
+``history``). Engine side: ``train`` and the engine's metrics
 (``publisher``, ``sampler``) -> ``strategies`` -> ``engine``. Leaves (``config``, ``errors``, ``wire``,
 ``faults``, ``tables``, ``metrics.records``, ``walkthroughs``, ``cell_targets``, and ``pool.records.state``,
 ``pool.machine.devices``, ``pool.rankmap``, which import nothing of the package) may be imported from anywhere
@@ -40,7 +42,7 @@ UNITS = {
     "workbench": ("kernel", 6), "workbench.cli": ("kernel", 6), "workbench.demo": ("kernel", 5),
     "workbench.magics": ("kernel", 5), "workbench.server": ("kernel", 5),
     "workbench.widgets": ("kernel", 4), "workbench.scatter": ("kernel", 4),
-    "workbench.preflight": ("kernel", 4),
+    "workbench.preflight": ("kernel", 4), "workbench.doctor": ("kernel", 4),
     "workbench.session": ("kernel", 3),
     "workbench.remote": ("door", 2),
     "workbench.pool": ("kernel", 1), "workbench.metrics": ("kernel", 1),
@@ -72,12 +74,9 @@ PENDING_RENAMES: dict[str, str] = {}  # house-b renamed session/elastic.py (cell
 CODE_IMPORT = re.compile(r"(^|[\n;])\s*(import|from)\s+workbench\b")
 # Where per-launcher behaviour lives (issue 36): one class per launcher, chosen once from the config.
 LAUNCHER_HOME = "workbench.pool.launch"
-# Per-launcher comparisons the lead converts once the session's rewrite (issue 36, "funnel") is merged, with
-# how many each module may still hold: the ``local`` property of Session, ProcessGroup and Recovery
-# (``pool.launcher.on_this_machine``) and Recovery.bring_back's MPI test (``pool.launcher.can_add_engines``).
-# Lower a count as its sites go; remove the entry at 0.
-PENDING_LAUNCHER_SITES = {"workbench.session.session": 1, "workbench.session.group": 1,
-                          "workbench.session.recovery": 2}
+# Per-launcher comparisons still allowed while a room moves its sites to the launcher objects: module -> how
+# many (none now: the session's went there when the funnel landed, issue 36).
+PENDING_LAUNCHER_SITES: dict[str, int] = {}
 
 
 def unit_of(module: str) -> str:
@@ -139,7 +138,10 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 
 def arrows_up(sources: dict[str, str]) -> list[str]:
-    """Rule (a): every import runs down the layers (the door's lazy imports are its job)."""
+    """Rule (a): every import runs down the layers. The door reaches the engine side by lazy imports only
+    (its job: the engines import the catalogue, ``workbench.remote``, which imports nothing at its top);
+    its transport imports the leaves and the kernel below it (``pool``), never a room above it (the
+    preflight check once made a circle with it)."""
     known, bad = set(sources), []
     for module, source in sources.items():
         side, level = UNITS[unit_of(module)]
@@ -148,7 +150,8 @@ def arrows_up(sources: dict[str, str]) -> list[str]:
                 continue
             to_side, to_level = UNITS[unit_of(target)]
             if side == "door":
-                ok = lazy
+                below = to_side in ("engine", "leaf") or (to_side == "kernel" and to_level < level)
+                ok = below and (lazy or (module != "workbench.remote" and to_side != "engine"))
             elif to_side == "leaf":
                 ok = True
             elif to_side == "door":
@@ -237,6 +240,48 @@ def privates_across_rooms(sources: dict[str, str]) -> list[str]:
                 theirs = owners.get(node.attr, set())
             if theirs and room not in theirs:
                 bad.append(f"{module}:{node.lineno} reads {ast.unparse(node)} of {', '.join(sorted(theirs))}")
+    return bad
+
+
+# What makes ipyparallel send to the engines: a view's methods that always send, those that send when given
+# ``block=`` (ours of the same names, Session.push and RankView.pull, take no ``block``), and making a view.
+VIEW_SENDS = {"apply_sync", "apply_async", "execute", "map_sync", "map_async"}
+BLOCKING_SENDS = {"push", "pull", "apply", "scatter", "gather", "map", "run"}
+VIEW_MAKERS = {"direct_view", "load_balanced_view", "broadcast_view"}
+
+
+def sends_outside_the_door(sources: dict[str, str]) -> list[str]:
+    """Rule (e): on the kernel side, only the door (``workbench.remote``: its transport, one object per
+    process group) sends to the engines: no ipyparallel view made (``client[...]``, ``direct_view``...), no
+    view's send (``apply_sync``, ``apply_async``, ``execute``, ``map_*``, or ``push``/``pull``/``apply``/
+    ``scatter``/``gather`` given ``block=``), and no side-channel command (the ``COMMAND`` topic, a ``PUSH``
+    socket up the channel: ``wire.pusher``) anywhere else. The user's own data and cells (``RankView``,
+    ``%%distributed``) go through the door's user verbs. The engine side (its beacons, its metrics) is
+    another direction: not counted."""
+    bad = []
+    for module, source in sources.items():
+        if UNITS[unit_of(module)][0] != "kernel":
+            continue
+        for node in ast.walk(ast.parse(source)):
+            what = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                name = node.func.attr
+                if name in VIEW_SENDS or name in VIEW_MAKERS:
+                    what = f"{name}()"
+                elif name in BLOCKING_SENDS and any(k.arg == "block" for k in node.keywords):
+                    what = f"{name}(block=...)"
+                elif name == "pusher":
+                    what = "a PUSH socket up the side channel"
+            elif isinstance(node, ast.Subscript) and (
+                    isinstance(node.value, ast.Name) and node.value.id == "client"
+                    or isinstance(node.value, ast.Attribute) and node.value.attr == "client"):
+                what = "a view (client[...])"
+            elif isinstance(node, ast.Attribute) and node.attr == "COMMAND":
+                what = "a side-channel command (COMMAND)"
+            elif isinstance(node, ast.ImportFrom) and any(a.name == "COMMAND" for a in node.names):
+                what = "a side-channel command (COMMAND)"
+            if what is not None:
+                bad.append(f"{module}:{node.lineno} sends past the door: {what}")
     return bad
 
 
@@ -339,7 +384,8 @@ def _pending_launcher_sites(found: list[str]) -> list[str]:
     return left
 
 
-RULES = [arrows_up, second_doors, privates_across_rooms, shared_file_names, launcher_comparisons]
+RULES = [arrows_up, second_doors, privates_across_rooms, shared_file_names, sends_outside_the_door,
+         launcher_comparisons]
 
 
 def in_a_fresh_interpreter(rule) -> list:
@@ -375,7 +421,10 @@ BROKEN = {
                 "workbench.pool.launch.ssh": "from workbench.pool.cluster import EnginePool\n",
                 "workbench.pool.records.sharing": "def f():\n    from workbench.pool.processes import reap\n",
                 "workbench.pool.processes.reap": "", "workbench.pool.launch": "",
-                "workbench.pool.records": "", "workbench.pool.processes": ""},
+                "workbench.pool.records": "", "workbench.pool.processes": "",
+                # the circle that was: the door reaching up to the preflight check, which imports it
+                "workbench.remote.door": "def f():\n    from workbench.preflight import run_check\n",
+                "workbench.preflight": "from workbench import remote\n"},
     second_doors: {"workbench.session.group": "def f():\n    from workbench.engine import guard\n",
                    "workbench.session.elastic": 'JOIN = "x = 1\\nimport workbench.train.elastic as e"\n',
                    "workbench.engine.guard": "", "workbench.engine": "", "workbench.session": ""},
@@ -401,9 +450,23 @@ BROKEN = {
         "workbench.faults": 'def f(origin):\n    return origin == "local"\n',
         "workbench.pool.launch": 'def launcher_for(config):\n    return KINDS[config.launcher]\n',
         "workbench.pool.launch.ssh": 'def f(config):\n    return config.launcher == "ssh"\n'},
+    sends_outside_the_door: {
+        "workbench.session.group": "def f(pool, fn):\n    return pool.client[[0, 1]].apply_sync(fn)\n",
+        "workbench.session.cell_elastic": "def f(view, plan):\n    view.push({'p': plan}, block=True)\n"
+                                          "    return view.execute('x = 1', block=False)\n",
+        "workbench.preflight": "import time\ndef f(client):\n    return client[0].apply_async(time.time)\n",
+        "workbench.session.stack_report": "from workbench import wire\ndef f(sock, s, b):\n"
+                                          "    sock.send_multipart(s.pack(wire.COMMAND, b))\n",
+        # the door's own sends, the user's verbs that take no block=, the engine's beacons: none counted
+        "workbench.remote.door": "def f(view, fn):\n    return view.apply_sync(fn)\n",
+        "workbench.session.session": "def f(s):\n"
+                                     "    return s.push({'x': 1}), s.pull('x'), s.view(0).apply(len)\n",
+        "workbench.engine.agent": "from workbench import wire\n"
+                                  "def f(ctx):\n    return wire.pusher(ctx, 'u')\n",
+        "workbench.session": "", "workbench.remote": "", "workbench.engine": "", "workbench.wire": ""},
 }
-EXPECTED = {arrows_up: 5, second_doors: 2, privates_across_rooms: 4, shared_file_names: 1,
-            launcher_comparisons: 6}
+EXPECTED = {arrows_up: 6, second_doors: 2, privates_across_rooms: 4, shared_file_names: 1,
+            sends_outside_the_door: 7, launcher_comparisons: 6}
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.__name__)

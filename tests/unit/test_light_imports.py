@@ -21,9 +21,9 @@ def test_the_lease_imports_neither_ipyparallel_nor_torch():
     assert imported_by("workbench.pool.processes.lease") == []
 
 
-KERNEL_SIDE = ["workbench.remote", "workbench.magics", "workbench.session.recovery",
-               "workbench.session.cell_elastic", "workbench.widgets.live_dashboard",
-               "workbench.widgets.cell_monitor", "workbench.preflight"]
+KERNEL_SIDE = ["workbench.remote", "workbench.remote.door", "workbench.session.rooms", "workbench.magics",
+               "workbench.session.recovery", "workbench.session.cell_elastic",
+               "workbench.widgets.live_dashboard", "workbench.widgets.cell_monitor", "workbench.preflight"]
 
 
 @pytest.mark.parametrize("module", KERNEL_SIDE)

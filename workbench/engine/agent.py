@@ -180,7 +180,7 @@ class Agent:
         with self._target_lock:
             beat = guard.snapshot(self.rank)
             beat.update(generation=self.generation, trainer=dict(trainer_status), host=_HOST,
-                        regroup=dict(regroup_status) or None)
+                        regroup=dict(regroup_status) or None, children=_started())
         if not should_send(beat, self._last_beat, now - self._last_sent):
             return beat["busy"]
         self._last_beat, self._last_sent = beat, now
@@ -197,16 +197,16 @@ class Agent:
         try:
             _, body = self.signer.unpack(frames)
             cmd = json.loads(body)
-            what, ranks, gen, cmd_id = cmd["do"], cmd["ranks"], cmd["generation"], cmd["id"]
-        except (wire.BadMessage, ValueError, KeyError, TypeError):
+            what, ranks, gen, cmd_id = wire.Command(cmd["do"]), cmd["ranks"], cmd["generation"], cmd["id"]
+        except (wire.BadMessage, ValueError, KeyError, TypeError):  # an unknown "do" too (ValueError)
             self.bad += 1
             return None
         with self._target_lock:
-            if what == "fence":  # addressed to engines (host, pid): a fenced one has no rank any more
+            if what is wire.Command.FENCE:  # addressed to engines (host, pid): a fenced one has no rank
                 if [socket.gethostname(), os.getpid()] not in cmd.get("engines", []):
                     return None
                 current = True
-            elif what == "regroup":  # addressed to engines (host, pid): ranks are what it changes
+            elif what is wire.Command.REGROUP:  # addressed to engines (host, pid): ranks are what it changes
                 plan = cmd.get("plan") or {}
                 me = [socket.gethostname(), os.getpid()]
                 if me not in [*plan.get("members", []), *plan.get("leaving", [])]:
@@ -220,32 +220,33 @@ class Agent:
                 self.bad += 1
                 return None
         self._seen.append(cmd_id)
-        if what == "stop":
+        done = str(what)
+        if what is wire.Command.STOP:
             _stop.set()
-        elif what == "abort":  # where the group's ranks listen, [ip, port] each: what the abort cuts
+        elif what is wire.Command.ABORT:  # peers: where the group's ranks listen, [ip, port] each
             _post(None)  # an elastic Trainer waiting for a regroup plan: none will come
             cut = guard.abort(cmd.get("peers", []))
-            what = f"abort ({cut} connections cut)" if cut is not None else "abort (no group)"
-        elif what == "regroup":
+            done = f"abort ({cut} connections cut)" if cut is not None else "abort (no group)"
+        elif what is wire.Command.REGROUP:
             if cmd.get("abort"):  # a rank was lost: release a main thread blocked in a collective with it,
                 guard.abort(cmd.get("peers", []))  # before the plan is posted (the new group forms after)
             _post(plan)
-        elif what == "fence":
+        elif what is wire.Command.FENCE:
             fence_self()
-        elif what == "stacks":
+        elif what is wire.Command.STACKS:
             self._stacks(str(cmd.get("request", "")), bool(cmd.get("native")))
-        elif what == "interrupt":
+        elif what is wire.Command.INTERRUPT:
             os.kill(os.getpid(), signal.SIGINT)
-        elif what == "signal" and isinstance(cmd.get("sig"), int):
-            what = f"signal {cmd['sig']}"
-            self.done.append(what)  # before: the signal may end this process
+        elif what is wire.Command.SIGNAL and isinstance(cmd.get("sig"), int):
+            done = f"signal {cmd['sig']}"
+            self.done.append(done)  # before: the signal may end this process
             os.kill(os.getpid(), cmd["sig"])
-            return what
+            return done
         else:
             self.bad += 1
             return None
-        self.done.append(what)
-        return what
+        self.done.append(done)
+        return done
 
     def _stacks(self, request: str, native: bool) -> None:
         from workbench.engine import stacks
@@ -303,6 +304,13 @@ def fence_self() -> None:
     print(f"workbench: this engine ({socket.gethostname()}, pid {os.getpid()}) was declared lost and "
           "fenced; it stops", file=sys.__stderr__, flush=True)
     os._exit(FENCED_EXIT)
+
+
+def _started() -> list[list]:
+    """The processes this rank started and that still run: ``[[pid, command line], ...]`` (a few)."""
+    from workbench.engine import children
+
+    return [[pid, line[:80]] for pid, line in children.descendants()[:16]]
 
 
 def should_send(beat: dict, last: dict | None, since_last: float) -> bool:

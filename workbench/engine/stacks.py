@@ -207,8 +207,11 @@ def _merged(dumped: list[dict]) -> list[dict]:
 def take(native_frames: bool = False) -> dict:
     """This rank's stacks: every Python thread, and with ``native_frames`` py-spy's merged stacks
     (native and Python) in place of those it could read."""
+    from workbench.engine import children
+
     threads = python_stacks()
-    result = {"pid": os.getpid(), "threads": threads, "native": None}
+    result = {"pid": os.getpid(), "threads": threads, "native": None,
+              "children": [[pid, line[:120]] for pid, line in children.descendants()]}
     if native_frames:
         found = native()
         if "error" in found:

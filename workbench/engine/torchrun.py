@@ -22,10 +22,13 @@ import functools
 import os
 import socket
 import sys
+import types
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+
+from workbench.engine import children, frameworks, fresh
 
 # torch's own functions, kept before the patch: the pool forms and ends its group with these
 ORIGINAL = {"init_process_group": c10d.init_process_group,
@@ -76,6 +79,8 @@ def install(*, backend: str, rank: int, world_size: int, device: torch.device) -
         module.init_process_group = init_process_group
         module.destroy_process_group = destroy_process_group
     _install_shell()
+    fresh.keep_torch_settings()  # what each `%dist run` starts from, as a new torchrun process would
+    frameworks.install()  # Lightning, Accelerate, Transformers see a torchrun process here
 
 
 def retarget(*, rank: int, world_size: int) -> None:
@@ -245,9 +250,27 @@ def _install_shell() -> None:
 
     ip.run_code, ip.showtraceback = run_code_exit_ok, showtraceback_exit_ok
     ip.safe_execfile = safe_execfile_exit_fails
+    ip.events.register("pre_run_cell", _cell_begins)  # a whole cell (run_code runs each statement)
+    ip.events.register("post_run_cell", _cell_ended)
     import warnings
 
     warnings.filterwarnings("ignore", message="To exit: use 'exit', 'quit'")  # IPython's, after a SystemExit
+
+
+def _cell_begins(info=None) -> None:
+    """When a cell began: the processes started since are the cell's."""
+    _shell["began"] = children.now()
+
+
+def _cell_ended(result) -> None:
+    """A cell that failed ends the processes it started; one interrupted (a timeout, Ctrl-C, another rank's
+    failure) ends every process this rank started: each says how many."""
+    error = getattr(result, "error_in_exec", None)
+    if isinstance(error, KeyboardInterrupt):
+        children.end_started(None, _pool.get("rank"), "it was interrupted", "this rank")
+    elif error is not None and not clean_exit(error):
+        children.end_started(_shell.get("began", 0.0), _pool.get("rank"), f"it raised {type(error).__name__}",
+                             "this cell")
 
 
 def missing_script(path: str, rank, host: str, folder: str, notebook_folder: str | None) -> str:
@@ -266,12 +289,15 @@ def missing_script(path: str, rank, host: str, folder: str, notebook_folder: str
 
 
 def run_script(path: str, argv: list[str], cwd: str | None = None) -> None:
-    """Run the script at ``path`` as ``python path *argv`` would, in this rank's namespace.
+    """Run the script at ``path`` as ``python path *argv`` would in a new torchrun process.
 
-    ``__name__`` is ``"__main__"``, ``sys.argv`` is ``[path, *argv]``, the script's folder comes first on
-    ``sys.path``; ``cwd`` (the notebook's folder): the rank works there where its host has it. The
-    script's globals stay in the namespace afterwards, as with ``%run``. A zero exit is success, another
-    raises; a script that is not there raises naming the rank's folder and host (:func:`missing_script`).
+    It runs as a fresh ``__main__`` module (``sys.modules["__main__"]`` while it runs: pickle and
+    multiprocessing find its classes there), with ``sys.argv`` ``[path, *argv]`` and the script's folder first
+    on ``sys.path``, after :func:`workbench.engine.fresh.begin` (the user's modules read again, the
+    frameworks' singletons, torch's settings and seeds, the environment as a new process has them); ``cwd``
+    (the notebook's folder): the rank works there where its host has it. The script's globals go to the
+    rank's namespace afterwards, for the next cells. A zero exit is success, another raises; a script that
+    is not there raises naming the rank's folder and host (:func:`missing_script`).
     """
     followed = cwd is not None and os.path.isdir(cwd)
     if followed:
@@ -287,21 +313,24 @@ def run_script(path: str, argv: list[str], cwd: str | None = None) -> None:
 
     ip = get_ipython()
     ns = ip.user_ns if ip is not None else {}
-    saved_argv, saved_main = sys.argv, ns.get("__name__")
-    sys.argv = [path, *argv]
+    saved_argv, saved_main = sys.argv, sys.modules.get("__main__")
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=full, __builtins__=builtins, exit=Exit("exit"), quit=Exit("quit"))
     folder = os.path.dirname(full)
+    fresh.begin()
+    sys.argv = [path, *argv]
     sys.path.insert(0, folder)
-    globs = {**ns, "__name__": "__main__", "__file__": full, "__builtins__": builtins,
-             "exit": Exit("exit"), "quit": Exit("quit")}
+    sys.modules["__main__"] = main
     try:
-        exec(code, globs)
+        exec(code, main.__dict__)
     except SystemExit as exc:
         if exc.code:
             raise
     finally:
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
         sys.argv = saved_argv
         if sys.path and sys.path[0] == folder:
             del sys.path[0]
-        ns.update({k: v for k, v in globs.items() if k not in ("__name__", "__file__", "__builtins__")})
-        if saved_main is not None:
-            ns["__name__"] = saved_main
+        fresh.end()
+        ns.update({k: v for k, v in main.__dict__.items() if not (k.startswith("__") and k.endswith("__"))})

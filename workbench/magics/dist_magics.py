@@ -20,6 +20,7 @@ from workbench.magics import rank_tabs, spread
 from workbench.magics.args import parse_cell, parse_dist, pool_config_options
 from workbench.magics.output import LineMerger, hold_for, print_stream
 from workbench.session import Session, format_ranks, ranks_text
+from workbench.session.stack_report import started_lines
 from workbench.tables import format_table
 
 STATUS_COLUMNS = ["rank", "host", "pid", "device", "state"]
@@ -116,12 +117,16 @@ class DistributedMagics(Magics):
             print("this notebook drives no pool: start one with `%dist start -n 2`"
                   + "".join(f"\n  or `%dist attach {st.name or st.id}` ({ranks_text(st.n)})"
                             for st in running))
+            _sidebar_note()
             return
         rows = s.status()
         print(f"pool {s.name} ({s.pool_id}): {ranks_text(s.world_size)}, backend {s.backend}, launcher "
               f"{s.config.launcher}; {_notebooks(s)}")
         print(format_table(rows, STATUS_COLUMNS))
+        for line in started_lines({r["rank"]: r.get("started") for r in rows if r["rank"] != "-"}):
+            print(line)
         print(s.group_state())
+        _sidebar_note()
 
     def _dist_stop(self, args):
         s = session_mod.current_or_none()
@@ -371,3 +376,16 @@ def _show_results(result) -> None:
         else:
             print(f"[rank {rank}]")
             publish_display_data(bundle)
+
+
+def _sidebar_note() -> None:
+    """Once per kernel: why the JupyterLab sidebar cannot work with the server that started this kernel
+    (it lacks the workbench, or has another version); nothing when it can, or when no server started it."""
+    from workbench.doctor import sidebar_note
+
+    try:
+        note = sidebar_note()
+    except Exception as exc:  # a check of the set-up must never break the status
+        note = f"(could not ask the Jupyter server about its workbench extension: {exc})"
+    if note:
+        print(note)

@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -33,12 +33,14 @@ from workbench.pool.watch.queues import rank_states
 from workbench.server.dashboards import IDLE_S, DashboardSources
 from workbench.server.panel_words import problem
 from workbench.server.start_request import start_options
+from workbench.server.threads import DaemonExecutor
 from workbench.server.usage import UsageSampler
 
 PANEL = "the JupyterLab panel"  # who stopped a pool, as the notebooks still attached are told
 # How long one look at a controller (which ranks are busy) may take before the
 # listing goes on without it.
 PROBE_TIMEOUT_S = 2.0
+SHUTDOWN_S = 6.0  # a server's SIGTERM ends it within 10 s whatever its pools do: this much for stopping them
 # Lines of start progress kept per pool for "Show log".
 LOG_LINES = 200
 
@@ -120,7 +122,7 @@ class PoolManager:
     def __init__(self, *, owners: OwnerLookup | None = None, max_workers: int = 8,
                  dashboard_idle_s: float = IDLE_S):
         self._owners = owners
-        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="workbench")
+        self._executor = DaemonExecutor(max_workers, thread_name_prefix="workbench")  # never holds the exit
         self.dashboards = DashboardSources(self._run, self.running_state, idle_s=dashboard_idle_s)
         self._started: dict[str, _Started] = {}  # by key
         self._stopping: set[str] = set()  # pool ids being stopped (any owner)
@@ -146,13 +148,18 @@ class PoolManager:
 
     # -- facts for the panel ---------------------------------------------------------
     def info(self) -> dict:
-        """What the Start dialog offers, and whether this machine has GPUs."""
+        """What the Start dialog offers, whether this machine has GPUs, and which workbench serves it (its
+        version and environment: a kernel compares them with its own, ``workbench doctor`` shows them)."""
+        from workbench.doctor import package_version
+
         gpus = self._usage.gpu_count()
         return {
             "launchers": list(LAUNCHERS),
             "backends": list(BACKENDS),
             "gpus": gpus,
             "default_n": gpus or 2,
+            "version": package_version(),
+            "prefix": sys.prefix,
         }
 
     # -- listing ---------------------------------------------------------------------
@@ -466,27 +473,38 @@ class PoolManager:
 
     # -- shutdown ---------------------------------------------------------------------------
     async def shutdown(self) -> None:
-        """Stop every pool this server started (the server is going away).
+        """Stop every pool this server started (the server is going away), within :data:`SHUTDOWN_S`.
 
         The manager closes first (every later request is answered "shutting down"), then stops the
-        pools, and only then its worker threads: no request ever finds them gone.
+        pools, all at once, and only then its worker threads: no request ever finds them gone. Nothing is
+        waited for past the bound: a pool still starting, or one whose controller does not answer, is ended
+        by its lease once this server has exited, and the workers are daemon threads (they never hold the
+        exit).
         """
         self._closing = True
-        for task in list(self._tasks):
-            await asyncio.wait([task], timeout=120)
-        for rec in list(self._started.values()):
-            if rec.session is not None and rec.session.running:
-                rec.phase = "stopping"
-                await self._run(lambda s=rec.session: s.stop(by="the Jupyter server, shutting down"))
+        deadline = time.monotonic() + SHUTDOWN_S
+
+        def left() -> float:
+            return max(0.1, deadline - time.monotonic())
+
+        for rec in self._started.values():
+            if rec.phase == "starting":
+                rec.phase = "stopping"  # _start stops it as soon as it is up, if the server is still here
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=left())
+        stops = [asyncio.ensure_future(self._run(lambda s=rec.session: s.stop(by="the Jupyter server, "
+                                                                                "shutting down")))
+                 for rec in self._started.values() if rec.session is not None and rec.session.running]
+        if stops:
+            await asyncio.wait(stops, timeout=left())
         self._started.clear()
-        await self.dashboards.close_all()
-        for probe in self._probes.values():
-            await self._run(_close_quietly, probe)
+        closing = [asyncio.ensure_future(self.dashboards.close_all())]
+        closing += [asyncio.ensure_future(self._run(_close_quietly, p)) for p in self._probes.values()]
+        closing += [asyncio.ensure_future(self._run(a.close)) for a in self._stack_askers.values()]
+        await asyncio.wait(closing, timeout=left())
         self._probes.clear()
-        for asker in self._stack_askers.values():
-            await self._run(asker.close)
         self._stack_askers.clear()
-        self._executor.shutdown(wait=False)
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 def in_words(exc: BaseException) -> str:

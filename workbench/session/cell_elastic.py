@@ -29,33 +29,52 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench import remote
 from workbench.pool.rankmap import RankInfo, format_ranks, ranks_text
 from workbench.session.losses import loss_text
 
+if TYPE_CHECKING:
+    from workbench.session.rooms import Rooms
+
 # A regroup whose members say they still wait for some of them this long is re-planned without those.
 REPLAN_S = 5.0
 REPLAN_QUIET_S = 2.0  # ... and that have been silent this long (a member only slow to come still beacons)
-# What a new engine runs to join an elastic run in progress (the plan and remote.join_running pushed first).
-JOIN = "result = _wb_join_running(_workbench_plan)"
+
+
+class Children(list):
+    """The ranks running one cell, each with its ipyparallel reply: ``(RankInfo, child)``, in order. The
+    cell fills it when it starts; an elastic join adds to it, a regroup renumbers it.
+
+    >>> from workbench.pool.rankmap import RankInfo
+    >>> a, b = RankInfo(0, 0, 0, "h", 10, "cpu", 5), RankInfo(1, 1, 0, "h", 11, "cpu", 6)
+    >>> running = Children([(a, "reply a"), (b, "reply b")])
+    >>> running.renumber([dataclasses.replace(b, rank=0)])
+    >>> [(r.rank, r.engine_id, c) for r, c in running]
+    [(0, 5, 'reply a'), (0, 6, 'reply b')]
+    """
+
+    def renumber(self, ranks: list[RankInfo]) -> None:
+        """The ranks under the numbers of ``ranks`` (a regroup); ranks not in it keep theirs."""
+        now = {r.engine_id: r for r in ranks}
+        self[:] = [(now.get(r.engine_id, r), c) for r, c in self]
 
 
 class ElasticWatch:
     """Regroups the ranks of one cell's elastic run when one is lost; see the module's docstring.
 
-    ``on_regroup``: called (on the cell's thread) once the group holds the new rank map, for what the
-    session keeps in step with it (health watcher, state file, metrics). ``bring_back``: called after a
-    loss when the Trainer asked for replacements (``ElasticConfig(replace=True)``); it starts them in
-    the background (they join through :meth:`request`).
+    ``rooms``: the session's rooms (:class:`~workbench.session.rooms.Rooms`): the group it regroups, the
+    health and beacons it reads, the door a joining engine's cell starts through; once the group holds a
+    new rank map the rooms follow it (:meth:`~workbench.session.rooms.Rooms.follow_membership`), and a
+    Trainer that asked for replacements (``ElasticConfig(replace=True)``) has them brought back by the
+    recovery room in the background (they join through :meth:`request`). ``children``: the cell's running
+    ranks; ``wake``: wakes the cell's wait loop (a request from another thread waits for its tick).
     """
 
-    def __init__(self, cell, on_regroup: Callable[[], None] = lambda: None,
-                 report: Callable[[str], None] = lambda text: print(f"workbench: {text}", flush=True),
-                 bring_back: Callable[[], None] | None = None):
-        self.cell = cell
-        self.on_regroup, self.report, self.bring_back = on_regroup, report, bring_back
+    def __init__(self, rooms: Rooms, children: Children, wake: Callable[[], None],
+                 report: Callable[[str], None] = lambda text: print(f"workbench: {text}", flush=True)):
+        self.rooms, self.children, self.wake, self.report = rooms, children, wake, report
         self.settings: dict | None = None  # the elastic Trainer's settings, while its run goes on
         self.dropped: dict[int, str] = {}  # engine id -> how that rank was lost
         self._lost_in: dict[int, Any] = {}  # engine id -> the fault event of its loss
@@ -72,14 +91,13 @@ class ElasticWatch:
     def beat(self, info: RankInfo) -> dict | None:
         """``info``'s latest beacon, if it came from that engine (after a renumbering the rank's number
         may still show another engine's last beacon)."""
-        beacons = self.cell.health.beacons
-        beat = beacons.latest.get(info.rank) if beacons is not None else None
+        beat = self.rooms.beacons.latest.get(info.rank)
         return beat if beat is not None and beat.get("pid") == info.pid else None
 
     def members(self) -> list[RankInfo]:
         """The ranks still running the cell in the current group."""
-        dead = self.cell.health.dead
-        return [r for r, c in self.cell.children if r.engine_id not in self.dropped
+        dead = self.rooms.health.dead
+        return [r for r, c in self.children if r.engine_id not in self.dropped
                 and r.engine_id not in self.leaving and not c.done() and r.rank not in dead]
 
     def active(self) -> dict | None:
@@ -96,9 +114,8 @@ class ElasticWatch:
     def tick(self) -> None:
         """From the cell's wait loop: notice a regroup that completed, or a rank that hangs; carry out
         the changes asked for from other threads (``%dist restart``, ``%dist scale``)."""
-        beacons = self.cell.health.beacons
         if self.recovering is None and self.settings is None and not self.requests \
-                and (beacons is None or not beacons.trainers):
+                and not self.rooms.beacons.trainers:
             return  # no Trainer runs anywhere: nothing to watch (O(1), not a look at every rank's beacon)
         if self.recovering is not None:
             self._check_recovered()
@@ -122,14 +139,14 @@ class ElasticWatch:
                 done.set_exception(RuntimeError("the elastic run ended"))
                 return done
             self.requests.append((what, argument, done))
-        self.cell.wake()
+        self.wake()
         return done
 
     def close(self) -> None:
         """The cell ended: what is still asked for cannot happen any more (its Futures say so). A regroup
         that did not complete leaves the group to be re-formed on the survivors by the next cell."""
         if self.recovering is not None:
-            self.cell.group.mark_broken()
+            self.rooms.group.mark_broken()
         with self._lock:
             self._closed = True
             while self.requests:
@@ -147,7 +164,7 @@ class ElasticWatch:
         if len(stay) < settings.get("min_ranks", 1):
             return False
         step = self._step(stay)
-        group, health = self.cell.group, self.cell.health
+        group, health, beacons = self.rooms.group, self.rooms.health, self.rooms.beacons
         before = self.recovering if self.recovering is not None and self.recovering["fault"] else None
         # a loss while the regroup after another one forms: the ranks are named as the group that last
         # formed numbered them (the user's numbers), not as the plan that never formed did
@@ -157,17 +174,17 @@ class ElasticWatch:
         # the fault record gets it once they have regrouped (_check_recovered)
         text = loss_text(named, group.ranks, how, step="{step}", left=len(stay),
                          fsdp=bool(settings.get("fsdp")))
-        if detect_s is None and health.beacons is not None:  # how long it was silent before we knew
-            detect_s = round(max(min(health.beacons.silent_for(r.rank), 3600.0) for r in infos), 3)
+        if detect_s is None:  # how long it was silent before we knew
+            detect_s = round(max(min(beacons.silent_for(r.rank), 3600.0) for r in infos), 3)
         event = health.record(kind, named[0], text.replace(" after step {step}", ""), detect_s, 0.0)
         lost_ranks = sorted({*(before["lost"] if before else []), *(r.rank for r in named)})
         plan = group.regroup(stay, lost=infos, abort=True, text=text, lost_ranks=lost_ranks,
-                             beats=health.beacons.latest if health.beacons else None)
+                             beats=beacons.latest)
         for r in infos:
             self.dropped[r.engine_id] = how
             self._lost_in[r.engine_id] = event
         self._renumber()
-        self.on_regroup()
+        self.rooms.follow_membership()
         self.faults.append(event)
         earlier = [*before["events"], (before["fault"], before["text"])] if before else []  # one regroup
         self.recovering = {"since": time.monotonic(), "generation": plan["generation"], "step": step,
@@ -175,8 +192,8 @@ class ElasticWatch:
                            "formed": formed, "lost": lost_ranks}
         # "continuing" once it has (_check_recovered)
         self.report(text.replace(" after step {step}", "").replace("; continuing on", "; regrouping on"))
-        if settings.get("replace") and self.bring_back is not None:
-            self.bring_back()
+        if settings.get("replace"):
+            self.rooms.recovery.bring_back(self)
         return True
 
     def how_lost(self, engine_id: int) -> str | None:
@@ -193,21 +210,19 @@ class ElasticWatch:
 
     def _join(self, infos: list[RankInfo]) -> list[RankInfo]:
         """New engines (set up already) join at the members' next step boundary and run the rest."""
-        stay, group = self.members(), self.cell.group
+        stay, group = self.members(), self.rooms.group
         step, world = self._step(stay), len(stay) + len(infos)
         numbers = format_ranks(range(len(stay), world))
         # the ranks fill in the step they changed at ({step}); the kernel only knows it is the next one
         text = f"rank {numbers} joined after step {{step}}; continuing on {world} ranks"
         plan = group.regroup(stay, join=infos, abort=False, text=text)
         joined = group.ranks[len(stay):]
-        for info in joined:
-            view = group.pool.client[info.engine_id]
-            view.push({"_workbench_plan": plan, "_wb_join_running": remote.join_running}, block=True)
-            ar = view.execute(JOIN, silent=False, block=False)
-            ar.add_done_callback(lambda _: self.cell.wake())
+        for info in joined:  # each runs the rest of the run in a cell the running one waits for
+            ar = self.rooms.door.start_in_cell(remote.join_running, [info], plan)
+            ar.add_done_callback(lambda _: self.wake())
             child = ar._children[0]
-            child.iopub_callbacks.append(lambda _: self.cell.wake())
-            self.cell.add_child(info, child)
+            child.iopub_callbacks.append(lambda _: self.wake())
+            self.children.append((info, child))
         self._after_change(plan, step, text)
         return joined
 
@@ -218,14 +233,14 @@ class ElasticWatch:
         step = self._step(members)
         text = (f"rank {format_ranks(r.rank for r in leave)} left after step {{step}}; continuing on {n} "
                 f"rank{'s' if n != 1 else ''}")
-        plan = self.cell.group.regroup(stay, leave=leave, abort=False, text=text)
+        plan = self.rooms.group.regroup(stay, leave=leave, abort=False, text=text)
         self.leaving |= {r.engine_id for r in leave}
         self._after_change(plan, step, text)
         return leave
 
     def _after_change(self, plan: dict, step: int, text: str) -> None:
         self._renumber()
-        self.on_regroup()
+        self.rooms.follow_membership()
         self.recovering = {"since": time.monotonic(), "generation": plan["generation"], "step": step,
                            "fault": False}
         self.report(text.replace("joined after step {step}", "joins at the next step boundary")
@@ -233,7 +248,7 @@ class ElasticWatch:
 
     def _renumber(self) -> None:
         """The cell's ranks under their new numbers (lost ones keep their old number)."""
-        self.cell.renumber(self.cell.group.ranks)
+        self.children.renumber(self.rooms.group.ranks)
 
     def _check_recovered(self) -> None:
         """The regroup is done once every member beacons from the new group past the lost step."""
@@ -245,7 +260,7 @@ class ElasticWatch:
                          and (not fault or (b.get("trainer") or {}).get("regrouped_generation") == g)
                          for b in beats.values()):
             seconds = time.monotonic() - self.recovering["since"]
-            self.cell.group.heard({rank: b.get("endpoints") or [] for rank, b in beats.items()})
+            self.rooms.group.heard({rank: b.get("endpoints") or [] for rank, b in beats.items()})
             if fault:
                 at = next(iter(beats.values()))["trainer"]["regrouped"]
                 fault.first_failure = self.recovering["text"].replace("{step}", str(at))
@@ -254,16 +269,16 @@ class ElasticWatch:
                     head = text.replace("{step}", str(at)).split("; continuing on")[0]
                     event.first_failure = f"{head}; continuing on {ranks_text(left)}"
                     event.recover_s = round(seconds, 3)
-                self.cell.health.recovered(seconds)
+                self.rooms.health.recovered(seconds)
                 self.report(f"continuing on {ranks_text(self.recovering['left'])} after step {at}, "
                             f"regrouped in {seconds:.1f} s")
             self.recovering = None
             return
-        latest = self.cell.health.beacons.latest if self.cell.health.beacons else {}
+        latest = self.rooms.beacons.latest
         stuck = unanswered(self.members(), list(latest.values()), g, REPLAN_S) \
             if self.recovering["fault"] else []  # a planned change waits for its new ranks
         if stuck:  # members that do not come to the regroup: killed (fenced too), re-planned without them
-            self.cell.group.signal(stuck, signal.SIGKILL, breaks_group=False)
+            self.rooms.group.signal(stuck, signal.SIGKILL, breaks_group=False)
             self.lost(stuck, f"did not answer the regroup for {REPLAN_S:g} s (killed)", kind="hang",
                       detect_s=REPLAN_S)
 
@@ -273,7 +288,7 @@ class ElasticWatch:
         all at the same point (a deadlock) are left to the cell's own timeout."""
         hang_s = float(self.settings.get("hang_timeout", 60.0))
         now, members = time.monotonic(), self.members()
-        beacons = self.cell.health.beacons
+        beacons = self.rooms.beacons
         progress = {}
         for r in members:
             beat = self.beat(r) or {}
@@ -290,7 +305,7 @@ class ElasticWatch:
         stalled = [r for r in members if beacons.silent_for(r.rank) > hang_s or progress[r.engine_id] < ahead]
         if not stalled or len(members) - len(stalled) < self.settings.get("min_ranks", 1):
             return
-        self.cell.group.signal(stalled, signal.SIGKILL, breaks_group=False)
+        self.rooms.group.signal(stalled, signal.SIGKILL, breaks_group=False)
         self.lost(stalled, f"hung for {hang_s:g} s (killed)", kind="hang", detect_s=hang_s)
 
 

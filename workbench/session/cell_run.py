@@ -5,7 +5,7 @@ waits on ipyparallel's output messages and on the health watcher (a death wakes 
 /proc. When a rank fails it climbs an escalation ladder over the ranks still running: abort the
 process group where the failed ranks are, SIGINT, SIGTERM, SIGKILL, each after a delay.
 
->>> run = CellRun(group, health, targets, timeout=None, on_output=None)   # doctest: +SKIP
+>>> run = CellRun(rooms, targets, timeout=None, on_output=None)   # doctest: +SKIP
 >>> run.run("x = rank")                                                   # doctest: +SKIP
 """
 
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench import faults
 from workbench.cell_targets import cell_label
@@ -27,9 +27,7 @@ from workbench.errors import CellInterrupted, CellTimeout, RankError
 from workbench.pool.rankmap import RankInfo
 from workbench.session import hints
 from workbench.session.bounded import CellOutput
-from workbench.session.cell_elastic import ElasticWatch
-from workbench.session.group import ProcessGroup
-from workbench.session.health import Health
+from workbench.session.cell_elastic import Children, ElasticWatch
 from workbench.session.losses import death_text
 from workbench.session.results import (
     CellResult,
@@ -39,6 +37,10 @@ from workbench.session.results import (
     stop_report,
     where_in_cell,
 )
+from workbench.wire import Command
+
+if TYPE_CHECKING:
+    from workbench.session.rooms import Rooms
 
 # Called with (rank, kind, payload): kind is "stdout"/"stderr" (text) or "display" (a display_data
 # content dict).
@@ -81,13 +83,18 @@ def soft_stop(grace: float) -> tuple:
 
 
 class CellRun:
-    """One cell on ``targets``: streams output, watches for failures, stops the rest when one fails."""
+    """One cell on ``targets``: streams output, watches for failures, stops the rest when one fails.
 
-    def __init__(self, group: ProcessGroup, health: Health, targets: list[RankInfo], timeout: float | None,
-                 on_output: OutputCallback | None, on_tick: Callable[[], None] | None = None,
-                 on_regroup: Callable[[], None] = lambda: None):
-        self.group, self.health, self.targets, self.timeout = group, health, targets, timeout
-        self.elastic = ElasticWatch(self, on_regroup)  # routes an elastic Trainer around a lost rank
+    ``rooms``: the session's rooms (:class:`~workbench.session.rooms.Rooms`): the door it runs through, the
+    group, health and beacons it watches, where the ranks work (for the errors that name it)."""
+
+    def __init__(self, rooms: Rooms, targets: list[RankInfo], timeout: float | None,
+                 on_output: OutputCallback | None, on_tick: Callable[[], None] | None = None):
+        self.rooms, self.targets, self.timeout = rooms, targets, timeout
+        self.group, self.health, self.beacons = rooms.group, rooms.health, rooms.beacons
+        self.children = Children()  # (rank, its reply) of every rank running the cell
+        # routes an elastic Trainer around a lost rank
+        self.elastic = ElasticWatch(rooms, self.children, wake=self.wake)
         self.on_tick = on_tick  # called on the kernel's main thread at every wake-up (the dashboard)
         self.relay = OutputRelay(on_output)
         self.ladder: tuple = ()
@@ -105,16 +112,14 @@ class CellRun:
         self._raised_before_abort: set[int] = set()  # ranks whose error came before the abort was sent
         self._asked = 0  # interrupts asked for from another thread (RunHandle.stop), not yet taken
         self._wake = threading.Event()
-        # ranks -> {rank: (host, the folder it works in)} where known; asked only when a file was not found
-        self.folders: Callable[[list[RankInfo]], dict[int, tuple[str, str]]] = lambda ranks: {}
 
     def run(self, code: str) -> CellResult:
         t0, self.started = time.perf_counter(), time.time()
         label = cell_label([r.rank for r in self.targets], len(self.group.ranks))  # what the ranks can see
-        ar = self.group.view(self.targets).execute(code, silent=False, block=False, label=label)
+        ar = self.rooms.door.start_cell(self.targets, code, label=label)
         by_engine = {r.engine_id: r for r in self.targets}
-        self.children = [(by_engine[eid], child)
-                         for eid, child in zip(ar._targets, ar._children, strict=True)]
+        self.children[:] = [(by_engine[eid], child)
+                            for eid, child in zip(ar._targets, ar._children, strict=True)]
         wake = self._wake
         self.relay.attach(self.children, CellOutput(log_dir=None, pool_id=self.health.pool_id))
         for _, child in self.children:
@@ -142,6 +147,9 @@ class CellRun:
                 self._outcome(r.rank.rank, r.error, r.stderr, deaths, r.origin)
             if r.outcome in ("stopped", "interrupted"):
                 r.where = where_in_cell(r.error) or self.where.get(r.rank.rank)
+        if self.fault is not None and self._no_fault(result) and not self.timed_out:
+            self.health.forget(self.fault)  # every rank raised its own error: one error, no fault
+            self.fault = None
         if self.fault is not None:
             self.fault.abort_s = round(time.monotonic() - self.first_fault_at, 3)
             result.fault = self.fault
@@ -155,7 +163,7 @@ class CellRun:
         failures = [f for f in result.failures() if f.outcome in ("error", "died", "killed")] \
             or result.failures()
         if failures:
-            if self.fault is None:  # failed without anyone waiting: nothing to stop
+            if self.fault is None and not self._no_fault(result):  # failed without anyone waiting
                 first = failures[0]
                 self.fault = result.fault = self.health.record(
                     "exception", first.rank, f"{first.error.ename}: {first.error.evalue}", None, 0.0)
@@ -176,8 +184,8 @@ class CellRun:
                               ranks=gone, subset=subset)
             if line is not None and line not in result.hints:
                 result.hints.append(line)
-        missing = self.folders([f.rank for f in failures if hints.file_not_found(f.error.ename,
-                                                                                str(f.error.evalue))])
+        missing = self.rooms.folders.of([f.rank for f in failures if hints.file_not_found(f.error.ename,
+                                                                                        str(f.error.evalue))])
         if missing:
             result.hints.append(hints.where_ranks_look(missing, os.getcwd()))
 
@@ -215,15 +223,6 @@ class CellRun:
             except KeyboardInterrupt:
                 self._ctrl_c(time.monotonic())
 
-    def add_child(self, info: RankInfo, child) -> None:
-        """A rank that joined the running cell (an elastic join): its reply is waited for like the others'."""
-        self.children.append((info, child))
-
-    def renumber(self, ranks: list[RankInfo]) -> None:
-        """The cell's ranks under the numbers of ``ranks`` (a regroup); ranks not in it keep theirs."""
-        now = {r.engine_id: r for r in ranks}
-        self.children = [(now.get(r.engine_id, r), c) for r, c in self.children]
-
     def wake(self) -> None:
         """Wake the wait loop now (a request from another thread is waiting)."""
         self._wake.set()
@@ -247,7 +246,7 @@ class CellRun:
 
     def _trainer_grace(self) -> float | None:
         """Seconds to wait for a step boundary, when a Trainer runs on every running rank (else None)."""
-        beats = self.health.beacons.latest if self.health.beacons else {}
+        beats = self.beacons.latest
         running = [r for r, c in self.children if not c.done()]
         trainers = [(beats.get(r.rank) or {}).get("trainer") or {} for r in running]
         if not running or not all(t.get("running") for t in trainers):
@@ -274,7 +273,7 @@ class CellRun:
         for r, c in self.children:
             err = c.output.metadata["error"]
             if err is None or faults.is_secondary(err.ename, str(err.evalue),
-                                                  self._origin(r, c.output.metadata["completed"])):
+                                                  self._origin(r, c.output.metadata["completed"], err)):
                 continue
             if raised_in_collective(err) and now - self._suspects.setdefault(r.rank, now) < ECHO_WAIT_S:
                 continue  # maybe the echo of a peer's death that the watcher is about to report
@@ -286,7 +285,7 @@ class CellRun:
     def _hang(self, now: float) -> None:
         """The timeout passed: name the stalled ranks and the last collective all ranks completed."""
         running = [r for r, c in self.children if not c.done()]
-        beats = self.health.beacons.latest if self.health.beacons else {}
+        beats = self.beacons.latest
         stalled = [r for r in running if not (beats.get(r.rank) or {}).get("inflight")] or running
         done = [beats[r.rank]["done"] for r in self.targets if r.rank in beats]
         last = min(done) if done else None
@@ -306,7 +305,7 @@ class CellRun:
         self.ladder = ladder
         dead = self.health.dead
         self.cut_short = {r.rank for r, c in self.children if not c.done() and r.rank not in dead}
-        beats = self.health.beacons.latest if self.health.beacons else {}
+        beats = self.beacons.latest
         self.where = {rank: (beats.get(rank) or {}).get("where") for rank in self.cut_short}
         self.fault = self.health.record(kind, info, text, detect_s, None)
         self._escalate(now)
@@ -324,8 +323,10 @@ class CellRun:
                 # SIGTERM for a rank that had only raised)
                 ended = self._errored()
                 running = [r for r in running if r.rank not in ended]
-                if step != "sigint":  # a rank that was released and is only writing its traceback
-                    running = [r for r in running if not self._finishing(r.rank)]  # is not stuck
+                if step != "sigint" or self._after_failure():  # a rank that was released and is only
+                    running = [r for r in running if not self._finishing(r.rank)]  # writing its traceback,
+                    # or (after another rank's error) one still moving, on its way to its own error, is not
+                    # stuck: no KeyboardInterrupt in place of the error every rank raises
                 if not running:
                     return
             self.steps_done.add(step)
@@ -334,15 +335,25 @@ class CellRun:
             if step != "stop":  # past the step boundary: some rank may be cut mid-step, so every rank's
                 self.group.mark_broken()  # wrapper (DDP's reducer) must see a new group before training on
             if step == "stop":  # a Trainer stops at its next step boundary, on every rank the same
-                self.group.command("stop", running)
+                self.group.command(Command.STOP, running)
             elif step == "abort":  # every rank, blocked ones too: their agents release them, state kept
                 self._raised_before_abort = self._errored()
                 self.group.abort([r for r, _ in self.children if r.rank not in dead],
-                                 beats=self.health.beacons.latest if self.health.beacons else None)
+                                 beats=self.beacons.latest)
             else:
                 for r in running:
                     self.signalled.setdefault(r.rank, set()).add(step)
                 self.group.signal(running, SIGNALS[step])
+
+    def _after_failure(self) -> bool:
+        """Whether the ladder in force follows a rank's own error (not an interrupt, a timeout, a death)."""
+        return self.fault is not None and self.fault.kind == "exception" and not self.interrupts
+
+    def _no_fault(self, result: CellResult) -> bool:
+        """Whether nothing went wrong beyond the errors the ranks raised themselves: no rank was cut short,
+        died or was lost; such a cell failed, but it is no fault of the pool (none is recorded)."""
+        return not result.ranks_with("stopped", "interrupted", "died", "killed", "lost") and \
+            (self.fault is None or self.fault.kind == "exception")
 
     def _errored(self) -> set[int]:
         """The ranks whose error reached us (ipyparallel publishes it before the reply)."""
@@ -354,29 +365,29 @@ class CellRun:
         within the last second (it is moving), or its beacons are late (on a loaded machine: the main
         thread holds the GIL without a break, as when IPython parses a big file to show it). A rank
         spinning on one line, or blocked in a collective, still beacons on time from the same place."""
-        if self.health.beacons is None:
-            return False
-        beat = self.health.beacons.latest.get(rank) or {}
-        late = self.health.beacons.silent_for(rank) > 1.0
+        beat = self.beacons.latest.get(rank) or {}
+        late = self.beacons.silent_for(rank) > 1.0
         moved = time.monotonic() - self._places.get(rank, (None, 0.0))[1] < 1.0
         return late or bool(beat.get("reporting")) or moved
 
     def _note_places(self, now: float) -> None:
         """Keep, for every rank, where its beacon says it is and since when (see :meth:`_finishing`)."""
-        beats = self.health.beacons.latest if self.health.beacons else {}
+        beats = self.beacons.latest
         for r, _ in self.children:
             beat = beats.get(r.rank) or {}
             where = (beat.get("where"), beat.get("inflight"))
             if self._places.get(r.rank, (None,))[0] != where:
                 self._places[r.rank] = (where, now)
 
-    def _origin(self, info: RankInfo, completed) -> str | None:
+    def _origin(self, info: RankInfo, completed, error=None) -> str | None:
         """Where the rank says its failure came from (its beacon; engine clocks on both sides)."""
-        beats = self.health.beacons.latest if self.health.beacons else {}
+        beats = self.beacons.latest
         origin = faults.origin_of(beats.get(info.rank), self.started, faults.seconds(completed))
         if origin == "aborted" and info.rank in self._raised_before_abort:
             return None  # its error reached us before the abort: the root cause, however late its reply
-        return origin
+        if origin == "aborted" and error is not None and not raised_in_collective(error):
+            return None  # the abort cuts collectives only: an error raised outside one is the rank's own
+        return origin                 # (an echo by its text still: "aborted", "Connection closed", ...)
 
     def _rank_result(self, info: RankInfo, child) -> RankResult:
         md = child.output.metadata
@@ -399,7 +410,7 @@ class CellRun:
             stderr=self.relay.text(info.rank, "stderr"),
             result=(md["execute_result"] or {}).get("data"), outputs=list(md["outputs"]),
             error=error, completed=md["completed"],
-            origin=self._origin(info, md["completed"]) if error is not None else None,
+            origin=self._origin(info, md["completed"], error) if error is not None else None,
         )
 
     def _outcome(self, rank: int, error, stderr: str, deaths: bool, origin: str | None = None) -> str:

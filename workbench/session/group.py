@@ -1,11 +1,11 @@
 """The kernel side of the process group: which engine is which rank, forming, re-forming, aborting.
 
-Everything here runs in the kernel and reaches the engines through ipyparallel; what runs on the
-engines is :mod:`workbench.engine.rendezvous` (describe, open the store, join) and
-:mod:`workbench.engine.guard` (abort), sent through :mod:`workbench.remote` (the kernel imports no
-torch).
+Everything here runs in the kernel and reaches the engines through the pool's door
+(:class:`~workbench.remote.door.Door`); what runs on the engines is :mod:`workbench.engine.rendezvous`
+(describe, open the store, join) and :mod:`workbench.engine.guard` (abort), from the catalogue
+:mod:`workbench.remote` (the kernel imports no torch).
 
->>> group = ProcessGroup(pool, config)              # doctest: +SKIP
+>>> group = ProcessGroup(pool, config, Door(pool))  # doctest: +SKIP
 >>> group.seat(build_rank_map(group.describe(pool.client.ids)))   # doctest: +SKIP
 >>> group.form(beacon_url=None)                     # doctest: +SKIP
 >>> group.backend                                   # doctest: +SKIP
@@ -14,16 +14,13 @@ torch).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import threading
-import uuid
 from dataclasses import replace
 
-from workbench import remote, wire
+from workbench import remote
 from workbench.config import PoolConfig
-from workbench.errors import PoolStartError, RankDiedError
+from workbench.errors import PoolStartError
 from workbench.pool.cluster import EnginePool
 from workbench.pool.rankmap import (
     EngineInfo,
@@ -35,8 +32,8 @@ from workbench.pool.rankmap import (
     remap_moved,
 )
 from workbench.pool.records import state as pool_state
-
-VIEWS_KEPT = 16  # views kept, one per set of engines (a notebook uses a few: all, one rank, a subset)
+from workbench.remote.door import Door
+from workbench.wire import Command
 
 
 class ProcessGroup:
@@ -50,8 +47,8 @@ class ProcessGroup:
     every change of the group here.
     """
 
-    def __init__(self, pool: EnginePool, config: PoolConfig):
-        self.pool, self.config = pool, config
+    def __init__(self, pool: EnginePool, config: PoolConfig, door: Door):
+        self.pool, self.config, self.door = pool, config, door
         self.ranks: list[RankInfo] = []
         self.backend: str | None = None
         self.ok = False
@@ -62,13 +59,11 @@ class ProcessGroup:
         self.fenced: list[RankInfo] = []  # engines declared lost: refused, told to stop (kept for status)
         self.destroyed: list[int] = []  # ranks where a cell ended the default group itself (torch's own
         # destroy_process_group, which a library may hold: not the pool's deferred one)
-        self._commands = None  # a PUSH socket up the pool's side channel, made on first use
-        self._commands_lock = threading.Lock()
-        self._views: dict[tuple[int, ...], object] = {}  # engine ids -> their DirectView (see view())
 
     @property
     def local(self) -> bool:
-        return self.config.launcher == "local"
+        """Every engine runs on this machine (the launcher says: pids reach them, ranks meet in files)."""
+        return self.pool.launcher.on_this_machine
 
     # -- changes from the other rooms -----------------------------------------------------------
     def seat(self, ranks: list[RankInfo]) -> None:
@@ -125,44 +120,23 @@ class ProcessGroup:
         if gone:
             self.mark_destroyed(gone)
 
-    def view(self, targets: list[RankInfo]):
-        """An ipyparallel view on the engines of ``targets`` (one per set of engines, made once: a new
-        DirectView per cell was a third of our kernel-side cost of a trivial cell beyond ipyparallel's;
-        nobody changes a view's flags, every caller passes ``block``)."""
-        ids = tuple(r.engine_id for r in targets)
-        known = self._views.get(ids)
-        if known is not None and known.client is self.pool.client and set(ids) <= set(self.pool.client.ids):
-            return known
-        try:
-            view = self.pool.client[list(ids)]
-        except (KeyError, IndexError):  # the controller dropped an engine: it is gone
-            known = set(self.pool.client.ids)
-            lost = next(r for r in targets if r.engine_id not in known)
-            raise RankDiedError(f"{lost.label()} is gone (its engine left the controller): `%dist restart` "
-                                "brings it back.") from None
-        if len(self._views) >= VIEWS_KEPT:
-            self._views.clear()
-        self._views[ids] = view
-        return view
-
     def describe(self, engine_ids) -> list[EngineInfo]:
         """Host, pid and visible GPUs of each engine (they answer once ``import torch`` is done)."""
-        view = self.pool.client[list(engine_ids)]
-        infos = view.apply_async(remote.describe).get(timeout=self.config.timeout)
+        engine_ids = list(engine_ids)
+        infos = self.door.call_within(self.config.timeout, remote.describe, engine_ids)
         return [EngineInfo(eid, i["host"], i["pid"], i["gpus"], tuple(i.get("gpu_uuids", ())),
                            i.get("slurm_job", ""), i.get("slurm_node", ""))
-                for eid, i in zip(view.targets, infos, strict=True)]
+                for eid, i in zip(engine_ids, infos, strict=True)]
 
     def form(self) -> None:
         """Form (or re-form) the group on every rank of :attr:`ranks` at once."""
-        client = self.pool.client
         backend = group_backend(self.config.backend, self.ranks, shared=self.config.share_gpus)
         root = self.ranks[0]
         # Off this machine each rank talks over the interface that reaches the kernel's address, and rank 0
         # binds the store on its own address there (never on all interfaces).
         routes = {}
         if not self.local:
-            found = self.view(self.ranks).apply_sync(remote.route_to, self.config.address)
+            found = self.door.call(remote.route_to, self.ranks, self.config.address)
             routes = {r.rank: route for r, route in zip(self.ranks, found, strict=True)}
         store_address = routes[root.rank]["address"] if routes else self.config.address
         own = {r.rank: routes[r.rank]["address"] if routes else self.config.address for r in self.ranks}
@@ -171,22 +145,21 @@ class ProcessGroup:
         # across hosts rank 0 hosts a TCPStore on its address of the cluster interface.
         folder = self.stores_folder()
         store = {"file": os.path.join(folder, f"group-{generation}")} if folder else None
-        port = 0 if folder else client[root.engine_id].apply_sync(remote.open_store, store_address,
-                                                                  self.config.timeout)
-        futures = [
-            client[r.engine_id].apply_async(
-                remote.join, rank=r.rank, local_rank=r.local_rank, world_size=len(self.ranks),
-                address=store_address, port=port, backend=backend, device=r.device,
-                timeout_s=self.config.timeout, collective_timeout_s=self.config.collective_timeout,
-                local_pids=[o.pid for o in self.ranks if o.host == r.host],
-                ifname="lo" if self.local else routes[r.rank]["ifname"], channel=self.pool.channel,
-                generation=generation, standby_address=own[r.rank], node_rank=r.node_rank,
-                nodes=len({o.host for o in self.ranks}), run_id=self.pool.pool_id or "",
-                **({"store": store, "stores_folder": folder} if folder else {}))  # local: files to meet in
+        port = 0 if folder else self.door.call_one(remote.open_store, root, store_address,
+                                                   self.config.timeout)
+        calls = [
+            (r, dict(rank=r.rank, local_rank=r.local_rank, world_size=len(self.ranks),
+                     address=store_address, port=port, backend=backend, device=r.device,
+                     timeout_s=self.config.timeout, collective_timeout_s=self.config.collective_timeout,
+                     local_pids=[o.pid for o in self.ranks if o.host == r.host],
+                     ifname="lo" if self.local else routes[r.rank]["ifname"], channel=self.pool.channel,
+                     generation=generation, standby_address=own[r.rank], node_rank=r.node_rank,
+                     nodes=len({o.host for o in self.ranks}), run_id=self.pool.pool_id or "",
+                     **({"store": store, "stores_folder": folder} if folder else {})))  # local: files
             for r in self.ranks
         ]
         try:
-            joined = [f.get(timeout=self.config.timeout + 5) for f in futures]
+            joined = self.door.call_apart(remote.join, calls, within=self.config.timeout + 5)
         except Exception as exc:
             raise PoolStartError(f"the process group did not form: {exc}") from exc
         self.backend, self.generation = joined[0]["backend"], generation
@@ -201,7 +174,7 @@ class ProcessGroup:
 
     def stores_folder(self) -> str | None:
         """Where a local pool's ranks meet (0700, created on first use); None for pools across hosts."""
-        return str(pool_state.store_dir(self.pool.pool_id)) if self.local else None
+        return self.pool.launcher.store_folder(self.pool.pool_id)
 
     def replace(self, ranks: list[int], hosts: dict[str, int] | None = None) -> None:
         """New engines (through the pool's launcher) for these dead ranks, on the same host and device
@@ -209,7 +182,7 @@ class ProcessGroup:
         new_ids = self.pool.start_more(len(ranks), set(self.pool.client.ids),
                                        alive=len(self.ranks) - len(ranks), hosts=hosts)
         old = [self.ranks[r] for r in ranks]
-        if not self.local:  # a rank found dead off this machine may be only cut off: never let it back
+        if self.pool.launcher.fences:  # a rank found dead off this machine may be only cut off: never back
             self.fenced += old
             self.pool.fence([r.pid for r in old])
         engines = self.describe(new_ids)
@@ -225,7 +198,7 @@ class ProcessGroup:
         found dead there may be only cut off)."""
         dropped = set(ranks)
         old = [r for r in self.ranks if r.rank in dropped]
-        if not self.local:
+        if self.pool.launcher.fences:
             self.fenced += old
             self.pool.fence([r.pid for r in old])
         stay = [r for r in self.ranks if r.rank not in dropped]
@@ -266,11 +239,11 @@ class ProcessGroup:
         """
         if infos:
             self.mark_broken()
-            self.command("abort", infos, peers=self.peers(beats))
+            self.command(Command.ABORT, infos, peers=self.peers(beats))
 
     def reform(self, alive: list[RankInfo]) -> None:
         """Abort what is left of the old group on the ``alive`` ranks (never destroy), then form anew."""
-        self.view(alive).apply_sync(remote.abort, self.peers())
+        self.door.call(remote.abort, alive, self.peers())
         self.form()
 
     def regroup(self, stay: list[RankInfo], join: list[RankInfo] = (), leave: list[RankInfo] = (), *,
@@ -291,10 +264,10 @@ class ProcessGroup:
                 "stay": len(stay), "leaving": [[r.host, r.pid] for r in leave],
                 "host": [host.host, host.pid], "store": self.standby[host.engine_id],
                 "lost": lost_ranks, "joined": list(range(len(stay), len(members))), "text": text}
-        self.command("regroup", [*stay, *leave], plan=plan, abort=abort, peers=self.peers(beats))
+        self.command(Command.REGROUP, [*stay, *leave], plan=plan, abort=abort, peers=self.peers(beats))
         self.lost += list(lost)
         self.fenced += list(lost)
-        if lost and not self.local:  # engines on other hosts: ended over ssh once their host answers
+        if lost and self.pool.launcher.fences:  # engines elsewhere: ended over ssh once their host answers
             self.pool.fence([r.pid for r in lost])
         self.endpoints = {i: self.endpoints.get(r.rank, []) for i, r in enumerate(stay)}  # until beacons say
         self.seat([replace(r, rank=i) for i, r in enumerate(members)])
@@ -303,30 +276,13 @@ class ProcessGroup:
 
     def fence(self, host: str, pid: int) -> None:
         """Tell a fenced engine (heard again: its link came back) to stop itself."""
-        self.command("fence", [], engines=[[host, pid]])
+        self.door.command(Command.FENCE, [], self.generation, engines=[[host, pid]])
 
-    def command(self, what: str, infos: list[RankInfo], **details) -> None:
-        """Send the agents of ``infos`` a signed command (see :mod:`workbench.engine.agent`)."""
-        import zmq
-
-        if not (infos or what == "fence") or not self.pool.channel:
-            return
-        body = {"do": what, "ranks": [r.rank for r in infos], "generation": self.generation,
-                "id": uuid.uuid4().hex, **details}
-        frames = wire.Signer(self.pool.channel["key"]).pack(wire.COMMAND, json.dumps(body).encode())
-        with self._commands_lock:
-            if self._commands is None:
-                self._commands = wire.pusher(zmq.Context.instance(), self.pool.channel["up"])
-            try:
-                self._commands.send_multipart(frames, zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # the relay is gone: the pool is stopping
-
-    def close(self) -> None:
-        with self._commands_lock:
-            if self._commands is not None:
-                self._commands.close(0)
-                self._commands = None
+    def command(self, what: Command, infos: list[RankInfo], **details) -> None:
+        """Send the agents of ``infos`` (ranks of this group) the signed command ``what`` through the door
+        (see :mod:`workbench.engine.agent`)."""
+        if infos:
+            self.door.command(what, [r.rank for r in infos], self.generation, **details)
 
     def signal(self, infos: list[RankInfo], sig: int, breaks_group: bool = True) -> None:
         """Signal the engines of ``infos``: by pid where local, through each rank's agent otherwise (engines
@@ -339,11 +295,5 @@ class ProcessGroup:
             return
         if sig != signal.SIGINT and breaks_group:
             self.mark_broken()
-        if self.local:
-            for r in infos:
-                try:
-                    os.kill(r.pid, sig)
-                except ProcessLookupError:
-                    pass
-        else:
-            self.command("signal", infos, sig=int(sig))
+        self.pool.launcher.signal(infos, sig, lambda ranks, s: self.command(Command.SIGNAL, ranks,
+                                                                                 sig=int(s)))

@@ -24,7 +24,7 @@ import psutil
 from workbench import faults
 from workbench.pool.rankmap import RankInfo, format_ranks
 from workbench.pool.records.state import close_handle, exit_handle, handle_exited
-from workbench.pool.watch.beacons import BeaconReceiver
+from workbench.pool.watch.beacons import BeaconReceiver, NullBeacons
 from workbench.pool.watch.knock import ANSWERS, REFUSED, Knock
 from workbench.session.losses import lost_hosts
 
@@ -46,16 +46,19 @@ class Health:
     """Dead ranks (pushed by a watcher thread) and the fault log of one pool.
 
     ``busy``: the lock a running cell holds; a death seen while it is free is reported at once
-    through ``report`` (a cell reports the deaths it sees itself).
+    through ``report`` (a cell reports the deaths it sees itself). ``beacons``: the pool's receiver (a
+    :class:`~workbench.pool.watch.beacons.NullBeacons` by default: no rank is ever silent, only an exit
+    says a rank died).
     """
 
-    def __init__(self, *, pool_id: str | None, busy: threading.Lock, beacons: BeaconReceiver | None = None,
+    def __init__(self, *, pool_id: str | None, busy: threading.Lock,
+                 beacons: BeaconReceiver | NullBeacons | None = None,
                  report: Callable[[str], None] = lambda text: print(text, flush=True),
                  pool_running: Callable[[], bool] = lambda: True,
                  endpoints: Callable[[], dict[int, list]] = dict,
                  lost_hosts: Callable[[], dict[str, str]] = dict):
         self.pool_id = pool_id
-        self.beacons = beacons
+        self.beacons = beacons if beacons is not None else NullBeacons()
         self.dead: dict[int, str] = {}  # rank -> how it died
         self.faults: list[faults.FaultEvent] = []
         self._busy, self._report = busy, report
@@ -92,8 +95,7 @@ class Health:
             self._retired += self._local.values()
             self._local, self._ranks, self.dead, self._announced = handles, list(ranks), dead, set()
             self._knocked, self._generation = {}, self._generation + 1
-        if self.beacons is not None:
-            self.beacons.expect(r.rank for r in ranks)
+        self.beacons.expect(r.rank for r in ranks)
         os.write(self._wake_w, b"w")
 
     def add_listener(self, fn: Callable[[], None]) -> None:
@@ -147,8 +149,7 @@ class Health:
             self._look(local)
 
     def _look(self, local: dict) -> None:
-        if self.beacons is not None:
-            self._knock_silent(local)
+        self._knock_silent(local)
         for host, how in self._lost_hosts().items():  # e.g. a pod deleted, as the Kubernetes API said
             ranks = [r.rank for r in self._ranks if r.host == host and r.rank not in self.dead]
             if ranks:
@@ -159,8 +160,7 @@ class Health:
             handle = local.get(r.rank)
             if isinstance(handle, psutil.Process) and handle_exited(handle):
                 self._found(r.rank, "exited", local)
-            elif handle is None and self.beacons is not None \
-                    and self.beacons.silent_for(r.rank) > REMOTE_SILENCE_S:
+            elif handle is None and self.beacons.silent_for(r.rank) > REMOTE_SILENCE_S:
                 # its host's other ranks that fell silent with it are lost with it: one fault, one regroup
                 host = silent_with(r, self._ranks, self.beacons.silent_for, set(self.dead))
                 if any(self._awaits_knock(rank) for rank in host):
@@ -270,6 +270,13 @@ class Health:
         self.faults.append(event)
         self._pending = event
         return event
+
+    def forget(self, event: faults.FaultEvent) -> None:
+        """``event`` was no fault after all (every rank raised its own error, none was cut short)."""
+        if self._pending is event:
+            self._pending = None
+        if event in self.faults:
+            self.faults.remove(event)
 
     def announce(self, ranks) -> None:
         """These deaths were reported already (a cell's one fault for a whole host): not again as idle."""

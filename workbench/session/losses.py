@@ -14,6 +14,9 @@ Pure functions over the rank map (kernel side; no torch), used by the in-cell el
 from __future__ import annotations
 
 from workbench.pool.rankmap import RankInfo, format_ranks
+from workbench.pool.watch.beacons import NullBeacons
+
+NULL_BEACONS = NullBeacons()  # nothing heard: what a pool without beacons says of its fenced engines
 
 SILENT = "sent no heartbeat for "
 
@@ -48,7 +51,7 @@ def loss_text(lost: list[RankInfo], ranks: list[RankInfo], how: str, *, step: in
             + (" (its shards from the last checkpoint)" if fsdp else ""))
 
 
-def fenced_rows(lost: list[RankInfo], beacons=None, ended: set[int] = frozenset(),
+def fenced_rows(lost: list[RankInfo], beacons=NULL_BEACONS, ended: set[int] = frozenset(),
                 quiet_s: float = 1.0) -> list[dict]:
     """``%dist status`` rows for the engines an elastic run went on without: "lost, fenced" (refused,
     told to stop if heard again), "lost, stopped" once its host answered the kill over ssh (``ended``:
@@ -60,7 +63,7 @@ def fenced_rows(lost: list[RankInfo], beacons=None, ended: set[int] = frozenset(
     """
     rows = []
     for r in lost:
-        heard = beacons.heard_since_fenced(r.host, r.pid) if beacons is not None else None
+        heard = beacons.heard_since_fenced(r.host, r.pid)
         stopped = r.pid in ended or heard is not None and heard > quiet_s
         state = "lost, stopped" if stopped else "lost, fenced"
         rows.append({"rank": "-", "host": r.host, "pid": r.pid, "device": r.device, "state": state})

@@ -1,7 +1,8 @@
 """A failed rank's frames and locals, seen from the kernel (``%dist debug RANK``).
 
-What runs on the rank is :mod:`workbench.engine.postmortem`, reached through the one door
-(:mod:`workbench.remote`); the frames stay on the rank, and only until its next cell.
+What runs on the rank is :mod:`workbench.engine.postmortem`, reached through the pool's door
+(:class:`~workbench.remote.door.Door`, the catalogue's :func:`~workbench.remote.failed_frames` and
+:func:`~workbench.remote.evaluate_in_failed`); the frames stay on the rank, and only until its next cell.
 
 >>> pm = PostMortem(rank=1, error="ValueError: boom", frames=[
 ...     {"name": "<module>", "where": "cell line 4", "text": "g(3)", "locals": {}, "more": 0},
@@ -50,29 +51,28 @@ def no_failure(rank: int) -> str:
             "cell on that rank. Run the failing cell again, then `%dist debug RANK`.")
 
 
-def _ask(view, rank: int, timeout: float, fn, *args):
-    """``fn(*args)`` on ``rank``'s engine, which answers once its main thread is free."""
-    from ipyparallel.error import TimeoutError as NoAnswer
-
+def _ask(door, info, timeout: float, fn, *args):
+    """``fn(*args)`` on the engine of ``info`` (a rank), which answers once its main thread is free."""
     try:
-        [found] = view.apply_async(fn, *args).get(timeout=timeout)
-    except NoAnswer:
-        raise ValueError(f"rank {rank} did not answer within {timeout:g} s: a cell (perhaps another "
+        return door.call_one_within(timeout, fn, info, *args)
+    except TimeoutError:
+        raise ValueError(f"rank {info.rank} did not answer within {timeout:g} s: a cell (perhaps another "
                          "notebook's) is running on it. `%dist stacks` shows what it does now.") from None
-    return found
 
 
-def fetch(view, rank: int, timeout: float = DEBUG_TIMEOUT_S) -> PostMortem:
-    """The failed frames of ``rank`` through ``view`` (an ipyparallel view on its engine)."""
-    found = _ask(view, rank, timeout, remote.failed_frames)
+def fetch(door, info, timeout: float = DEBUG_TIMEOUT_S) -> PostMortem:
+    """The failed frames of the rank ``info`` (a ``RankInfo``), through ``door`` (the pool's)."""
+    found = _ask(door, info, timeout, remote.failed_frames)
     if found is None:
-        raise ValueError(no_failure(rank))
-    return PostMortem(rank, found["error"], found["frames"])
+        raise ValueError(no_failure(info.rank))
+    return PostMortem(info.rank, found["error"], found["frames"])
 
 
-def evaluate(view, rank: int, expr: str, frame: int | None, timeout: float = DEBUG_TIMEOUT_S) -> str:
-    """``expr`` evaluated on ``rank`` in frame ``frame`` (default: the innermost) of its failed cell."""
-    found = _ask(view, rank, timeout, remote.evaluate_in_failed, expr, frame)
+def evaluate(door, info, expr: str, frame: int | None, timeout: float = DEBUG_TIMEOUT_S) -> str:
+    """``expr`` evaluated on the rank ``info`` in frame ``frame`` (default: the innermost) of its failed
+    cell."""
+    rank = info.rank
+    found = _ask(door, info, timeout, remote.evaluate_in_failed, expr, frame)
     if "error" in found:
         if found["error"].startswith("no failed cell"):
             raise ValueError(no_failure(rank))

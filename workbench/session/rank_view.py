@@ -2,8 +2,9 @@
 
 As ipyparallel's ``DirectView`` carries execute/push/pull/scatter/gather for a set of engines, a
 :class:`RankView` carries them for a set of torch ranks. It resolves its ranks on every call (a restart
-or a scale may have changed which engine is which rank) and refuses a dead rank by name. :class:`Session`
-makes one with :meth:`Session.view` and forwards its own ``push``/``pull``/``apply`` to it.
+or a scale may have changed which engine is which rank) and refuses a dead rank by name. It sends through the
+pool's door (:class:`~workbench.remote.door.Door`: the user's own data, the user's own functions).
+:class:`Session` makes one with :meth:`Session.view` and forwards its own ``push``/``pull``/``apply`` to it.
 
 Runs in the kernel: imports no torch (only when it joins tensors a gather brought back).
 
@@ -28,21 +29,21 @@ from workbench.errors import RankDiedError
 from workbench.pool.rankmap import RankInfo, format_ranks
 
 Resolve = Callable[[Any], list[RankInfo]]  # None / a rank / a list / "0,2-3" -> the ranks, checked
-Engines = Callable[[list[RankInfo]], Any]  # ranks -> an ipyparallel view on their engines
 
 
 class RankView:
     """The ranks ``ranks`` (``None``: all) of a running session.
 
-    ``resolve`` checks and resolves the ranks (the session's :meth:`~Session.targets`), ``engines``
-    gives ipyparallel's view on their engines, ``dead`` the dead ranks with how they died, and
+    ``resolve`` checks and resolves the ranks (the session's :meth:`~Session.targets`), ``door`` gives the
+    pool's door (the one of the pool running now), ``dead`` the dead ranks with how they died, and
     ``on_push`` hears what was pushed to every rank (a new engine's setup replays it).
     """
 
-    def __init__(self, ranks, *, resolve: Resolve, engines: Engines, dead: Callable[[], dict[int, str]],
+    def __init__(self, ranks, *, resolve: Resolve, door: Callable[[], Any],
+                 dead: Callable[[], dict[int, str]],
                  on_push: Callable[[dict], None] | None = None):
         self.ranks = ranks
-        self._resolve, self._engines, self._dead, self._on_push = resolve, engines, dead, on_push
+        self._resolve, self._door, self._dead, self._on_push = resolve, door, dead, on_push
 
     def __repr__(self) -> str:
         return f"<RankView ranks={'all' if self.ranks is None else self.ranks!r}>"
@@ -68,7 +69,7 @@ class RankView:
         A value that cannot be sent (a generator, a lock, an open file) is a ``ValueError`` saying so.
         """
         try:
-            self._engines(self.alive()).push(values, block=True)
+            self._door().push(self.alive(), values)
         except (TypeError, AttributeError, pickle.PicklingError) as exc:  # pickle's refusals
             raise ValueError(f"cannot send {', '.join(values)} to the ranks: {exc}. Send data (numbers, "
                              "lists, arrays, tensors), or build the object on the ranks in a "
@@ -80,7 +81,7 @@ class RankView:
         """Every rank's ``name``, in rank order; a name some rank lacks is a ``NameError`` naming them."""
         targets = self.alive()
         try:
-            return self._engines(targets).pull(name, block=True)
+            return self._door().pull(targets, name)
         except (RemoteError, CompositeError) as exc:
             errors = exc.elist if isinstance(exc, CompositeError) else [(exc.ename, exc.evalue, None, None)]
             if any(e[0] == "NameError" for e in errors):
@@ -91,7 +92,7 @@ class RankView:
 
     def apply(self, fn: Callable, *args, **kwargs) -> list:
         """Call ``fn(*args, **kwargs)`` on every rank of the view at once; the results in rank order."""
-        return self._engines(self.alive()).apply_sync(fn, *args, **kwargs)
+        return self._door().apply(self.alive(), fn, *args, **kwargs)
 
     def scatter(self, value: Any, name: str = "batch") -> list[int]:
         """Send ``value`` cut along dim 0: the i-th rank of the view gets part i as ``name``.
@@ -101,7 +102,7 @@ class RankView:
         targets = self.alive()
         parts = split(value, len(targets))
         for rank, part in zip(targets, parts, strict=True):
-            self._engines([rank]).push({name: part}, block=True)
+            self._door().push([rank], {name: part})
         return [len(p) for p in parts]
 
     def gather(self, name: str = "batch") -> Any:

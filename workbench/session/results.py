@@ -141,7 +141,16 @@ def summary_line(ranks: list[RankResult]) -> str:
 
 
 def stop_report(ranks: list[RankResult], group_reformed: bool) -> str:
-    """What an interrupt or a timeout did to each rank, and what holds now: sentences, no traceback."""
+    """What an interrupt or a timeout did to each rank, and what holds now: sentences, no traceback.
+
+    >>> print(stop_report([RankResult(_info(0), outcome="error", error=_Err("ValueError", "bad size")),
+    ...                    RankResult(_info(1), outcome="ok"),
+    ...                    RankResult(_info(2), outcome="interrupted", where="cell line 3")], False))
+    rank 0 had raised ValueError: bad size
+    rank 1 had finished.
+    rank 2 stopped at cell line 3.
+    Every rank keeps its Python state.
+    """
     steps = {getattr(r.error, "ename", None) == "TrainingInterrupted" for r in ranks}
     if steps == {True}:
         return f"{_short(ranks[0].error.evalue)}."
@@ -156,8 +165,12 @@ def stop_report(ranks: list[RankResult], group_reformed: bool) -> str:
         elif r.outcome in ("interrupted", "stopped"):
             inside = " inside backward()" if in_backward(r.error) else ""
             lines.append(f"{label} stopped{inside} at {r.where or 'an unknown line'}.")
-        else:
+        elif r.outcome == "error":  # it raised before the stop: its own error, not "finished"
+            lines.append(f"{label} had raised {r.error.ename}: {_short(r.error.evalue)}")
+        elif r.error is None and r.outcome == "ok":
             lines.append(f"{label} had finished.")
+        else:
+            lines.append(f"{label} ended: {r.outcome}.")
     if any(r.outcome in ("interrupted", "stopped") and in_backward(r.error) for r in ranks):
         lines.append("A DistributedDataParallel model stopped inside backward() is left half-way through "
                      "its step: wrap its module again before training on (`model = DDP(model.module)`, "

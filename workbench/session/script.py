@@ -1,24 +1,15 @@
 """A torchrun script run on the ranks (``%dist run script.py -- args``), seen from the kernel.
 
 The kernel reads the script only to find a syntax error before anything is sent; the ranks run it
-(:func:`workbench.remote.run_script`, pushed as :data:`RUNNER` and called by a cell), so its output streams
-and its failures are reported as a cell's are.
-
->>> print(script_cell("train.py", ["10"], "/w"))
-_wb_run_script('train.py', ['10'], '/w')
+(:func:`workbench.remote.run_script`, called in a cell the kernel watches through the door's one way of
+doing so, :meth:`workbench.remote.door.Door.cell`), so its output streams and its failures are reported as
+a cell's are.
 """
 
 from __future__ import annotations
 
 import ast
 import os
-
-RUNNER = "_wb_run_script"  # the name :func:`workbench.remote.run_script` is pushed under on the ranks
-
-
-def script_cell(path: str, args: list[str], cwd: str | None) -> str:
-    """The one-line cell that runs ``path`` with ``args`` on a rank (in ``cwd``, when given)."""
-    return f"{RUNNER}({path!r}, {list(args)!r}, {cwd!r})"
 
 
 def check_script(path: str, local: bool) -> None:

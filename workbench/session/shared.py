@@ -6,9 +6,12 @@ attached ones) takes a cell's turn through the pool's cell lock, catches up with
 notebook changed (a restart, a scale, a re-formed or aborted group) before it acts, and writes what
 it changed itself. A pool stopped elsewhere turns the next call into one line saying by whom.
 
->>> shared = Shared(pool, group, health, local=True, role="attached")     # doctest: +SKIP
->>> with shared.turn(notify=print):                                       # doctest: +SKIP
-...     run_the_cell()
+What the session's other rooms do with a change caught up with (watch the new ranks, tell the metrics)
+is the composition root's (:meth:`workbench.session.rooms.Rooms.turn`).
+
+>>> shared = Shared(pool, group, role="attached")     # doctest: +SKIP
+>>> with shared.held(notify=print):                   # doctest: +SKIP
+...     ranks = shared.catch_up()
 """
 
 from __future__ import annotations
@@ -23,44 +26,43 @@ from workbench.pool.rankmap import RankInfo
 from workbench.pool.records import sharing
 from workbench.pool.records import state as pool_state
 from workbench.session.group import ProcessGroup
-from workbench.session.health import Health
 
 
 class Shared:
     """One session's view of a pool that other notebooks may drive too."""
 
-    def __init__(self, pool: EnginePool, group: ProcessGroup, health: Health, *, local: bool, role: str,
-                 on_ranks: Callable[[list[RankInfo]], None] = lambda ranks: None):
-        self.pool, self.group, self.health, self.local = pool, group, health, local
-        self.on_ranks = on_ranks  # told when another notebook changed the ranks (the metrics' rank map)
+    def __init__(self, pool: EnginePool, group: ProcessGroup, *, role: str):
+        self.pool, self.group = pool, group
         self.lock = sharing.CellLock(pool.pool_id)
         self._seen: int | None = None
         sharing.register(pool.pool_id, role)
 
     @contextlib.contextmanager
-    def turn(self, notify: Callable[[str], None] = print, what: str = "a cell"):
-        """Hold the pool's cell lock for the block, caught up with the other notebooks' changes."""
+    def held(self, notify: Callable[[str], None] = print, what: str = "a cell"):
+        """Hold the pool's cell lock for the block (``notify`` hears that another notebook holds it); a
+        group that a fault aborted meanwhile is published as such at the end (whoever comes next
+        re-forms it)."""
         def waiting(who: str) -> None:
             notify(f"pool busy: running {what} from {who}, waiting ... (Ctrl-C stops waiting)")
 
         with self.lock.held(waiting=waiting, what=what):
-            self.catch_up()
             yield
-            if not self.group.ok:  # a fault aborted the group: whoever comes next re-forms it
+            if not self.group.ok:
                 self.publish(group_ok=False)
 
-    def catch_up(self) -> None:
-        """Take in what another notebook changed; :class:`PoolGone` if the pool was stopped."""
+    def catch_up(self) -> list[RankInfo] | None:
+        """Take in what another notebook changed; the new ranks when they changed (the caller watches them),
+        else None; :class:`PoolGone` if the pool was stopped."""
         mtime = self._mtime()
         if mtime is None:
             raise PoolGone(sharing.describe_stop(self.pool.pool_id, self.pool.name))
         if mtime == self._seen:
-            return
+            return None
         state = pool_state.read_state(self.pool.state_file) or pool_state.PoolState()
         self._seen = mtime
         ranks = [RankInfo(**r) for r in state.ranks]
         if not ranks:
-            return
+            return None
         changed = ranks != self.group.ranks or state.generation != self.group.generation
         ok = state.group_ok and (changed or self.group.ok)
         if not ok:
@@ -68,8 +70,8 @@ class Shared:
         if changed:
             self.group.follow(ranks, backend=state.backend, generation=state.generation,
                               endpoints=state.endpoints, ok=ok)
-            self.health.watch(ranks, local=self.local)
-            self.on_ranks(ranks)
+            return ranks
+        return None
 
     def publish(self, **what) -> None:
         """Write what this session changed (ranks, backend, generation, group_ok) for the others."""

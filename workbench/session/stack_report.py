@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from workbench import wire
 from workbench.pool.rankmap import format_ranks
+from workbench.remote.door import Commands
 
 RESEND_S = 0.4
 PYSPY_TIMEOUT_S = wire.NATIVE_STACKS_TIMEOUT_S
@@ -113,6 +114,27 @@ def headline(frames: list[dict]) -> str:
             text += f" <- {cell['where']}"
     hint = _native_hint(frames)
     return text + (f" (native: {hint})" if hint else "")
+
+
+def started_lines(started: dict[int, list]) -> list[str]:
+    """One line per rank that started processes still running (``{rank: [[pid, command line], ...]}``, from
+    its beacon or its stacks' answer): they are the pool's, ended with a failed cell and with the pool.
+
+    >>> started_lines({0: [[41, "python -c from multiprocessing.spawn ..."]], 1: []})
+    ['rank 0 started 1 process that still runs: pid 41 (python -c from multiprocessing.spawn ...)']
+    """
+    lines = []
+    for rank in sorted(started):
+        procs = started[rank] or []
+        if procs:
+            listed = ", ".join(f"pid {pid} ({_short_command(line)})" for pid, line in procs)
+            lines.append(f"rank {rank} started {len(procs)} process{'es' * (len(procs) != 1)} that still "
+                         f"run{'s' * (len(procs) == 1)}: {listed}")
+    return lines
+
+
+def _short_command(line: str, limit: int = 60) -> str:
+    return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
 @dataclass
@@ -209,6 +231,7 @@ class Stacks:
                                  else f"    {f['name']} ({f['where']})")
         if common:
             lines.append(f"threads the same on every rank (not shown): {', '.join(common)}")
+        lines += started_lines({rank: a.get("children") or [] for rank, a in self.answers.items()})
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -218,8 +241,8 @@ class Stacks:
 class StackGatherer:
     """Asks the agents for their stacks and gathers the answers (one request at a time).
 
-    ``send(ranks, **details)``: sends a signed command to those ranks' agents (the process group's
-    :meth:`~workbench.session.group.ProcessGroup.command`).
+    ``send(ranks, **details)``: sends the signed ``stacks`` command to those ranks' agents (through the
+    door's :class:`~workbench.remote.door.Commands`).
     """
 
     def __init__(self, channel: dict):
@@ -275,32 +298,21 @@ class StackGatherer:
 
 class PoolStacks:
     """Stacks of a pool this process does not drive, from its state file's channel (the server's
-    sidebar): the same command and answers as :meth:`Session.stacks`.
+    sidebar): the same command (sent by the door's :class:`~workbench.remote.door.Commands`) and answers
+    as :meth:`Session.stacks`.
 
     >>> asker = PoolStacks(state["channel"])                                   # doctest: +SKIP
     >>> asker.gather([0, 1], generation=state["generation"]).format()           # doctest: +SKIP
     """
 
     def __init__(self, channel: dict):
-        import zmq
-
         self._gatherer = StackGatherer(channel)
-        self._signer = wire.Signer(channel["key"])
-        self._ctx = zmq.Context()
-        self._push = wire.pusher(self._ctx, channel["up"])
+        self._commands = Commands(channel)
         self._lock = threading.Lock()
 
     def gather(self, ranks: list[int], generation: int, native: bool = False) -> Stacks:
-        import zmq
-
-        def send(targets: list[int], **details) -> None:
-            body = {"do": "stacks", "ranks": targets, "generation": generation, "id": uuid.uuid4().hex,
-                    **details}
-            try:
-                self._push.send_multipart(self._signer.pack(wire.COMMAND, json.dumps(body).encode()),
-                                          zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # the relay is gone: the ranks are named as not answering
+        def send(targets: list[int], **details) -> None:  # a relay that is gone: named as not answering
+            self._commands.send(wire.Command.STACKS, targets, generation, **details)
 
         with self._lock:
             return self._gatherer.gather(ranks, send, native=native)
@@ -308,5 +320,4 @@ class PoolStacks:
     def close(self) -> None:
         with self._lock:  # after a gather in flight
             self._gatherer.close()
-            self._push.close(0)
-            self._ctx.term()
+            self._commands.close()

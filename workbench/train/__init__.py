@@ -1,8 +1,11 @@
 """Training: tiny models, local data and loaders, the Trainer, events and export.
 
-The Trainer takes its batches from a :class:`~workbench.train.trainer.Feed`: a plain run's
-(``PlainFeed``) or an elastic run's (:class:`~workbench.train.elastic.ElasticRun`), which changes the
-Trainer only through its public methods (``abandon_step``, ``mark_synced``, ``join_run``).
+The rooms: ``trainer`` (the plain Trainer: the loop, a step and its flags, the only writer of its own
+state), ``feed`` (where its batches come from: ``PlainFeed``, or an elastic run's ``ElasticRun``),
+``elastic`` (``ElasticConfig`` and what the kernel calls on an engine: the setup replay, joining a run),
+``elastic_trainer`` (``ElasticTrainer``, the subclass ``Trainer(..., elastic=...)`` makes),
+``elastic_policy`` (when it leaves, joins or regroups: pure decisions), ``state_tree`` (a state from one
+rank to all), ``checkpoint``/``checkpoint_io``, ``data``, ``models``, ``export``, ``events``.
 
 >>> from workbench.train import MLP, Trainer, make_loader, regression_data   # doctest: +SKIP
 

@@ -14,20 +14,25 @@ the step they are in, agree on it, and raise :class:`TrainingInterrupted` togeth
 optimizer, scheduler, RNG and data position are those of a run that was asked for exactly
 that many steps, so the next ``run`` continues as if nothing happened.
 
-Where the batches come from is the Trainer's :class:`Feed`: :class:`PlainFeed` (a DataLoader, epoch
-after epoch) or, with ``elastic=True``, :class:`~workbench.train.elastic.ElasticRun` (positions in the
-epoch that survive a change of world size). The loop fetches a step's batches, takes them, and commits
-the step once every rank agreed on it; an elastic regroup abandons the steps in flight
-(:meth:`Trainer.abandon_step`) and takes them again.
+Where the batches come from is the Trainer's :class:`~workbench.train.feed.Feed` (a plain run's
+:class:`~workbench.train.feed.PlainFeed`). The loop fetches a step's batches, takes them, and commits
+the step once every rank agreed on it.
+
+The Trainer is the only writer of its state: its model, wrapper, optimizer and counters change in its
+own methods (``_take_model``, ``_rewrap``, ``_copy_state_from``, ``load_state_dict``, ``_commit``...).
+``Trainer(..., elastic=...)`` builds an :class:`~workbench.train.elastic_trainer.ElasticTrainer`, a
+subclass that changes what a run does at its fixed points (``_before_run``, ``_start``, ``_more``,
+``_next_step``, ``_flags``, ``_vote``); the plain loop below has no elastic branch.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.distributed as dist
@@ -37,8 +42,10 @@ from workbench import cell_targets
 from workbench.engine import agent, rendezvous
 from workbench.strategies.layout import device_of, layout_of
 from workbench.strategies.pipeline import Pipelined
-from workbench.train import elastic as elastic_mod
+from workbench.train.elastic import REPLAY, ElasticConfig
 from workbench.train.events import Callback, StepStats, default_callbacks
+from workbench.train.feed import Feed, PlainFeed
+from workbench.train.state_tree import broadcast_tree
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,92 +107,36 @@ class RunResult:
                 f"{rate:.0f} samples/s)")
 
 
-class Feed:
-    """Where a Trainer's batches come from, step by step: the one interface a plain run
-    (:class:`PlainFeed`) and an elastic run (:class:`~workbench.train.elastic.ElasticRun`) implement.
+@dataclass
+class StepFlags:
+    """What each rank says at the end of a step, summed over the ranks in one all-reduce so that every
+    rank decides alike: take the update or skip it, stop, go on. One float each (the sum is a count).
 
-    The Trainer prefetches one step ahead: ``fetch`` gives the next step's micro-batches, ``take`` says
-    the step that begins uses them, ``commit`` that it is done (taken, or skipped alike on every rank),
-    ``abandon`` forgets every step fetched and not committed (an elastic regroup takes them again).
+    >>> mine = StepFlags(loss=0.5, holders=1, stop=1)
+    >>> StepFlags.of(mine.tensor(torch.device("cpu")) * 2)       # as two such ranks sum
+    StepFlags(loss=1.0, holders=2.0, nonfinite=0.0, out_of_data=0.0, stop=2.0)
+    >>> _.mean_loss
+    0.5
     """
 
-    def fetch(self, trainer: Trainer) -> list | None:
-        """``grad_accum`` batches on the trainer's device, or ``None`` when this rank's data ran out."""
-        raise NotImplementedError
+    loss: float = 0.0  # this rank's mean loss where it holds one (0 on a pipeline stage that does not)
+    holders: float = 0.0  # 1 where this rank holds a loss
+    nonfinite: float = 0.0  # 1 where that loss is NaN or Inf
+    out_of_data: float = 0.0  # 1 where this rank has no next step (its data ran out)
+    stop: float = 0.0  # 1 where someone asked this rank to stop (Ctrl-C in the notebook)
 
-    def take(self, trainer: Trainer, batches: list) -> None:
-        """A step begins with ``batches`` (the ones fetched first)."""
+    def tensor(self, device: torch.device) -> torch.Tensor:
+        return torch.tensor([float(getattr(self, f.name)) for f in fields(self)], dtype=torch.float64,
+                            device=device)
 
-    def commit(self) -> None:
-        """The step in progress is done."""
-
-    def abandon(self) -> None:
-        """Forget the steps fetched and not committed."""
-
-    def check_group(self) -> None:
-        """Before the step's all-reduce: raise if the process group is gone under this rank."""
-
-    def counters(self) -> dict:
-        """The data position to save with a checkpoint (beside the Trainer's own counters)."""
-        return {}
-
-    def restore(self, trainer: Trainer, counters: dict) -> None:
-        """Stand where a checkpoint's ``counters`` say (the Trainer's step and epoch are set already)."""
-
-
-class PlainFeed(Feed):
-    """A plain run's batches: a DataLoader's (re-iterated every epoch, with ``sampler.set_epoch``), or any
-    iterable of ``(x, y)`` batches (used once).
-
-    >>> feed = PlainFeed([(torch.ones(2), torch.zeros(2))] * 3)
-    >>> feed.cyclic
-    False
-    """
-
-    def __init__(self, data):
-        self.data, self.iter = data, None
-        self.consumed = 0  # batches taken in this epoch (for resuming a DataLoader)
+    @classmethod
+    def of(cls, summed: torch.Tensor) -> StepFlags:
+        """The record back from its (summed) tensor."""
+        return cls(*summed.cpu().tolist())
 
     @property
-    def cyclic(self) -> bool:
-        return hasattr(getattr(self.data, "sampler", None), "set_epoch")
-
-    def fetch(self, trainer: Trainer) -> list | None:
-        batches = []
-        for _ in range(trainer.config.grad_accum):
-            batch = self._next_batch(trainer)
-            if batch is None:
-                return None
-            batches.append(tuple(t.to(trainer.device, non_blocking=True) for t in batch))
-        return batches
-
-    def take(self, trainer: Trainer, batches: list) -> None:
-        self.consumed += len(batches)
-
-    def counters(self) -> dict:
-        return {"consumed": self.consumed}
-
-    def restore(self, trainer: Trainer, counters: dict) -> None:
-        self.iter, self.consumed = None, 0
-        if self.cyclic:
-            for _ in range(int(counters.get("consumed", 0))):
-                self._next_batch(trainer)
-            self.consumed = int(counters.get("consumed", 0))
-
-    def _next_batch(self, trainer: Trainer):
-        if self.iter is None:
-            if self.cyclic:
-                self.data.sampler.set_epoch(trainer.epoch)
-            self.iter = iter(self.data)
-        try:
-            return next(self.iter)
-        except StopIteration:
-            if not self.cyclic:
-                return None
-            trainer.epoch, self.consumed = trainer.epoch + 1, 0
-            self.data.sampler.set_epoch(trainer.epoch)
-            self.iter = iter(self.data)
-            return next(self.iter, None)
+    def mean_loss(self) -> float:
+        return self.loss / max(self.holders, 1.0)
 
 
 class Trainer:
@@ -194,8 +145,17 @@ class Trainer:
     ``data``: a DataLoader (re-iterated every epoch, with ``sampler.set_epoch``) or any
     iterable of ``(x, y)`` batches for this rank (used once). Extra keywords build a
     :class:`TrainConfig`. ``elastic``: True or an :class:`~workbench.train.elastic.ElasticConfig`
-    to route around a rank lost mid-run (see :mod:`workbench.train.elastic`).
+    to route around a rank lost mid-run: the Trainer made is then an
+    :class:`~workbench.train.elastic_trainer.ElasticTrainer` (see :mod:`workbench.train.elastic`).
     """
+
+    kind = "Trainer"  # what its messages call it
+    elastic = None  # an elastic Trainer's run (:class:`~workbench.train.feed.ElasticRun`)
+
+    def __new__(cls, *args, elastic=False, **kwargs):
+        if ElasticConfig.of(elastic) is not None:
+            cls = _elastic_form(cls)
+        return super().__new__(cls)
 
     def __init__(self, model: nn.Module, data, *, config: TrainConfig | None = None, loss_fn=None,
                  optimizer: torch.optim.Optimizer | None = None, lr_scheduler=None,
@@ -203,8 +163,7 @@ class Trainer:
         self.config = config or TrainConfig(**options)
         if config is not None and options:
             raise ValueError("pass either config= or keyword options, not both.")
-        self.model, self.layout = model, layout_of(model)
-        self.module = self.layout.base or model  # holds the parameters
+        self._take_model(model)
         self.loss_fn = loss_fn or self.layout.loss_fn
         if self.loss_fn is None:
             raise ValueError("no loss function: pass loss_fn=, or use a model that has one (MLP, TinyGPT).")
@@ -216,6 +175,7 @@ class Trainer:
         self.step = 0
         self.skipped = 0
         self.epoch = 0
+        self._left = 0  # steps the run in progress has to go (taken or skipped)
         self.history: list[StepStats] = []
         self._pending, self._exhausted = None, False  # the next step's batches, fetched one step ahead
         self._autocast = _autocast(self.config.precision, self.device)
@@ -224,13 +184,14 @@ class Trainer:
         self._cut_mid_step = False  # an error or a hard interrupt left a step half done
         self._generation = rendezvous.generation()  # the process group the wrappers were made on
         self._flag_device = _flag_device(self.device)
-        self._regroup_asked = False  # the kernel sent a regroup plan: every rank takes it after this step
-        routing = elastic_mod.ElasticConfig.of(elastic)
-        # the elastic run: data position, regroups (``.events``), the last step's samples (``.last_step``)
-        self.elastic = elastic_mod.ElasticRun(self, routing, data) if routing is not None else None
-        self.feed: Feed = self.elastic if self.elastic is not None else PlainFeed(data)
+        self.feed: Feed = PlainFeed(data)
 
-    # -- what the elastic run asks of the Trainer -----------------------------------------------
+    # -- the Trainer's own changes ------------------------------------------------------------
+    def _take_model(self, model: nn.Module) -> None:
+        """Train ``model`` from here (the one passed in, or one sharded anew after a lost rank)."""
+        self.model, self.layout = model, layout_of(model)
+        self.module = self.layout.base or model  # holds the parameters
+
     def abandon_step(self) -> None:
         """Forget the step in progress and the prefetched one (and their gradients): after a regroup
         they are fetched and taken again."""
@@ -244,10 +205,76 @@ class Trainer:
         self._generation = rendezvous.generation()
         self._cut_mid_step = False
 
-    def join_run(self, plan: dict) -> RunResult:
-        """On a new engine (after the setup replay): join this elastic run in progress with the kernel's
-        regroup ``plan`` and train until the run ends (see :func:`workbench.train.elastic.join_running`)."""
-        return self._run_elastic(None, joining=plan)
+    def _next_epoch(self) -> None:
+        """The feed began the next epoch of the data (a plain run's DataLoader ran out and starts again)."""
+        self.epoch += 1
+
+    def _commit(self) -> None:
+        """The step in progress is done (taken, or skipped alike on every rank): one step less to go
+        (counted with the step: ``step + skipped + left`` holds whatever fails after, a callback say)."""
+        self.feed.commit()
+        self._left -= 1
+
+    def _rewrap(self, fresh: bool) -> None:
+        """DDP's reducer, our gradient hook and the layout's mesh onto the current process group.
+
+        ``fresh``: wrap the module anew (a rank joins, or a step was cut: DDP's gradient buckets must be
+        laid out alike on every rank, and the ranks that trained on have them in the order their
+        gradients came in, a new rank in the initial order). Names in the notebook that held the old
+        wrapper hold the new one.
+        """
+        from dataclasses import replace
+
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        from workbench.strategies.ddp import ddp
+        from workbench.strategies.mesh import build_mesh
+
+        layout, world = self.layout, _world()
+        if layout.mesh is not None:
+            layout.mesh = build_mesh({"dp": world}, self.device.type)
+            layout.config = replace(layout.config, dp=world, data_parallel="ddp")
+        if isinstance(self.model, DDP) and not fresh:
+            self.model._update_process_group(dist.group.WORLD)
+            timer = getattr(self.model, "wb_comm", None)
+            if timer is not None:
+                timer.group = None  # the current world, looked up at each call
+        elif world > 1:
+            old, self.model = self.model, ddp(self.module, device=self.device)
+            if isinstance(old, DDP):  # its reducer's hooks stay on the parameters: never expecting a gradient
+                old.reducer._reset_state()
+            self.model.wb_layout, layout.comm = layout, self.model.wb_comm
+            self.optimizer.zero_grad(set_to_none=True)
+            namespace = rendezvous.user_namespace()
+            for name, value in list(namespace.items()):
+                if value is old:
+                    namespace[name] = self.model
+
+    @torch.no_grad()
+    def _copy_state_from(self, source: int) -> None:
+        """Everything that makes a rank's training state (parameters, optimizer, scheduler, RNG, counters),
+        from rank ``source`` to every rank."""
+        from workbench.strategies.mesh import broadcast_module
+
+        broadcast_module(self.module, src=source)
+        state = broadcast_tree(self._state_to_copy(), source, self.device)
+        if _rank() != source:
+            self._take_copied_state(state)
+
+    def _state_to_copy(self) -> dict:
+        state = {"optim": self.optimizer.state_dict(), "rng": torch.get_rng_state(),
+                 "counters": {"step": self.step, "skipped": self.skipped, "epoch": self.epoch}}
+        if self.lr_scheduler is not None:
+            state["scheduler"] = self.lr_scheduler.state_dict()
+        return state
+
+    def _take_copied_state(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optim"])
+        torch.set_rng_state(state["rng"])
+        if "scheduler" in state:
+            self.lr_scheduler.load_state_dict(state["scheduler"])
+        c = state["counters"]
+        self.step, self.skipped, self.epoch = c["step"], c["skipped"], c["epoch"]
 
     # -- the loop -------------------------------------------------------------------------
     def run(self, steps: int) -> RunResult:
@@ -256,25 +283,43 @@ class Trainer:
         Raises :class:`TrainingInterrupted` on every rank at the same step when the notebook
         asked to stop (Ctrl-C); calling ``run`` again continues from there.
         """
-        if elastic_mod.REPLAY["on"]:  # a new engine replays the setup: its state will come from a peer
+        if REPLAY["on"]:  # a new engine replays the notebook's setup: its state will come from a peer
             return RunResult()
         self._check_every_rank()
-        if self.elastic is not None:
-            return self._run_elastic(steps)
+        return self._run(steps)
+
+    def _run(self, steps: int | None, **start) -> RunResult:
+        """The loop of every Trainer; a subclass changes its steps (``start``: what its ``_start`` takes)."""
+        self._before_run()
+        result = RunResult()
+        with self._running(**self._beacon()):
+            self._start(steps, **start)
+            while self._more():
+                self._took(result, self._next_step())
+        return result
+
+    def _before_run(self) -> None:
+        """After a fault (a step cut half-way, or the group re-formed since the last run): recover first."""
         generation = rendezvous.generation()
         if self._cut_mid_step or generation != self._generation:
             self._recover()
         self._generation = generation
-        result = RunResult()
-        with self._running():
-            if self._pending is None and not self._exhausted:
-                self._pending = self.feed.fetch(self)
-            steps = self._agree(steps)
-            for _ in range(steps):
-                if self._exhausted:
-                    break
-                self._took(result, self._train_step())
-        return result
+
+    def _beacon(self) -> dict:
+        """More for the beacon to say while the run goes (beside running and step)."""
+        return {}
+
+    def _start(self, steps: int) -> None:
+        """The first step's batches, and the steps every rank agrees to take."""
+        if self._pending is None and not self._exhausted:
+            self._pending = self.feed.fetch(self)
+        self._left = self._agree(steps)
+
+    def _more(self) -> bool:
+        return self._left > 0 and not self._exhausted
+
+    def _next_step(self) -> StepStats | None:
+        return self._train_step()
 
     def _check_every_rank(self) -> None:
         """Every step is a collective over the whole group: in a cell sent to some ranks only the others
@@ -285,8 +330,7 @@ class Trainer:
         if cell is None or len(cell[0]) >= world:
             return
         ranks, _ = cell
-        which = "elastic Trainer" if self.elastic is not None else "Trainer"
-        raise ValueError(f"the {which} (trainer.run) needs every rank: this cell runs on rank"
+        raise ValueError(f"the {self.kind} (trainer.run) needs every rank: this cell runs on rank"
                          f"{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} of the {world} in "
                          "the process group, whose steps are collectives over all of them. Run it in a cell "
                          "without --ranks.")
@@ -355,7 +399,7 @@ class Trainer:
             # and one that finished the step hold DDP's gradient buckets in different orders (DDP rebuilds
             # them after its first iterations), so their next collectives would not match and gloo would
             # end the engine. Names in the notebook that held the old wrapper hold the new one.
-            elastic_mod.ddp_onto_world(self, fresh=True)
+            self._rewrap(fresh=True)
             self._take_furthest()
         elif self.layout.mesh is not None:
             raise InterruptedMidStep(
@@ -371,7 +415,7 @@ class Trainer:
         rank, world = dist.get_rank(), dist.get_world_size()
         key = torch.tensor([self.step * world + (world - 1 - rank)], dtype=torch.long)
         dist.all_reduce(key, op=dist.ReduceOp.MAX)  # the furthest step; its lowest rank on a tie
-        elastic_mod.copy_state_from(self, source=world - 1 - int(key.item()) % world)
+        self._copy_state_from(source=world - 1 - int(key.item()) % world)
 
     def _train_step(self) -> StepStats | None:
         t0 = time.perf_counter()
@@ -386,29 +430,26 @@ class Trainer:
         data_time = time.perf_counter() - t_data
         t_comm = time.perf_counter()
         holds_loss = self.layout.is_last_stage
-        flags = torch.tensor([loss * holds_loss, float(holds_loss),
-                              float(holds_loss and not math.isfinite(loss)),
-                              float(self._pending is None), float(agent.stop_requested()),
-                              float(agent.plan_pending())], dtype=torch.float64, device=self._flag_device)
-        self.feed.check_group()
-        total = _world_sum(flags).cpu()  # one all-reduce, and its wait: NCCL returns once it is enqueued
+        flags = self._flags(loss=loss * holds_loss, holders=float(holds_loss),
+                            nonfinite=float(holds_loss and not math.isfinite(loss)),
+                            out_of_data=float(self._pending is None), stop=float(agent.stop_requested()))
+        total = self._vote(flags)  # one all-reduce, and its wait: NCCL returns once it is enqueued
         comm = time.perf_counter() - t_comm
-        mean_loss = float(total[0] / max(total[1], 1.0))
-        self._exhausted = bool(total[3])
-        self._regroup_asked = bool(total[5])
+        mean_loss = total.mean_loss
+        self._exhausted = bool(total.out_of_data)
         norm_ok, norm_comm = True, 0.0
-        if not total[2] and self.config.clip is not None:
+        if not total.nonfinite and self.config.clip is not None:
             norm_ok, norm_comm = self._clip(self.config.clip)
         lr = self.optimizer.param_groups[0]["lr"]
-        if total[2] or not norm_ok:
+        if total.nonfinite or not norm_ok:
             self.optimizer.zero_grad(set_to_none=True)
-            self.feed.commit()  # its samples are used up, as in a plain run
+            self._commit()  # its samples are used up, as in a plain run
             self._cut_mid_step = False  # every rank drops this step the same way
-            if total[4]:
+            if total.stop:
                 self.stopped_at = self.step
             if self.config.on_nonfinite == "raise":
                 raise FloatingPointError(
-                    f"non-finite {'loss' if total[2] else 'gradient norm'} at step {self.step + 1} "
+                    f"non-finite {'loss' if total.nonfinite else 'gradient norm'} at step {self.step + 1} "
                     f"(mean loss {mean_loss}); no rank took the update. Lower lr or check the data.")
             self.skipped += 1
             return None
@@ -417,7 +458,7 @@ class Trainer:
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         self.step += 1
-        self.feed.commit()
+        self._commit()
         x, y = batches[0]
         samples = x.shape[0] * len(batches) * self.layout.dp_size
         tokens = y.numel() * len(batches) * self.layout.dp_size if not y.is_floating_point() else samples
@@ -435,9 +476,17 @@ class Trainer:
             cb.on_step_end(self, stats)
         agent.trainer_status.update(step=self.step, step_time=step_time)
         self._cut_mid_step = False
-        if total[4]:  # someone asked to stop: every rank saw the same sum, so every rank stops here
+        if total.stop:  # someone asked to stop: every rank saw the same sum, so every rank stops here
             self.stopped_at = self.step
         return stats
+
+    def _flags(self, **facts) -> StepFlags:
+        """This rank's flags at the end of a step."""
+        return StepFlags(**facts)
+
+    def _vote(self, flags: StepFlags) -> StepFlags:
+        """Every rank's ``flags`` summed (one all-reduce)."""
+        return type(flags).of(_world_sum(flags.tensor(self._flag_device)))
 
     def _forward_backward(self, batches) -> float:
         """Mean loss of this rank's batches (nan on pipeline stages that hold no loss)."""
@@ -514,38 +563,21 @@ class Trainer:
         self._pending, self._exhausted = None, False
         self.feed.restore(self, t)
 
-    # -- elastic --------------------------------------------------------------------------------
-    def _run_elastic(self, steps: int | None, joining: dict | None = None) -> RunResult:
-        """``run`` of an elastic Trainer: a rank lost mid-step is routed around and the step taken again
-        on the ranks left; a regroup the kernel plans (ranks joining or leaving) happens at a step
-        boundary. ``joining``: this engine joins a run in progress (see ``elastic.join_running``)."""
-        run = self.elastic
-        run.leaving, run.left = False, steps or 0
-        agent.clear_plans()  # a refusal left from an earlier cell's abort must not end this run
-        result = RunResult()
-        with self._running(elastic=run.status()):
-            if joining is not None:
-                run.regroup(self, joining)
-            elif self._cut_mid_step or rendezvous.generation() != self._generation:
-                elastic_mod.sync(self)  # the group was re-formed between runs (a restart, a scale)
-            elastic_mod.save_first_checkpoint(self)
-            run.mark_progress()
-            while run.left > 0 and not run.leaving:
-                agent.trainer_status["begun"] = agent.trainer_status.get("begun", 0) + 1  # (hang watch)
-                try:
-                    if self._pending is None:
-                        self._pending = self.feed.fetch(self)
-                    stats = self._train_step()
-                except Exception as exc:
-                    run.regroup(self, run.plan_after(exc), exc)
-                    continue
-                if self._regroup_asked:  # planned (ranks join or leave): every rank, at this boundary
-                    run.regroup(self, agent.take_plan(run.config.plan_wait))
-                self._took(result, stats)
-        return result
-
     def _sd_module(self) -> nn.Module:
         return self.module if isinstance(self.model, Pipelined) else self.model
+
+
+@functools.cache
+def _elastic_form(cls: type) -> type:
+    """The class ``cls(..., elastic=...)`` makes: :class:`~workbench.train.elastic_trainer.ElasticTrainer`
+    (for a subclass of the Trainer, the two combined)."""
+    from workbench.train.elastic_trainer import ElasticTrainer
+
+    if issubclass(cls, ElasticTrainer):
+        return cls
+    if cls is Trainer:
+        return ElasticTrainer
+    return type(f"Elastic{cls.__name__}", (ElasticTrainer, cls), {"__module__": cls.__module__})
 
 
 def _make_optimizer(model: nn.Module, c: TrainConfig) -> torch.optim.Optimizer:
@@ -615,4 +647,8 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-__all__ = ["InterruptedMidStep", "RunResult", "TrainConfig", "Trainer", "TrainingInterrupted"]
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+__all__ = ["InterruptedMidStep", "RunResult", "StepFlags", "TrainConfig", "Trainer", "TrainingInterrupted"]

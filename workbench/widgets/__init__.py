@@ -8,11 +8,14 @@
 from __future__ import annotations
 
 
-def dashboard(session=None, *, run="latest", interval: float = 0.25, window: int = 2000):
+def dashboard(session=None, *, run="latest", interval: float = 0.25, window: int = 2000,
+              render: str | None = None):
     """A live dashboard of the running pool: the latest training run, every rank's device.
 
     ``run``: ``"latest"`` (follows new runs), ``"next"`` or a run number. Show it by making it
-    the cell's last expression; ``.history`` and ``.save_html(path)`` export it.
+    the cell's last expression; ``.history`` and ``.save_html(path)`` export it. ``render``: ``"auto"``
+    (the widget, or plain HTML where the page cannot draw it), ``"widget"`` or ``"html"`` (default:
+    ``WORKBENCH_DASHBOARD``, else auto).
 
     >>> import workbench as wb
     >>> dash = wb.dashboard()                 # doctest: +SKIP
@@ -25,7 +28,7 @@ def dashboard(session=None, *, run="latest", interval: float = 0.25, window: int
     collector = getattr(session, "metrics", None)
     if collector is None:
         raise ValueError("this pool has no metrics collector (it could not start): see the kernel log.")
-    return Dashboard(collector, run=run, interval=interval, window=window)
+    return Dashboard(collector, run=run, interval=interval, window=window, render=render)
 
 
 __all__ = ["dashboard"]

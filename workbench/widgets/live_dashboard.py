@@ -14,6 +14,14 @@ When its run ends (or the pool stops, or the kernel shuts down) the live widget 
 static figure, plotly's own JSON (:func:`workbench.widgets.figures.static_bundle`): a saved notebook
 shows the curves in JupyterLab after a reload, in nbviewer and on GitHub.
 
+Front ends without the widget extensions (VS Code without network for the widget's module, Notebook 7 or
+JupyterLab without ipywidgets' manager, a headless run) cannot draw the widget: ``render="auto"`` (the
+default) waits up to ``WORKBENCH_DASHBOARD_WAIT`` seconds (5) after it is shown for the page's module to
+say it is there, and otherwise goes on as plain HTML (the header, an inline SVG of the lines, the device
+table and the step-time bars), replaced in place about once a second through the display's updates: no
+script, no widget. ``render="html"`` (or ``WORKBENCH_DASHBOARD=html``) chooses it from the start,
+``"widget"`` never falls back.
+
 >>> import workbench as wb
 >>> dash = wb.dashboard()               # doctest: +SKIP
 >>> dash.history.dataframe()            # doctest: +SKIP
@@ -25,7 +33,9 @@ from __future__ import annotations
 import atexit
 import collections
 import contextvars
+import html
 import logging
+import os
 import threading
 import time
 import uuid
@@ -43,6 +53,25 @@ log = logging.getLogger(__name__)
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 _warmed = threading.Event()
 _live: weakref.WeakSet = weakref.WeakSet()  # dashboards that may still show a live widget
+
+
+RENDERS = ("auto", "widget", "html")
+WAIT_S = 5.0  # how long "auto" waits for the page's module to say the widget can render
+
+
+def render_default() -> str:
+    """``WORKBENCH_DASHBOARD`` (auto, widget or html), else auto."""
+    chosen = os.environ.get("WORKBENCH_DASHBOARD", "auto").strip().lower() or "auto"
+    if chosen not in RENDERS:
+        raise ValueError(f"WORKBENCH_DASHBOARD={chosen!r}: choose one of {', '.join(RENDERS)}.")
+    return chosen
+
+
+def wait_s() -> float:
+    try:
+        return float(os.environ.get("WORKBENCH_DASHBOARD_WAIT", WAIT_S))
+    except ValueError:
+        return WAIT_S
 
 
 def warm_up() -> None:
@@ -84,9 +113,16 @@ class Dashboard:
     """
 
     def __init__(self, collector: Collector, *, run="latest", interval: float = 1.0, window: int = 2000,
-                 start: bool = True, view: Callable[[], object] | None = None):
+                 start: bool = True, view: Callable[[], object] | None = None, render: str | None = None):
         if run not in ("latest", "next") and not isinstance(run, int):
             raise ValueError(f"run must be 'latest', 'next' or a run number, not {run!r}.")
+        render = render or ("widget" if view is not None else render_default())
+        if render not in RENDERS:
+            raise ValueError(f"render must be one of {', '.join(RENDERS)}, not {render!r}.")
+        self.render = render  # "html" once an "auto" dashboard fell back
+        self._alive = threading.Event()  # the page's module said the widget can render there
+        self._shown_at: float | None = None
+        self._html_sent = -1  # self.messages when the HTML was last published
         self.collector = collector
         self.mode = run
         latest = collector.latest_run()
@@ -120,6 +156,7 @@ class Dashboard:
         with self._lock:
             self._context = contextvars.copy_context()
             self._displayed = True
+            self._shown_at = time.monotonic()
             display(self._bundle(), raw=True, display_id=self.display_id)
 
     def _repr_mimebundle_(self, **kwargs):
@@ -128,6 +165,8 @@ class Dashboard:
     def _bundle(self) -> dict:
         if self._static is not None:
             return self._static
+        if self.render == "html":
+            return self._html_bundle()
         return {WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": self.view.model_id},
                 "text/plain": f"workbench dashboard (live) · {self.summary}"}
 
@@ -140,6 +179,35 @@ class Dashboard:
         update = lambda: update_display(bundle, raw=True, display_id=self.display_id)
         self._context.copy().run(update) if self._context is not None else update()
         self.messages += 1
+
+    def _html_bundle(self) -> dict:
+        """The live dashboard as plain HTML: header, the lines as an inline SVG (or the note), devices,
+        step-time bars. Needs no script, no widget, no extension."""
+        view = self.view
+        plot = figures.svg(view.figure) if view.figure.get("data") else f"<p>{html.escape(view.note)}</p>"
+        body = "".join([view.header, plot, view.devices, view.bars])
+        return {"text/html": f"<div class='workbench-dashboard-html'>{body}</div>",
+                "text/plain": f"workbench dashboard (live, HTML) · {self.summary}"}
+
+    def _publish_html(self) -> None:
+        """In HTML mode, replace what the page shows when something changed since it was last sent."""
+        if self.render == "html" and self._static is None and self._html_sent != self.messages:
+            self._publish(self._html_bundle())
+            self._html_sent = self.messages  # counts this publication too
+
+    def _maybe_fall_back(self) -> None:
+        """``auto``: the widget was shown, and no page said it can draw it within the wait: go on as HTML."""
+        if (self.render == "auto" and self._displayed and self._static is None and not self._alive.is_set()
+                and self._shown_at is not None and time.monotonic() - self._shown_at > wait_s()):
+            with self._lock:
+                old, self.render = self.view, "html"
+                self.view = self._new_view()
+                self._sent_figure = False  # the new view gets the whole figure and every text
+                self._texts_for = None
+                self.refresh()
+                self._publish_html()
+                old.close()
+            log.info("no page drew the dashboard's widget within %.0f s: it goes on as HTML", wait_s())
 
     def __repr__(self) -> str:
         return f"<Dashboard run {self.run_id or self.mode}, {self.updates} updates>"
@@ -227,10 +295,15 @@ class Dashboard:
     def _new_view(self):
         if self._view_factory is not None:
             return self._view_factory()
+        if self.render == "html":
+            from workbench.widgets.polled import PolledView
+
+            return PolledView()  # the texts and the figure with every point; published as HTML
         from workbench.widgets.view import DashboardView, plotly_library
 
         view = DashboardView(library=plotly_library().model_id)
         view.figure_now = lambda: self._plot.figure() if self._plot.has_points else {}
+        view.on_msg(lambda _view, content, _buffers: content.get("alive") and self._alive.set())
         return view
 
     def _loop(self) -> None:
@@ -240,6 +313,8 @@ class Dashboard:
                     self._end(note="the pool stopped")
                     return
                 self.refresh()
+                self._maybe_fall_back()
+                self._publish_html()
                 run = self._run()
                 if self._static is None and run is not None and run.done:
                     self._go_static()

@@ -56,6 +56,8 @@ export interface IMessage {
 export interface IWidgetModel {
   get(name: string): unknown;
   on(event: string, listener: (value?: any) => void): void;
+  /** A custom message to the kernel (a real widget's model has it; the docked panel's does not). */
+  send?(content: object): void;
   readonly widget_manager: {
     get_model(id: string): Promise<{ get(name: string): unknown }>;
   };
@@ -156,6 +158,11 @@ function figureOf(model: IWidgetModel): IFigure {
 }
 
 function initialize({ model }: { model: IWidgetModel }): Cleanup {
+  // the kernel hears that this page has the widget manager and this module: the widget can render here
+  // (a front end without them never creates the model, and the kernel falls back to plain HTML updates)
+  if (typeof model.send === 'function') {
+    model.send({ alive: true });
+  }
   const uid = model.get('uid') as string;
   const store = { data: copy(figureOf(model).data || []) };
   stores.set(uid, store);

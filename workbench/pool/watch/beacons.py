@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import zmq
 
@@ -26,7 +27,7 @@ class BeaconReceiver:
     'all_reduce'
     """
 
-    def __init__(self, channel: dict):
+    def __init__(self, channel: dict, on_fenced: Callable[[str, int], None] = lambda host, pid: None):
         self._signer = wire.Signer(channel["key"])
         self._ctx = zmq.Context()
         self._sock = wire.subscriber(self._ctx, channel["out"], wire.BEACON)
@@ -39,7 +40,7 @@ class BeaconReceiver:
         # engines an elastic run declared lost, (host, pid) -> when last heard: their beacons are refused,
         # and each time one is heard (at most every FENCE_EVERY_S) ``on_fenced(host, pid)`` is called
         self.fenced: dict[tuple[str, int], float] = {}
-        self.on_fenced = lambda host, pid: None
+        self.on_fenced = on_fenced
         self._fence_told: dict[tuple[str, int], float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="workbench-beacons", daemon=True)
@@ -120,3 +121,35 @@ class BeaconReceiver:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(2)
+
+
+class NullBeacons:
+    """The receiver of a pool without a side channel: no beacon ever comes, and no rank counts as silent
+    (only its process's exit says it died). What :class:`BeaconReceiver` offers, with nothing in it.
+
+    >>> nb = NullBeacons()
+    >>> nb.latest, nb.trainers, nb.silent_for(0), nb.heard_since_fenced("h", 1)
+    ({}, set(), 0.0, None)
+    """
+
+    def __init__(self):
+        self.latest: dict[int, dict] = {}
+        self.seen: dict[int, float] = {}
+        self.trainers: set[int] = set()
+        self.fenced: dict[tuple[str, int], float] = {}
+        self.bad = 0
+
+    def fence(self, engines) -> None:
+        """Nothing is heard, so nothing is refused."""
+
+    def heard_since_fenced(self, host: str, pid: int) -> float | None:
+        return None
+
+    def expect(self, ranks) -> None:
+        """No beacon is on its way."""
+
+    def silent_for(self, rank: int) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        """Nothing to close."""

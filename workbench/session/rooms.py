@@ -1,0 +1,264 @@
+"""The composition root: the rooms of one pool, built once, the same way for a pool started here or attached.
+
+:class:`Rooms` builds and owns what a session drives a pool with: the door
+(:class:`~workbench.remote.door.Door`, the one transport to the engines), the process group (:mod:`.group`),
+the beacons (the pool's :class:`~workbench.pool.watch.beacons.BeaconReceiver`), health (:mod:`.health`: dead
+ranks, the fault log), the pool as other notebooks share it (:mod:`.shared`), recovery (:mod:`.recovery`), the
+stacks gatherer (:mod:`.stack_report`), the metrics collector (:mod:`workbench.metrics.collector`), the
+transcript of the notebook's setup and where the ranks work (:mod:`.folders`). It is handed whole to the cell
+(:class:`~.cell_run.CellRun`) and to recovery, which reach the rooms through it instead of through callbacks.
+Its own jobs are what spans rooms: forming the group and keeping the other rooms in step with it, the pool's
+turn, the checks before a cell, the pool's state in one line or a table, and closing.
+
+:class:`~workbench.session.Session` makes one once its pool runs and forwards its verbs to it.
+
+>>> rooms = Rooms(pool, config, role="started", notify=print)      # doctest: +SKIP
+>>> rooms.group.seat(build_rank_map(rooms.group.describe(pool.client.ids)))   # doctest: +SKIP
+>>> rooms.form()                                                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from workbench import remote
+from workbench.config import PoolConfig
+from workbench.errors import PoolGone, RankDiedError
+from workbench.pool.cluster import EnginePool
+from workbench.pool.rankmap import RankInfo, format_ranks, parse_ranks
+from workbench.pool.records import sharing
+from workbench.pool.watch.beacons import BeaconReceiver
+from workbench.pool.watch.queues import rank_states
+from workbench.remote.door import Door
+from workbench.session.cell_run import CellRun
+from workbench.session.folders import Folders
+from workbench.session.group import ProcessGroup
+from workbench.session.health import Health
+from workbench.session.losses import fenced_rows
+from workbench.session.recovery import Recovery, Transcript
+from workbench.session.results import CellResult
+from workbench.session.shared import Shared
+from workbench.session.stack_report import StackGatherer
+
+log = logging.getLogger(__name__)
+
+# A replacement that ElasticConfig(replace=True) started may still be joining when its run ends: the
+# cell waits this long for it (it then stops the new engine, or has joined).
+REPLACEMENT_WAIT_S = 60.0
+
+
+class Rooms:
+    """The rooms of ``pool`` (started here: ``role="started"``, or ``"attached"``), built once.
+
+    ``notify`` says what a person should know between the lines of a cell (another notebook holds the
+    pool, a cell runs on the living ranks only).
+    """
+
+    def __init__(self, pool: EnginePool, config: PoolConfig, *, role: str, notify: Callable[[str], None]):
+        from workbench.metrics.collector import Collector
+
+        if not pool.channel:
+            raise AssertionError("a running pool has its side channel (its state file records it)")
+        self.pool, self.config, self.notify = pool, config, notify
+        self.busy = threading.Lock()  # held while a cell, a restart or a scale of this session runs
+        self.door = Door(pool)
+        self.group = ProcessGroup(pool, config, self.door)
+        # subscribed before the ranks join, so their first records wait for us
+        self.beacons = BeaconReceiver(pool.channel, on_fenced=self.group.fence)  # a lost engine heard: told
+        self.stacks = StackGatherer(pool.channel)  # subscribed now: the first `%dist stacks` is answered
+        self.metrics = Collector(pool.channel)
+        self.shared = Shared(pool, self.group, role=role)
+        self.health = Health(pool_id=pool.pool_id, busy=self.busy, beacons=self.beacons,
+                             pool_running=lambda: not self.shared.gone(),
+                             endpoints=lambda: self.group.endpoints, lost_hosts=pool.lost_hosts)
+        self.transcript = Transcript()  # what ran on every rank: a new engine's setup
+        self.folders = Folders(self.door, config.timeout)
+        self.recovery = Recovery(self)
+        self.running: CellRun | None = None  # the cell running now (restart and scale ask it, when elastic)
+        self.closed = False
+
+    @property
+    def local(self) -> bool:
+        """Every engine runs on this machine (the pool's launcher says)."""
+        return self.pool.launcher.on_this_machine
+
+    # -- the group, and the rooms kept in step with it ----------------------------------------------
+    def form(self, reform: bool = False) -> None:
+        """(Re-)form the group on every rank, then watch the ranks and (re)connect their metrics."""
+        if reform:
+            self.group.reform(self.group.ranks)
+        else:
+            self.group.form()
+        self.follow_membership()
+        try:  # every rank's publisher (re)connects: metrics never stop a pool
+            self.door.call(remote.connect_metrics, self.group.ranks, self.pool.channel)
+        except Exception:
+            log.warning("live metrics are off: the ranks' publishers did not start", exc_info=True)
+
+    def reform(self, since: float | None = None) -> None:
+        """Re-form the group after a fault; the fault counts as recovered from (``since``: when it began)."""
+        t0 = time.perf_counter() if since is None else since
+        self.form(reform=True)
+        self.health.recovered(time.perf_counter() - t0)
+
+    def follow_membership(self) -> None:
+        """Watch the ranks of the group now formed and publish them (also after an elastic regroup)."""
+        ranks = self.group.ranks
+        self.health.watch(ranks, local=self.local)
+        self.beacons.fence([r.host, r.pid] for r in self.group.fenced)  # refused, told to stop when heard
+        self.shared.publish(ranks=[r.__dict__ for r in ranks], backend=self.group.backend,
+                            backend_requested=self.config.backend, generation=self.group.generation,
+                            endpoints=self.group.endpoints, group_ok=True)
+        self.metrics.set_ranks(ranks)
+
+    def catch_up(self) -> None:
+        """Take in what another notebook changed (:class:`PoolGone` if it stopped the pool)."""
+        ranks = self.shared.catch_up()
+        if ranks is not None:
+            self.health.watch(ranks, local=self.local)
+            self.metrics.set_ranks(ranks)
+
+    # -- turns and checks ----------------------------------------------------------------------------
+    def check(self) -> None:
+        """A pool stopped elsewhere (another notebook, the panel, its lease), or whose controller exited,
+        ends this session in one line (its rooms closed: :meth:`close`)."""
+        if self.shared.gone():
+            self.close(end_pool=not self.pool.attached, note=False)  # whoever stopped it said so already
+            self.shared.catch_up()  # raises PoolGone with who stopped it and when
+        pid = self.pool.controller_exited()
+        if pid is not None:  # every request to the ranks would wait for ever: end what is left, say so
+            owner = not self.pool.attached
+            self.close(end_pool=owner)
+            raise PoolGone(f"the pool's controller (pid {pid}) exited, so no rank can be reached: "
+                           + ("the pool was stopped (its engines ended); `%dist start` starts a new one."
+                              if owner else "its owner stops it at its next command, or `workbench stop` "
+                              "from a terminal; `%dist start` starts a new one."))
+
+    @contextlib.contextmanager
+    def turn(self, what: str):
+        """This session's turn on the pool: no other cell of this process or another notebook meanwhile,
+        caught up with what the others changed."""
+        self.check()
+        with self.shared.held(self.notify, what=what):
+            self.catch_up()
+            yield
+
+    @contextlib.contextmanager
+    def held(self, what: str):
+        """This session's lock and its turn on the pool, for a restart or a scale."""
+        with self.busy, self.turn(what):
+            yield
+
+    def in_use(self) -> bool:
+        """A cell of this session runs, or any notebook's cell ran since the last look (attached notebooks
+        too: a kept pool's owner is the Jupyter server, its cells come from kernels)."""
+        return self.busy.locked() or self.shared.lock.used()
+
+    def resolve(self, ranks=None) -> list[RankInfo]:
+        """``None`` (all), a rank, a list of ranks or a spec like ``"0,2-3"``: the ranks, checked."""
+        world = self.group.ranks
+        if ranks is None:
+            return list(world)
+        if isinstance(ranks, str):
+            ranks = parse_ranks(ranks, len(world))
+        elif isinstance(ranks, int):
+            ranks = [ranks]
+        bad = [r for r in ranks if not 0 <= r < len(world)]
+        if bad:
+            raise ValueError(f"rank {bad[0]} is out of range: this pool has ranks 0-{len(world) - 1}.")
+        return [world[r] for r in sorted(set(ranks))]
+
+    def ensure_group(self, targets: list[RankInfo] | None = None) -> None:
+        """Before a cell: refuse with dead ranks among ``targets`` (default: all), re-form a process group
+        that a fault aborted. A cell on living ranks only runs, with a warning (to save their state before
+        ``%dist restart``): the group is not re-formed without the dead ranks."""
+        dead = dict(self.health.dead)
+        if dead and targets is not None and not {r.rank for r in targets} & dead.keys():
+            self.notify(f"workbench: rank {format_ranks(sorted(dead))} is dead: this cell runs on rank "
+                        f"{format_ranks([r.rank for r in targets])} only, and a collective with the dead "
+                        "rank fails; `%dist restart` brings it back and re-forms the process group.")
+            return
+        if dead:
+            rank = min(dead)
+            raise RankDiedError(f"{self.group.ranks[rank].label()} is dead ({dead[rank]}): `%dist restart` "
+                                "(Session.restart()) starts a new engine for it and re-forms the process "
+                                "group.")
+        self.group.heard_groups(self.beacons.latest)  # a cell before may have destroyed it without an error
+        if not self.group.ok:
+            self.reform()
+
+    # -- cells ---------------------------------------------------------------------------------------
+    def run_cell(self, cell: CellRun, code: str) -> CellResult:
+        """Run ``cell`` (made for ``code``) in this session's turn on the pool; what ran on every rank is
+        kept for a new engine's setup."""
+        with self.busy, self.turn("a cell"):
+            # another notebook may have restarted or re-formed ranks while this one waited
+            cell.targets = self.resolve([r.rank for r in cell.targets])
+            self.ensure_group(cell.targets)
+            self.folders.follow(cell.targets)
+            self.running = cell
+            try:
+                result = cell.run(code)
+            finally:
+                self.running = None
+                for thread in cell.elastic.replacements:  # they end once the run did (joined or not)
+                    thread.join(REPLACEMENT_WAIT_S)
+        if len(cell.targets) == len(self.group.ranks) or cell.elastic.dropped:  # every rank ran it
+            self.transcript.cell(code)
+        return result
+
+    def elastic_run(self):
+        """The :class:`~.cell_elastic.ElasticWatch` of the cell running an elastic Trainer now, if any (it
+        takes ranks in and out at a step boundary)."""
+        cell = self.running
+        return cell.elastic if cell is not None and cell.elastic.active() is not None else None
+
+    # -- the pool in one line, and in a table -------------------------------------------------------
+    def group_state(self) -> str:
+        """The process group in one line (see :meth:`workbench.session.Session.group_state`)."""
+        dead = self.health.dead
+        if dead:
+            return (f"process group: broken, rank {format_ranks(sorted(dead))} dead; cells on the other "
+                    "ranks run, `%dist restart` brings it back and re-forms the group")
+        if self.running is None:
+            self.group.heard_groups(self.beacons.latest)  # between cells only: a regroup changes them
+        if self.group.destroyed:
+            return (f"process group: destroyed on rank {format_ranks(self.group.destroyed)} (torch's own "
+                    "destroy_process_group, not the pool's deferred one); the next cell re-forms it")
+        if not self.group.ok:
+            return "process group: aborted after a fault; the next cell re-forms it"
+        return f"process group: formed (backend {self.group.backend}, world size {len(self.group.ranks)})"
+
+    def status(self) -> list[dict]:
+        """One row per rank, then one per engine declared lost (:meth:`workbench.session.Session.status`)."""
+        ranks = self.group.ranks
+        states = rank_states(self.pool.client, {r.rank: r.engine_id for r in ranks},
+                             dead=dict(self.health.dead))
+        beats = self.beacons.latest
+        rows = [{"rank": r.rank, "host": self.pool.host_label(r.host), "pid": r.pid, "device": r.device,
+                 "state": states[r.rank],
+                 "started": (beats.get(r.rank) or {}).get("children") or []}  # processes it started
+                for r in ranks]
+        return rows + fenced_rows(self.group.fenced, self.beacons, self.pool.fenced_ended())
+
+    # -- the end ---------------------------------------------------------------------------------------
+    def close(self, end_pool: bool, by: str | None = None, note: bool = True) -> None:
+        """Close every room (the health room writes a pending fault to the log); then the pool ends
+        (``end_pool``; ``note``: leave a note saying ``by`` whom, for the notebooks still attached) or this
+        process only lets go of it. Twice is once."""
+        if self.closed:
+            return
+        self.closed = True
+        for room in (self.health, self.door, self.metrics, self.beacons, self.stacks, self.shared):
+            room.close()
+        pool = self.pool
+        if end_pool:
+            if note:  # first: a notebook that finds the pool gone at once is told who stopped it
+                sharing.note_stopped(pool.pool_id, pool.name, by or sharing.this_notebook())
+            pool.stop(grace=0.5)  # an engine with torch._dynamo takes ~3 s to exit: its state is thrown away
+        else:
+            pool.close()
