@@ -1,10 +1,14 @@
 """The Kubernetes tier: a real two-node cluster on this machine (:mod:`tests.kubernetes.cluster`), once per
 test session, taken down after it leaving nothing (its processes, mounts, bridge, files outside its folder).
 
-``.ci/run`` builds the cluster's binaries (``tests/kubernetes/cluster/build.sh``); where they are missing
-(or this is not root) the tier is skipped with the reason. Pools start as the user ``wb-tester``, whom the
-test namespace grants exactly the Role of ``docs/kubernetes-role.yaml``. After each test the namespace holds
-no object of a pool and no process of its pods runs (checked, then cleaned so the next test starts clean).
+``.ci/run`` builds the cluster's binaries (``tests/kubernetes/cluster/build.sh``) in the background; the
+fixture builds them where they are missing (or waits for that build). Where the machine cannot run the
+cluster (not root, a Debian package missing) the tier is skipped with the reason, except under
+``WORKBENCH_K8S_REQUIRED=1`` (``.ci/run`` sets it): there that, and a failed build, fail the tier.
+
+Pools start as the user ``wb-tester``, whom the test namespace grants exactly the Role of
+``docs/kubernetes-role.yaml``. After each test the namespace holds no object of a pool and no process of its
+pods runs (checked, then cleaned so the next test starts clean).
 """
 
 from __future__ import annotations
@@ -29,9 +33,15 @@ pytestmark = [pytest.mark.slow]
 @pytest.fixture(scope="session")
 def kube():
     reason = kc.why_not(built=False)
+    if reason and os.environ.get(kc.REQUIRED):  # CI: a tier that cannot run fails, it never skips
+        pytest.fail(f"{reason} ({kc.REQUIRED} is set: .ci/run runs this tier)", pytrace=False)
     if reason:
         pytest.skip(reason)
-    kc.build()  # seconds when the binaries are cached; waits for .ci/run's background build, if running
+    try:  # seconds when the binaries are cached; waits for .ci/run's background build, if running
+        kc.build()
+    except subprocess.CalledProcessError as e:
+        pytest.fail(f"the test cluster's build failed (build.sh exited {e.returncode}; its output is in "
+                    f"this test's captured stdout, and under .ci/run in build/k8s-build.log)", pytrace=False)
     c = kc.KubeCluster()
     c.up()
     try:
