@@ -19,6 +19,7 @@ pytestmark = pytest.mark.timeout(30)
 
 CONFIGS = {"local": PoolConfig(launcher="local"), "ssh": PoolConfig(launcher="ssh", hosts="n1,n2"),
            "slurm": PoolConfig(launcher="slurm", nodes=2, new_job=True), "mpi": PoolConfig(launcher="mpi"),
+           "kubernetes": PoolConfig(launcher="kubernetes", image="wb:1"),
            "allocation": PoolConfig(launcher="allocation")}
 # the Slurm job an allocation pool runs in, as scontrol and the job's environment say it
 JOB = Job("12", (Node("n1", tasks=2, cpus=2, gpus=0), Node("n2", tasks=2, cpus=2, gpus=0)), ends=None)
@@ -47,6 +48,7 @@ def test_every_launcher_of_the_config_has_its_class_and_every_option_names_launc
     ("slurm", False, True, True, False, False),
     ("mpi", False, True, False, False, False),
     ("allocation", False, True, True, False, False),
+    ("kubernetes", False, True, True, False, False),
 ])
 def test_what_each_launcher_says(name, here, fences, adds, forks, meets_in_files, tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_STATE_DIR", str(tmp_path))

@@ -137,6 +137,7 @@ class EnginePool:
         """
         self.launcher.check_address(self.address)
         self.launcher.check_capacity(self.n)
+        self.launcher.preflight(self.n)
         if self.forks and not self._id_given:  # (a pool started again keeps its id, hence its tag)
             self.zygote = spare.take()  # started at %load_ext: torch is loaded already
             if self.zygote is not None:
@@ -272,6 +273,9 @@ class EnginePool:
                 raise start_errors.start_error(
                     f"the controller exited while the engines were starting (it listened on {self.address})",
                     "The log has its whole output.", log=self.log_file)
+            failed = self.launcher.start_failed(self)  # e.g. a pod no node fits, in the API's words
+            if failed is not None:
+                raise failed
             dead = self._dead_engines()
             if dead:
                 raise start_errors.start_error(self.launcher.engines_exited(len(dead), self.n),
@@ -306,12 +310,17 @@ class EnginePool:
         :meth:`~workbench.pool.launch.base.Launcher.where_to_start` said (an ssh pool: how many on which
         host; a Slurm pool: how many in which ``(job, node)``, each a new step)."""
         self.launcher.check_capacity(alive + n)
+        self.launcher.preflight(n)
         steps = self.launcher.start_more(self, n, hosts)
         deadline = time.monotonic() + self.timeout
         while True:
             new = sorted(set(self.client.ids) - known_ids)
             if len(new) >= n:
                 return new[:n]
+            failed = self.launcher.start_failed(self)  # e.g. no node fits the new pod
+            if failed is not None and len(new) < n:  # the pool runs on: only what failed is said
+                raise PoolStartError(f"{failed.what.rstrip(':.')}. "
+                                     f"{failed.todo.replace(start_errors.STOPPED, '').strip()}")
             ended = [el for el in steps if el.state == "after"]
             if len(ended) > len(new):  # srun refused or its step ended: it said why in the log
                 raise PoolStartError(self.launcher.steps_ended(len(ended), self.log_file))
@@ -357,6 +366,17 @@ class EnginePool:
         :mod:`workbench.pool.launch.fence`)."""
         self.launcher.fence(self, pids)
 
+    def host_label(self, host: str) -> str:
+        """A rank's host as tables show it: with its machine where the host is not one (``wb-1a2b-x7k2p
+        (node-3)``, a Kubernetes pod on its node)."""
+        node = (self.launcher.places(self) or self.state.places).get(host)
+        return f"{host} ({node})" if node else host
+
+    def lost_hosts(self) -> dict[str, str]:
+        """Hosts (a Kubernetes pool: pods) whose engines the launcher's own system says are gone, with how;
+        the health watcher asks every look (:meth:`~workbench.pool.launch.base.Launcher.lost_hosts`)."""
+        return self.launcher.lost_hosts(self)
+
     def fenced_ended(self) -> set[int]:
         """Pids of the fenced engines known ended (their host answered the ssh kill)."""
         return self.launcher.fenced_ended()
@@ -388,7 +408,7 @@ class EnginePool:
         """The engines (or engine sets) that ended before registering; their output is in the log."""
         dead = set()
         for es in self.engine_sets():
-            # copies: ipyparallel's thread adds and forgets engines while a cancelled start is explained
+            # copies: ipyparallel's thread adds and forgets engines while a cancelled start is explained;
             # a set forgets ended ones
             ended = list((getattr(es, "stop_data", None) or {}).get("engines", {}))
             dead.update(f"{es.engine_set_id}/{i}" for i in ended)
@@ -512,7 +532,8 @@ class EnginePool:
             n=self.n,
             config=self.config,  # every field: a restart elsewhere starts it as it was
             # what the lease cancels if the owner dies: engines on other nodes are not our processes
-            jobs=[{"id": job, "cancel": [*self._cancel_command(), job]} for job in self.jobs()],
+            jobs=[{"id": job, "cancel": [*self._cancel_command(), job]} for job in self.jobs()]
+            + self.launcher.lease_jobs(self.pool_id),  # a Kubernetes pool: one delete of its objects
             # engines started over ssh: what stop and the lease run to end them
             remote=[{"id": f"{el.location}:{el.pid}",
                      "cancel": [*el.ssh_cmd, *el.ssh_args, el.location, "kill", str(el.pid)]}
@@ -531,6 +552,7 @@ class EnginePool:
                    + [str(Path(self.cluster.profile_dir, "log", f"engines{cluster_id}.json"))]
                    if self.cluster else []),
             log=str(self.log_file) if self.log_file else None,
+            places=self.launcher.places(self),  # a Kubernetes pool: each pod's node
             created=time.time(),
             allocation=self.launcher.allocation_record(self),  # the Slurm job its engines run in
             ends=self.ends,
@@ -597,7 +619,6 @@ class EnginePool:
         if self._walltime is not None:
             self._walltime.close()
             self._walltime = None
-        self.launcher.close()
         if self.cluster is not None:
             spawn.cancel(self.cluster.cluster_id)
             spawn.zygotes.pop(self.cluster.cluster_id, None)
@@ -616,12 +637,14 @@ class EnginePool:
             for proc in slow:
                 with contextlib.suppress(psutil.Error):
                     proc.kill()
+        ended = self.launcher.lease_jobs(self.pool_id)  # what its close() deletes itself (a Kubernetes pool's
+        self.launcher.close()  # objects), after the engines were told
         pool_state.state_path(self.pool_id).unlink(missing_ok=True)
         if self._lease is not None:  # before the pool's processes: with its owner alive it only watches
             self._lease.terminate()
             self._lease.wait(timeout=5)
             self._lease = None
-        reap.clean_up(replace(state, id=self.pool_id), grace)
+        reap.clean_up(replace(state, id=self.pool_id, jobs=[j for j in state.jobs if j not in ended]), grace)
         if self.zygote is not None:  # ended above with the pool's other processes
             self.zygote.close()
             self.zygote.proc.poll()

@@ -284,7 +284,8 @@ class PoolManager:
             if alive is False:
                 rank_state = "failed"
             rows.append({
-                "rank": r["rank"], "host": r["host"], "pid": r["pid"], "device": r["device"],
+                "rank": r["rank"], "host": _with_place(r["host"], state), "pid": r["pid"],
+                "device": r["device"],
                 "local_rank": r.get("local_rank", 0), "state": rank_state, **usage,
             })
         if phase == "starting" and rec is not None:
@@ -528,3 +529,13 @@ def _close_quietly(probe) -> None:
             probe.client.close()
     except Exception:
         pass
+
+
+def _with_place(host: str, state: PoolState | None) -> str:
+    """A rank's host with the machine it is on where the host is not one (a Kubernetes pod: its node).
+
+    >>> _with_place("wb-1a-x", PoolState(places={"wb-1a-x": "node-3"})), _with_place("n1", None)
+    ('wb-1a-x (node-3)', 'n1')
+    """
+    node = state.places.get(host) if state is not None else None
+    return f"{host} ({node})" if node else host

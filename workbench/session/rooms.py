@@ -74,7 +74,7 @@ class Rooms:
         self.shared = Shared(pool, self.group, role=role)
         self.health = Health(pool_id=pool.pool_id, busy=self.busy, beacons=self.beacons,
                              pool_running=lambda: not self.shared.gone(),
-                             endpoints=lambda: self.group.endpoints)
+                             endpoints=lambda: self.group.endpoints, lost_hosts=pool.lost_hosts)
         self.transcript = Transcript()  # what ran on every rank: a new engine's setup
         self.folders = Folders(self.door, config.timeout)
         self.recovery = Recovery(self)
@@ -239,7 +239,8 @@ class Rooms:
         states = rank_states(self.pool.client, {r.rank: r.engine_id for r in ranks},
                              dead=dict(self.health.dead))
         beats = self.beacons.latest
-        rows = [{"rank": r.rank, "host": r.host, "pid": r.pid, "device": r.device, "state": states[r.rank],
+        rows = [{"rank": r.rank, "host": self.pool.host_label(r.host), "pid": r.pid, "device": r.device,
+                 "state": states[r.rank],
                  "started": (beats.get(r.rank) or {}).get("children") or []}  # processes it started
                 for r in ranks]
         return rows + fenced_rows(self.group.fenced, self.beacons, self.pool.fenced_ended())

@@ -16,6 +16,7 @@ import os
 
 from workbench.config import LAUNCHERS, PoolConfig
 from workbench.pool.launch.base import Launcher
+from workbench.pool.launch.kubernetes import Kubernetes
 from workbench.pool.launch.local import Local
 from workbench.pool.launch.mpi import MPI
 from workbench.pool.launch.slurm import Slurm
@@ -23,9 +24,10 @@ from workbench.pool.launch.slurm_allocation import SlurmAllocation
 from workbench.pool.launch.ssh import SSH
 
 # every launcher, by the name the config gives it
-KINDS: dict[str, type[Launcher]] = {kind.name: kind for kind in (Local, SSH, Slurm, MPI, SlurmAllocation)}
+KINDS: dict[str, type[Launcher]] = {kind.name: kind for kind in (Local, SSH, Slurm, MPI, Kubernetes,
+                                                                  SlurmAllocation)}
 
-__all__ = ["KINDS", "LAUNCHERS", "MPI", "SSH", "Launcher", "Local", "Slurm", "SlurmAllocation",
+__all__ = ["KINDS", "LAUNCHERS", "MPI", "SSH", "Kubernetes", "Launcher", "Local", "Slurm", "SlurmAllocation",
            "default_engines", "launcher_for"]
 
 
