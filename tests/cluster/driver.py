@@ -253,6 +253,18 @@ def second_cut_when_planned(s, port: str, timeout: float = 30) -> float | None:
     return time.time()
 
 
+def restart_and_reduce(ip, s, out: dict, said: str, ranks: str, sums: str, error: str) -> None:
+    """``%dist restart``, then an all_reduce across the pool: what it said, the ranks and the sums go into
+    ``out`` under those keys, or what it raised under ``error``."""
+    try:
+        out[said] = run(ip, "%dist restart")
+        out[ranks] = [[r.rank, r.host, r.pid] for r in s.ranks]
+        s.run("t = torch.ones(1)\ndist.all_reduce(t)")
+        out[sums] = [t.item() for t in s.pull("t")]
+    except Exception as exc:
+        out[error] = f"{type(exc).__name__}: {exc}"
+
+
 def scenario_ssh_cut(ip, spec: dict) -> dict:
     """Ranks on several hosts over ssh (``plain_cell``: an all_reduce cell first), an elastic run, and one
     host's link cut mid-run (``kill_host``: its engines killed instead; ``second``: another host's link cut
@@ -311,13 +323,8 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
         out["after_error"] = f"{type(exc).__name__}: {exc}"
     # the cut host does not answer: the lost ranks come back on the other host, set up by the replay
     if spec.get("restart", True):
-        try:
-            out["restart_output"] = run(ip, "%dist restart")
-            out["ranks_restarted"] = [[r.rank, r.host, r.pid] for r in s.ranks]
-            s.run("t = torch.ones(1)\ndist.all_reduce(t)")
-            out["all_reduce_restarted"] = [t.item() for t in s.pull("t")]
-        except Exception as exc:
-            out["restart_error"] = f"{type(exc).__name__}: {exc}"
+        restart_and_reduce(ip, s, out, "restart_output", "ranks_restarted", "all_reduce_restarted",
+                           "restart_error")
     for port, _ in cut.values():
         link(port, "up")
     t_up = time.monotonic()
@@ -333,13 +340,8 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
     out["left_on_cut_host"] = [p for pids in left.values() for p in pids]
     out["status_after"] = s.status()
     if spec.get("restart_after_up"):  # the link back: the lost ranks come back where they were
-        try:
-            out["restart_up_output"] = run(ip, "%dist restart")
-            out["ranks_restarted_up"] = [[r.rank, r.host, r.pid] for r in s.ranks]
-            s.run("t = torch.ones(1)\ndist.all_reduce(t)")
-            out["all_reduce_restarted_up"] = [t.item() for t in s.pull("t")]
-        except Exception as exc:
-            out["restart_up_error"] = f"{type(exc).__name__}: {exc}"
+        restart_and_reduce(ip, s, out, "restart_up_output", "ranks_restarted_up", "all_reduce_restarted_up",
+                           "restart_up_error")
     printed = io.StringIO()
     with contextlib.redirect_stderr(printed), contextlib.redirect_stdout(printed):
         s.stop()

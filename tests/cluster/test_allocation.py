@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
 
 from tests.cluster import infra
 
@@ -193,7 +192,8 @@ def test_a_node_of_the_allocation_cut_off_mid_run_goes_on_then_comes_back_inside
     the parameters of a single-process run; `%dist restart` while n2's slurmd does not answer says so in one
     sentence (n1 has no free slot); the cable back, the cut-off engines fence themselves and `%dist restart`
     brings the ranks back as a new step of the job on n2."""
-    from tests.faults.test_elastic import check_every_sample_once, reference, setup_code
+    from tests.cluster.test_hostlost import check_params
+    from tests.faults.test_elastic import check_every_sample_once, setup_code
 
     n2 = allocation.cluster.hosts["n2"][0]
     steps = 40
@@ -213,10 +213,7 @@ def test_a_node_of_the_allocation_cut_off_mid_run_goes_on_then_comes_back_inside
     assert "after_error" not in result, result["after_error"]
     assert [r[1] for r in result["ranks_after"]] == ["n1", "n1"] and result["steps"] == [steps, steps]
     check_every_sample_once(result["step_log"], steps)
-    want = reference(steps)
-    for params in result["params"]:
-        got = {k: torch.tensor(v, dtype=torch.float64) for k, v in params.items()}
-        torch.testing.assert_close(got, want)
+    check_params(result, steps)
     assert result["all_reduce"] == [2.0, 2.0]
     # n2 cut: no free slot on n1, one sentence; back: a new step of the job on n2
     said = result.get("restart_error", "")
