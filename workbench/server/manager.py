@@ -429,7 +429,7 @@ class PoolManager:
             raise PoolNotFound(pool_id, [p["id"] for p in await self.list_pools()])
         self._stopping.add(pool_id)
         try:
-            await self.dashboards.close(pool_id)
+            await self.dashboards.end(pool_id)  # its last picture, taken before its ranks go
             probe = self._probes.pop(pool_id, None)
             if probe is not None:
                 await self._run(_close_quietly, probe)
