@@ -30,7 +30,7 @@ from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
 from workbench.pool.launch import Launcher, launcher_for, spawn, start_errors
 from workbench.pool.machine import exposure
-from workbench.pool.processes import reap, spare
+from workbench.pool.processes import quiet, reap, spare
 from workbench.pool.processes.zygote import Zygote
 from workbench.pool.records import sharing
 from workbench.pool.records import state as pool_state
@@ -192,7 +192,8 @@ class EnginePool:
             # register (not before: the import would hold up this thread's own)
             threading.Thread(target=importlib.import_module, args=("numpy",), name="workbench-numpy",
                              daemon=True).start()
-            self.client = self.cluster.connect_client_sync()
+            with quiet.curve_client():  # CurveZMQ: "signing is disabled" is wrong here
+                self.client = self.cluster.connect_client_sync()
             self._wait_for_engines(progress)
         except BaseException as exc:
             with interrupts_held():  # a second Ctrl-C must not cut the clean-up short
@@ -387,7 +388,8 @@ class EnginePool:
         # quiet: when the owner stops the pool, ipyparallel would log the controller's whole output here
         self.cluster = ipp.Cluster.from_file(state.cluster_file, log_level=logging.CRITICAL,
                                              shutdown_atexit=False)
-        self.client = self.cluster.connect_client_sync()
+        with quiet.curve_client():  # CurveZMQ: "signing is disabled" is wrong here
+            self.client = self.cluster.connect_client_sync()
         self.client.wait_for_engines(self.n, timeout=timeout)
         self.state_file = pool_state.state_path(self.pool_id)
         self.channel = state.channel
