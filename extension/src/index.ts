@@ -6,6 +6,7 @@ import {
 } from '@jupyterlab/application';
 import { MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
+import { Kernel } from '@jupyterlab/services';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 // The sidebar is added at activation, so its model and view load at once.
@@ -17,6 +18,7 @@ import {
   IPool,
   IStartOptions,
   PoolsModel,
+  restartDialogText,
   startFromDialog
 } from './model';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
@@ -35,26 +37,96 @@ export const poolIcon = new LabIcon({
   svgstr: POOL_ICON_SVG
 });
 
+/** How long "Use in notebook" waits for the kernel to say whether it loaded the magics (a busy kernel
+ * answers only after its cell: then the snippet loads them too, which at worst says "already loaded"). */
+const ASK_KERNEL_MS = 1500;
+
+/** Whether the notebook's kernel has loaded the workbench magics (asked silently, nothing in its
+ * history; no answer in time, or no kernel: no). */
+async function magicsLoaded(kernel: Kernel.IKernelConnection | null | undefined): Promise<boolean> {
+  if (!kernel || kernel.status !== 'idle') {
+    return false;
+  }
+  const future = kernel.requestExecute({
+    code: '',
+    silent: true,
+    store_history: false,
+    user_expressions: {
+      workbench: "'workbench' in get_ipython().extension_manager.loaded"
+    }
+  });
+  const late = new Promise<null>(resolve => setTimeout(() => resolve(null), ASK_KERNEL_MS));
+  try {
+    const reply = await Promise.race([future.done, late]);
+    const found = (reply?.content as { user_expressions?: Record<string, unknown> } | undefined)
+      ?.user_expressions?.workbench as { data?: Record<string, unknown> } | undefined;
+    return found?.data?.['text/plain'] === 'True';
+  } catch {
+    return false;
+  }
+}
+
 /** The attach snippet, inserted below the active cell of the current notebook. */
-function insertAttachCell(tracker: INotebookTracker, pool: IPool): void {
+async function insertAttachCell(tracker: INotebookTracker, pool: IPool): Promise<void> {
   const panel = tracker.currentWidget;
   if (!panel || !pool.attach) {
     return;
   }
   // a workbench kernel has the magics loaded already; one still starting has no kernel object yet,
-  // but the session knows which kernel it starts, and the notebook which it asks for
+  // but the session knows which kernel it starts, and the notebook which it asks for; another kernel
+  // is asked whether an earlier cell loaded them
   const context = panel.sessionContext;
   const spec = panel.content.model?.getMetadata('kernelspec') as { name?: string } | undefined;
-  const source = attachSource(pool.attach, [
-    context.session?.kernel?.name,
-    context.kernelPreference.name,
-    spec?.name
-  ]);
+  const kernel = context.session?.kernel;
+  const loaded = await magicsLoaded(kernel);
+  const source = attachSource(
+    pool.attach,
+    [kernel?.name, context.kernelPreference.name, spec?.name],
+    loaded
+  );
   NotebookActions.insertBelow(panel.content);
   const cell = panel.content.activeCell;
   if (cell) {
     cell.model.sharedModel.setSource(source);
   }
+}
+
+/**
+ * JupyterLab's "Restart Kernel?" dialog says "All variables will be lost": for a notebook attached to a pool
+ * (or one the server keeps for it) the ranks keep theirs, and for a pool it started they go too. The dialog
+ * is JupyterLab's (no extension may provide another), so its sentence is put right as it opens, from the
+ * server's pools of the moment; it is left as it is for a notebook that drives none.
+ */
+function amendRestartDialogs(tracker: INotebookTracker, api: WorkbenchAPI): void {
+  const amend = async (dialog: HTMLElement) => {
+    const header = dialog.querySelector('.jp-Dialog-header');
+    const body = dialog.querySelector<HTMLElement>('.jp-Dialog-body');
+    const path = tracker.currentWidget?.context.path;
+    if (!header?.textContent?.includes('Restart Kernel') || !body || !path) {
+      return;
+    }
+    let pools: IPool[];
+    try {
+      pools = await api.list();
+    } catch {
+      return; // the server does not answer: JupyterLab's sentence stays
+    }
+    const text = restartDialogText(body.textContent ?? '', pools, path);
+    if (text !== null && dialog.isConnected) {
+      body.textContent = text;
+      body.style.whiteSpace = 'pre-line';
+      body.dataset.workbench = 'amended';
+    }
+  };
+  new MutationObserver(records => {
+    for (const record of records) {
+      for (const node of Array.from(record.addedNodes)) {
+        if (node instanceof HTMLElement && node.classList.contains('jp-Dialog')) {
+          void amend(node);
+        }
+      }
+    }
+  }).observe(document.body, { childList: true });
 }
 
 const OPEN_DASHBOARD = 'distributed-workbench:open-dashboard';
@@ -138,7 +210,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         }
       },
       dismiss: pool => void model.stop(pool.id),
-      useInNotebook: pool => tracker && insertAttachCell(tracker, pool),
+      useInNotebook: pool => void (tracker && insertAttachCell(tracker, pool)),
       canUseInNotebook: () => !!tracker?.currentWidget,
       openDashboard: pool =>
         void app.commands.execute(OPEN_DASHBOARD, {
@@ -154,6 +226,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     shell.add(panel, 'left', { rank: 400 });
     // open again after a page reload if it was open
     restorer?.add(panel, 'workbench-pools');
+    if (tracker) {
+      amendRestartDialogs(tracker, api);
+    }
     // "Use in notebook" depends on whether a notebook is open.
     tracker?.currentChanged.connect(() => panel.update());
     // a notebook whose kernel finished a cell may have started, used or stopped a pool: the panel

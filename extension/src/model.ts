@@ -49,12 +49,17 @@ export interface IPool {
 /**
  * The attach snippet for a notebook whose kernel is (or will be) ``kernelNames[0]`` or the first one
  * known: the running kernel's name, else the one it is starting (the session's preference), else the
- * notebook's kernelspec. A workbench kernel has the magics loaded already, so it gets the attach line
- * only (a `%load_ext workbench` there prints "already loaded"); any other kernel gets both.
+ * notebook's kernelspec. A workbench kernel has the magics loaded already, and so has one that said so
+ * (``loaded``: it loaded them in an earlier cell): it gets the attach line only (a `%load_ext workbench`
+ * there prints "already loaded"); any other kernel gets both.
  */
-export function attachSource(attach: string, kernelNames: (string | null | undefined)[]): string {
+export function attachSource(
+  attach: string,
+  kernelNames: (string | null | undefined)[],
+  loaded = false
+): string {
   const kernel = kernelNames.find(name => !!name) ?? '';
-  if (!kernel.startsWith('workbench')) {
+  if (!kernel.startsWith('workbench') && !loaded) {
     return attach;
   }
   return attach
@@ -96,6 +101,40 @@ export function attachedWarning(pool: IPool): string {
 
 function attachedNotebooks(pool: IPool): string[] {
   return (pool.notebooks ?? []).filter(n => n.role === 'attached').map(n => n.notebook);
+}
+
+/** JupyterLab's own sentence in its kernel restart dialog, true only for a kernel that drives no pool. */
+export const ALL_VARIABLES_LOST = 'All variables will be lost.';
+
+/**
+ * What JupyterLab's "Restart Kernel?" dialog should say of the pools of the notebook at `path` (its body
+ * `body`), or `null` when it drives none (the dialog is left as it is). A pool it started (not kept) stops
+ * with the kernel: its ranks' variables go too. A pool it is attached to, or that the server keeps for it
+ * (`%dist start --keep`), runs on: its ranks keep their variables, and an attach takes it back.
+ */
+export function restartDialogText(body: string, pools: IPool[], path: string): string | null {
+  const lines: string[] = [];
+  for (const pool of pools) {
+    const mine = (pool.notebooks ?? []).find(n => n.notebook === path);
+    if (!mine || pool.state !== 'running') {
+      continue;
+    }
+    const name = pool.name ?? pool.id;
+    if (mine.role === 'started' && !pool.kept) {
+      lines.push(`Pool ${name} stops with the kernel: its ranks' variables are lost too.`);
+    } else {
+      const who = pool.kept ? 'the Jupyter server keeps it' : 'it runs on for the others';
+      lines.push(
+        `Pool ${name} runs on (${who}): its ranks keep their variables; ` +
+          `after the restart \`%dist attach ${name}\` takes it back.`
+      );
+    }
+  }
+  if (!lines.length) {
+    return null;
+  }
+  const kernelOnly = body.replace(ALL_VARIABLES_LOST, "The kernel's variables will be lost.");
+  return [kernelOnly, ...lines].join('\n');
 }
 
 /** What the server says about the Start button: the engines a start gets here, whether there are GPUs. */
