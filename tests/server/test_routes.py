@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.server.conftest import wait_for
+from tests.server.conftest import wait_for, wait_until
 from workbench.server.handlers import ROUTES
 
 CASES = [(route.example, method) for route in ROUTES for method in route.methods]
@@ -219,13 +219,26 @@ async def test_start_list_restart_stop_a_real_pool(api):
         assert state.cluster_file not in text and "ipcontroller" not in text
     pids = [rec["pid"] for rec in state.processes]
 
-    # restart: fresh engines and a fresh group under the same id and name, the old processes gone
+    # restart does what `%dist restart` does (issue 40, point 4; it replaced every rank): a healthy pool's
+    # group re-forms on the same engines; then a lost rank, and only that one, gets a new engine
+    before = {r["rank"]: r["pid"] for r in pool["ranks"]}
     code, body, _ = await api("POST", "pools", pool["id"], "restart", body={})
-    assert code == 202
-    fresh = await wait_for(api, body["pool"]["id"], "running")
-    assert (fresh["id"], fresh["name"]) == (pool["id"], pool["name"]) and len(fresh["ranks"]) == 2
-    assert {r["pid"] for r in fresh["ranks"]}.isdisjoint(r["pid"] for r in pool["ranks"])
-    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert code == 202 and body["pool"]["state"] == "starting", body
+    assert body["pool"]["message"] == "restarting", body
+    fresh = await wait_for(api, pool["id"], "running")
+    assert (fresh["id"], fresh["name"]) == (pool["id"], pool["name"])
+    assert {r["rank"]: r["pid"] for r in fresh["ranks"]} == before, fresh["ranks"]
+    assert fresh["log"][-1].endswith("the process group re-formed"), fresh["log"]
+    psutil.Process(before[1]).kill()
+    await wait_until(api, pool["id"], lambda p: [r["state"] for r in p["ranks"]][1] == "failed")
+    code, body, _ = await api("POST", "pools", pool["id"], "restart", body={})
+    assert code == 202, body
+    await wait_until(api, pool["id"], lambda p: p["log"][-1].endswith("restarted rank 1"), timeout=90)
+    fresh = await wait_for(api, pool["id"], "running")
+    now = {r["rank"]: r["pid"] for r in fresh["ranks"]}
+    assert now[0] == before[0] and now[1] != before[1], (before, now)
+    assert [r["state"] for r in fresh["ranks"]] != ["idle", "failed"], fresh["ranks"]
+    assert not psutil.pid_exists(before[1]) or psutil.Process(before[1]).status() == "zombie"
     state = pool_state.read_state(pool_state.state_path(fresh["id"]))
     pids = [rec["pid"] for rec in state.processes]
 
