@@ -81,7 +81,8 @@ def test_keep_restart_and_attach_again_say_what_is_true(tmp_path):
             pids = [r["pid"] for r in pool["ranks"]]
 
             # JupyterLab's restart dialog: the ranks keep their variables
-            page.evaluate("window.jupyterapp.commands.execute('notebook:restart-kernel')")
+            # not awaited: the command's promise settles only once the dialog is answered
+            page.evaluate("() => { void window.jupyterapp.commands.execute('notebook:restart-kernel'); }")
             dialog = page.locator(".jp-Dialog")
             body = dialog.locator(".jp-Dialog-body")
             expect(body).to_have_attribute("data-workbench", "amended", timeout=30_000)
