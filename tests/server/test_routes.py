@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -284,6 +285,37 @@ async def test_a_pool_another_process_started_is_listed_and_stopped(api):
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.timeout(120)
+async def test_a_pool_its_owner_stops_is_never_said_failed(api):
+    """A state is said only when true (issue 40, point 9: "failed" flashed on the card during a normal stop):
+    the card's pool, looked at as fast as the server answers while its owner stops it, shows its ranks
+    running and then is gone; never a rank "failed" (its engines had ended while its state file stood)."""
+    proc = subprocess.Popen([sys.executable, "-c", OTHER_OWNER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        pool_id = proc.stdout.readline().strip()
+        assert pool_id, "the other process did not start its pool"
+        await wait_for(api, pool_id, "running")
+        pool = await wait_for(api, pool_id, "running")
+        assert {r["state"] for r in pool["ranks"]} <= {"idle", "busy"}, pool["ranks"]
+        proc.stdin.close()  # the owner stops its pool
+        said, deadline = [], time.monotonic() + 60
+        while time.monotonic() < deadline:
+            code, body, _ = await api("GET", "pools")
+            assert code == 200
+            mine = [p for p in body["pools"] if p["id"] == pool_id]
+            if not mine:
+                break
+            said.append((mine[0]["state"], tuple(r["state"] for r in mine[0]["ranks"])))
+        assert not mine, f"the pool was still listed 60 s after its owner stopped it: {said[-1]}"
+        assert not [s for s in said if "failed" in s[1] or s[0] == "failed"], said
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
             proc.kill()
             proc.wait()
 

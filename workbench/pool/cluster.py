@@ -560,6 +560,9 @@ class EnginePool:
             with contextlib.suppress(Exception):
                 self._record()  # the launchers' latest pids, jobs and remote engines
         state, self.state, self.state_file = self.state, PoolState(), None
+        # first: while the file stands, the pool is listed as running, and its engines ending below would
+        # show as failed ranks on the card of every server that lists it (issue 40, point 9)
+        pool_state.state_path(self.pool_id).unlink(missing_ok=True)
         self._forget_controller()
         self.launcher.close()
         if self.cluster is not None:
@@ -580,7 +583,6 @@ class EnginePool:
             for proc in slow:
                 with contextlib.suppress(psutil.Error):
                     proc.kill()
-        pool_state.state_path(self.pool_id).unlink(missing_ok=True)
         if self._lease is not None:  # before the pool's processes: with its owner alive it only watches
             self._lease.terminate()
             self._lease.wait(timeout=5)
