@@ -58,11 +58,20 @@ def test_keep_restart_and_attach_again_say_what_is_true(tmp_path):
         cells = page.locator(".jp-Notebook .jp-Cell")
 
         def run(index: int) -> None:
-            """Run cell ``index`` in the page and wait until the kernel is idle again."""
-            cells.nth(index).locator(".jp-InputPrompt").click()
-            page.evaluate("window.jupyterapp.commands.execute('notebook:run-cell')")
-            expect(cells.nth(index).locator(".jp-InputPrompt")).to_have_text(
-                re.compile(r"\[\d+\]"), timeout=180_000)
+            """Run cell ``index`` in the page and wait until it ran. A request sent while the kernel's
+            connection settles can be lost: sent again while the prompt still says "[ ]:"."""
+            prompt = cells.nth(index).locator(".jp-InputPrompt")
+            for _ in range(3):
+                prompt.click()
+                page.evaluate("() => { void window.jupyterapp.commands.execute('notebook:run-cell'); }")
+                try:
+                    expect(prompt).not_to_have_text("[ ]:", timeout=10_000)
+                    break
+                except AssertionError:
+                    continue
+            else:
+                raise AssertionError(f"cell {index} never started: its prompt still says '[ ]:'")
+            expect(prompt).to_have_text(re.compile(r"\[\d+\]"), timeout=180_000)
 
         def output(index: int) -> str:
             return cells.nth(index).locator(".jp-OutputArea").inner_text()
