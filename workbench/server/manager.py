@@ -46,6 +46,7 @@ LOG_LINES = 200
 
 _ENGINES_UP = re.compile(r"engines up: (\d+)/(\d+)")
 BUSY = ("starting", "restarting", "stopping")  # a pool in the midst of one of these takes no restart
+HEALTH_WAIT_S = 10.0  # how long a restart waits for the session to have seen the ranks found ended
 
 # pid -> a short label for the kernel's notebook, e.g. {"4242": "notebooks/train.ipynb"}
 OwnerLookup = Callable[[], Awaitable[dict[int, str]]]
@@ -466,10 +467,13 @@ class PoolManager:
             rec.phase = "restarting"
             rec.error = None
             rec.progress("restarting")
-            task = asyncio.get_running_loop().create_task(self._restart(rec))
+            state = next((s for s in await self._run(pool_state.list_states) if s.id == pool_id), None)
+            alive = self._usage.alive
+            gone = {r["rank"] for r in (state.ranks if state else [])
+                    if alive(r["pid"], r["host"], r["device"], r.get("gpu_uuid"))["alive"] is False}
+            task = asyncio.get_running_loop().create_task(self._restart(rec, gone))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-            state = next((s for s in await self._run(pool_state.list_states) if s.id == pool_id), None)
             return await self._describe(state, rec, {})
         state = next((s for s in await self._run(pool_state.list_states) if s.id == pool_id), None)
         if rec is not None:
@@ -484,7 +488,12 @@ class PoolManager:
         await self.stop_pool(pool_id)
         return await self.start_pool(config, pool_id=same_id)
 
-    async def _restart(self, rec: _Started) -> None:
+    async def _restart(self, rec: _Started, gone: set[int]) -> None:
+        """``gone``: the ranks whose engine process the card shows ended; the session's health watcher is
+        given a moment to have seen them too, so they are replaced, not re-formed with."""
+        deadline = time.monotonic() + HEALTH_WAIT_S
+        while not gone <= set(rec.session.dead_ranks()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
         try:
             restarted = await self._run(lambda: rec.session.restart(progress=rec.progress))
             rec.progress(f"restarted rank {', '.join(map(str, restarted))}" if restarted else
