@@ -55,6 +55,8 @@ def test_keep_restart_and_attach_again_say_what_is_true(tmp_path):
             str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
             headless=True, viewport={"width": 1400, "height": 900})
         page = browser.new_page()
+        console: list[str] = []
+        page.on("console", lambda m: console.append(f"{m.type}: {m.text}"[:300]) if m.type != "log" else None)
         cells = page.locator(".jp-Notebook .jp-Cell")
 
         def run(index: int) -> None:
@@ -94,7 +96,14 @@ def test_keep_restart_and_attach_again_say_what_is_true(tmp_path):
             page.evaluate("() => { void window.jupyterapp.commands.execute('notebook:restart-kernel'); }")
             dialog = page.locator(".jp-Dialog")
             body = dialog.locator(".jp-Dialog-body")
-            expect(body).to_have_attribute("data-workbench", "amended", timeout=30_000)
+            try:
+                expect(body).to_have_attribute("data-workbench", "amended", timeout=30_000)
+            except AssertionError as exc:
+                seen = [(p["name"], p["state"], p["kept"], p["notebooks"])
+                        for p in rest(lab, "GET", "workbench/pools")["pools"]]
+                raise AssertionError(f"{exc}\npools: {seen}\nheader: "
+                                     f"{dialog.locator('.jp-Dialog-header').inner_text()!r}\n"
+                                     f"console: {console}") from None
             expect(body).to_contain_text(f"Pool {NAME} runs on (the Jupyter server keeps it): its ranks keep "
                                          f"their variables; after the restart `%dist attach {NAME}` takes it "
                                          "back.")
