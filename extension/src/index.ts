@@ -18,7 +18,6 @@ import {
   IPool,
   IStartOptions,
   PoolsModel,
-  restartDialogText,
   startFromDialog
 } from './model';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
@@ -89,44 +88,6 @@ async function insertAttachCell(tracker: INotebookTracker, pool: IPool): Promise
   if (cell) {
     cell.model.sharedModel.setSource(source);
   }
-}
-
-/**
- * JupyterLab's "Restart Kernel?" dialog says "All variables will be lost": for a notebook attached to a pool
- * (or one the server keeps for it) the ranks keep theirs, and for a pool it started they go too. The dialog
- * is JupyterLab's (no extension may provide another), so its sentence is put right as it opens, from the
- * server's pools of the moment; it is left as it is for a notebook that drives none.
- */
-function amendRestartDialogs(tracker: INotebookTracker, api: WorkbenchAPI): void {
-  const amend = async (dialog: HTMLElement) => {
-    const header = dialog.querySelector('.jp-Dialog-header');
-    const body = dialog.querySelector<HTMLElement>('.jp-Dialog-body');
-    const path = tracker.currentWidget?.context.path;
-    if (!header?.textContent?.includes('Restart Kernel') || !body || !path) {
-      return;
-    }
-    let pools: IPool[];
-    try {
-      pools = await api.list();
-    } catch {
-      return; // the server does not answer: JupyterLab's sentence stays
-    }
-    const text = restartDialogText(body.textContent ?? '', pools, path);
-    if (text !== null && dialog.isConnected) {
-      body.textContent = text;
-      body.style.whiteSpace = 'pre-line';
-      body.dataset.workbench = 'amended';
-    }
-  };
-  new MutationObserver(records => {
-    for (const record of records) {
-      for (const node of Array.from(record.addedNodes)) {
-        if (node instanceof HTMLElement && node.classList.contains('jp-Dialog')) {
-          void amend(node);
-        }
-      }
-    }
-  }).observe(document.body, { childList: true });
 }
 
 const OPEN_DASHBOARD = 'distributed-workbench:open-dashboard';
@@ -226,9 +187,6 @@ const plugin: JupyterFrontEndPlugin<void> = {
     shell.add(panel, 'left', { rank: 400 });
     // open again after a page reload if it was open
     restorer?.add(panel, 'workbench-pools');
-    if (tracker) {
-      amendRestartDialogs(tracker, api);
-    }
     // "Use in notebook" depends on whether a notebook is open.
     tracker?.currentChanged.connect(() => panel.update());
     // a notebook whose kernel finished a cell may have started, used or stopped a pool: the panel

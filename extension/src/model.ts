@@ -126,40 +126,6 @@ export function restartWhat(pool: IPool): string {
   );
 }
 
-/** JupyterLab's own sentence in its kernel restart dialog, true only for a kernel that drives no pool. */
-export const ALL_VARIABLES_LOST = 'All variables will be lost.';
-
-/**
- * What JupyterLab's "Restart Kernel?" dialog should say of the pools of the notebook at `path` (its body
- * `body`), or `null` when it drives none (the dialog is left as it is). A pool it started (not kept) stops
- * with the kernel: its ranks' variables go too. A pool it is attached to, or that the server keeps for it
- * (`%dist start --keep`), runs on: its ranks keep their variables, and an attach takes it back.
- */
-export function restartDialogText(body: string, pools: IPool[], path: string): string | null {
-  const lines: string[] = [];
-  for (const pool of pools) {
-    const mine = (pool.notebooks ?? []).find(n => n.notebook === path);
-    if (!mine || pool.state !== 'running') {
-      continue;
-    }
-    const name = pool.name ?? pool.id;
-    if (mine.role === 'started' && !pool.kept) {
-      lines.push(`Pool ${name} stops with the kernel: its ranks' variables are lost too.`);
-    } else {
-      const who = pool.kept ? 'the Jupyter server keeps it' : 'it runs on for the others';
-      lines.push(
-        `Pool ${name} runs on (${who}): its ranks keep their variables; ` +
-          `after the restart \`%dist attach ${name}\` takes it back.`
-      );
-    }
-  }
-  if (!lines.length) {
-    return null;
-  }
-  const kernelOnly = body.replace(ALL_VARIABLES_LOST, "The kernel's variables will be lost.");
-  return [kernelOnly, ...lines].join('\n');
-}
-
 /** What the server says about the Start button: the engines a start gets here, whether there are GPUs. */
 export interface IInfo {
   launchers: string[];

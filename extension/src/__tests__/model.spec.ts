@@ -19,7 +19,6 @@ import {
   poolProblem,
   problemOf,
   problemText,
-  restartDialogText,
   restartWhat,
   PoolsModel,
   rankCounts,
@@ -579,40 +578,6 @@ describe('attachSource', () => {
   it('gives a kernel that loaded the magics already the attach line only', () => {
     expect(attachSource(attach, ['python3'], true)).toBe('%dist attach pool-brisk-tapir');
     expect(attachSource(attach, ['python3'], false)).toBe(attach);
-  });
-});
-
-describe('restartDialogText', () => {
-  const body = 'Do you want to restart the kernel of train.ipynb? All variables will be lost.';
-  const pool = (over: Partial<IPool>): IPool =>
-    ({
-      id: 'abc123',
-      name: 'team-kept',
-      state: 'running',
-      kept: true,
-      ranks: [],
-      notebooks: [
-        { notebook: 'the JupyterLab panel', role: 'started', pid: 1 },
-        { notebook: 'train.ipynb', role: 'attached', pid: 2 }
-      ],
-      ...over
-    }) as unknown as IPool;
-  it('says the ranks of a kept pool keep their variables, and how to take it back', () => {
-    expect(restartDialogText(body, [pool({})], 'train.ipynb')).toBe(
-      "Do you want to restart the kernel of train.ipynb? The kernel's variables will be lost.\n" +
-        'Pool team-kept runs on (the Jupyter server keeps it): its ranks keep their variables; ' +
-        'after the restart `%dist attach team-kept` takes it back.'
-    );
-  });
-  it("says a pool the notebook started stops with it, and leaves other notebooks' dialogs alone", () => {
-    const started = pool({
-      kept: false,
-      notebooks: [{ notebook: 'train.ipynb', role: 'started', pid: 2 }]
-    });
-    expect(restartDialogText(body, [started], 'train.ipynb')).toContain(
-      "Pool team-kept stops with the kernel: its ranks' variables are lost too."
-    );
-    expect(restartDialogText(body, [started], 'other.ipynb')).toBeNull();
   });
 });
 
