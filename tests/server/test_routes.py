@@ -108,7 +108,8 @@ async def test_options_are_the_start_dialogs_fields_made_from_the_config(api):
     assert sorted(o["name"] for o in options) == sorted(f.name for f in fields(PoolConfig))
     dialog = [o["name"] for o in options if o["advanced"]]
     assert dialog == ["launcher", "n", "hosts", "nodes", "gpus_per_node", "interface", "partition", "time",
-                      "account", "backend", "timeout", "oversubscribe"]
+                      "account", "backend", "timeout", "oversubscribe", "namespace", "image", "gpus_per_pod",
+                      "pod_template", "pods"]
     assert options[: len(dialog)] == [o for o in options if o["advanced"]]
     by_name = {o["name"]: o for o in options}
     assert set(by_name["n"]) == {"name", "label", "unit", "help", "kind", "choices", "default", "hint",
