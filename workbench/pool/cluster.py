@@ -30,7 +30,7 @@ from workbench.config import WALLTIME_WARNING_S, PoolConfig
 from workbench.errors import PoolStartError
 from workbench.pool.launch import Launcher, launcher_for, spawn, start_errors
 from workbench.pool.machine import exposure
-from workbench.pool.processes import reap, spare
+from workbench.pool.processes import quiet, reap, spare
 from workbench.pool.processes.zygote import Zygote
 from workbench.pool.records import sharing
 from workbench.pool.records import state as pool_state
@@ -198,7 +198,8 @@ class EnginePool:
             # register (not before: the import would hold up this thread's own)
             threading.Thread(target=importlib.import_module, args=("numpy",), name="workbench-numpy",
                              daemon=True).start()
-            self.client = self.cluster.connect_client_sync()
+            with quiet.curve_client():  # CurveZMQ: "signing is disabled" is wrong here
+                self.client = self.cluster.connect_client_sync()
             self._wait_for_engines(progress)
             _, self.ends = self.launcher.ends(self)  # its Slurm job runs now: when it ends
             self._record()
@@ -442,7 +443,8 @@ class EnginePool:
         # quiet: when the owner stops the pool, ipyparallel would log the controller's whole output here
         self.cluster = ipp.Cluster.from_file(state.cluster_file, log_level=logging.CRITICAL,
                                              shutdown_atexit=False)
-        self.client = self.cluster.connect_client_sync()
+        with quiet.curve_client():  # CurveZMQ: "signing is disabled" is wrong here
+            self.client = self.cluster.connect_client_sync()
         self.client.wait_for_engines(self.n, timeout=timeout)
         self.state_file = pool_state.state_path(self.pool_id)
         self.channel = state.channel
@@ -615,6 +617,9 @@ class EnginePool:
             with contextlib.suppress(Exception):
                 self._record()  # the launchers' latest pids, jobs and remote engines
         state, self.state, self.state_file = self.state, PoolState(), None
+        # first: while the file stands, the pool is listed as running, and its engines ending below would
+        # show as failed ranks on the card of every server that lists it (issue 40, point 9)
+        pool_state.state_path(self.pool_id).unlink(missing_ok=True)
         self._forget_controller()
         if self._walltime is not None:
             self._walltime.close()
@@ -639,7 +644,6 @@ class EnginePool:
                     proc.kill()
         ended = self.launcher.lease_jobs(self.pool_id)  # what its close() deletes itself (a Kubernetes pool's
         self.launcher.close()  # objects), after the engines were told
-        pool_state.state_path(self.pool_id).unlink(missing_ok=True)
         if self._lease is not None:  # before the pool's processes: with its owner alive it only watches
             self._lease.terminate()
             self._lease.wait(timeout=5)

@@ -29,7 +29,7 @@ from workbench import remote
 from workbench.config import PoolConfig
 from workbench.errors import PoolGone, RankDiedError
 from workbench.pool.cluster import EnginePool
-from workbench.pool.rankmap import RankInfo, format_ranks, parse_ranks
+from workbench.pool.rankmap import RankInfo, format_ranks, parse_ranks, ranks_named
 from workbench.pool.records import sharing
 from workbench.pool.watch.beacons import BeaconReceiver
 from workbench.pool.watch.queues import rank_states
@@ -222,12 +222,12 @@ class Rooms:
         """The process group in one line (see :meth:`workbench.session.Session.group_state`)."""
         dead = self.health.dead
         if dead:
-            return (f"process group: broken, rank {format_ranks(sorted(dead))} dead; cells on the other "
+            return (f"process group: broken, {ranks_named(sorted(dead))} dead; cells on the other "
                     "ranks run, `%dist restart` brings it back and re-forms the group")
         if self.running is None:
             self.group.heard_groups(self.beacons.latest)  # between cells only: a regroup changes them
         if self.group.destroyed:
-            return (f"process group: destroyed on rank {format_ranks(self.group.destroyed)} (torch's own "
+            return (f"process group: destroyed on {ranks_named(self.group.destroyed)} (torch's own "
                     "destroy_process_group, not the pool's deferred one); the next cell re-forms it")
         if not self.group.ok:
             return "process group: aborted after a fault; the next cell re-forms it"

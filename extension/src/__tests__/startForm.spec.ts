@@ -28,7 +28,8 @@ describe("the start dialog, rendered from the server's options", () => {
     );
     expect(labels).toEqual([
       'Launcher', 'Engines (ranks)', 'Hosts', 'Nodes', 'GPUs per node', 'Interface', 'Partition',
-      'Time limit', 'Account', 'Backend', 'Start timeout (s)', 'Oversubscribe'
+      'Time limit', 'Account', 'Backend', 'Start timeout (s)', 'Oversubscribe', 'Namespace', 'Image',
+      'GPUs per pod', 'Pod template', 'Existing pods'
     ]);
     expect(shown(form)).toEqual(['launcher', 'n', 'backend', 'timeout', 'oversubscribe']);
     expect(field(form, 'launcher').value).toBe('local');
@@ -49,6 +50,10 @@ describe("the start dialog, rendered from the server's options", () => {
     expect(shown(form)).toEqual([
       'launcher', 'n', 'nodes', 'gpus_per_node', 'interface', 'partition', 'time', 'account', 'backend',
       'timeout'
+    ]);
+    pick(form, 'launcher', 'kubernetes');
+    expect(shown(form)).toEqual([
+      'launcher', 'n', 'backend', 'timeout', 'namespace', 'image', 'gpus_per_pod', 'pod_template', 'pods'
     ]);
     form.dispose();
   });
