@@ -41,7 +41,8 @@ class FileLog(wb.Callback):
         self.folder = folder
     def on_step_end(self, trainer, stats):
         s = trainer.elastic.last_step
-        record = [trainer.step, list(s["position"]), s["size"], s["world_size"], list(s["indices"]), time.time()]
+        record = [trainer.step, list(s["position"]), s["size"], s["world_size"], list(s["indices"]),
+                  time.time()]
         with open(os.path.join(self.folder, f"steps-{{os.getpid()}}.jsonl"), "a") as f:
             f.write(json.dumps(record) + "\\n")
         time.sleep({pause})
@@ -81,7 +82,8 @@ def engines_outside(s) -> list[int]:
         kids = psutil.Process(zygote.pid).children()
     except psutil.Error:
         return []
-    return [p.pid for p in kids if p.pid not in ranks and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return [p.pid for p in kids
+            if p.pid not in ranks and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 def _kill(pid: int, sig=signal.SIGKILL) -> bool:

@@ -56,7 +56,8 @@ def check_once(records: list[list], steps: int) -> None:
 def finished_as_asked(s: Session, run: chaos.Chaos, steps: int, size: int) -> None:
     said = "\n".join(f"  {t:7.2f} s {kind:12s} {did}" for t, kind, did in run.schedule)
     assert run.error is None, f"seed {run.seed}: the run failed: {run.error!r}\n{said}"
-    assert run.largest <= size, f"seed {run.seed}: the pool grew to {run.largest} ranks (asked {size})\n{said}"
+    assert run.largest <= size, \
+        f"seed {run.seed}: the pool grew to {run.largest} ranks (asked {size})\n{said}"
     finished = [r.rank.rank for r in run.result.ranks if r.outcome == "ok"]
     assert len(finished) == size, f"seed {run.seed}: the run ended on ranks {finished}, not {size}\n{said}"
     assert s.world_size == size, f"seed {run.seed}: the pool is at {s.world_size} ranks, not {size}\n{said}"
