@@ -196,6 +196,8 @@ def run_chaos(s, folder: str, seed: int, faults: int, steps: int, gap=(1.0, 3.0)
                 while not engines_outside(s) and not out.watch.joining and time.monotonic() < deadline \
                         and not handle.done():
                     time.sleep(0.02)
+                if handle.done() or trainer_step(s) >= until * steps:  # the run neared its end meanwhile
+                    break
                 joining = engines_outside(s) + [r.pid for r in s.ranks if r.engine_id in out.watch.joining]
                 members = [r.pid for r in s.ranks]
                 if joining and rng.random() < 0.5:

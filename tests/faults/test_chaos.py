@@ -182,7 +182,6 @@ def test_a_rank_that_joined_mid_run_is_a_member_like_any_other(pool, tmp_path):
     assert not set(first) & {r.pid for r in pool.ranks}
 
 
-@pytest.mark.xfail(strict=True, reason="F2 open: the joiner still waits in the old group (RegroupAbandoned)")
 @pytest.mark.parametrize("pool", [3], indirect=True)
 def test_a_loss_while_a_rank_joins_is_one_re_plan_that_takes_the_joiner_along(pool, tmp_path):
     """F2: a member lost while a replacement joins. The joiner, which had no agent until it formed the
@@ -306,7 +305,6 @@ def test_the_end_of_a_run_is_heard_at_once_while_a_replacement_hangs_in_its_star
         chaos._kill(hung, signal.SIGCONT)
 
 
-@pytest.mark.xfail(strict=True, reason="F6/F7 open: a stopped joiner fails its setup cell and is given up on")
 @pytest.mark.parametrize("pool", [2], indirect=True)
 def test_a_joiner_that_stops_answering_is_routed_around_in_seconds(pool, tmp_path):
     """F6, F7: a replacement listed in the rank map that stops before it formed the group: the members
@@ -410,9 +408,9 @@ def test_the_loss_reported_at_an_uneven_world_size_is_the_whole_batch_s(pool):
 # -- seeded random schedules of every fault kind ------------------------------------------------------------
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_combined_random_faults_every_step_every_sample_once(pool, tmp_path, seed):
-    steps = 1500
+    steps = 3000
     pool.run(chaos.setup_code(str(tmp_path)))
     run = chaos.run_chaos(pool, str(tmp_path), seed, faults=20, steps=steps, gap=(0.5, 2.5))
     print(f"seed {seed}: {run.seconds:.1f} s, largest {run.largest}, {len(run.done)} faults\n{run.said()}")
-    assert len(run.done) >= 20, f"seed {seed}: only {len(run.done)} faults before the run neared its end"
     finished_as_asked(pool, run, steps, 4)
+    assert len(run.done) >= 20, f"seed {seed}: only {len(run.done)} faults before the run neared its end"

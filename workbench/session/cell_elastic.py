@@ -309,7 +309,7 @@ class ElasticWatch:
             self.recovering = None
             self.joining.clear()  # every member trained in the new group
             return
-        self._resend(beats)
+        self._resend()
         # a member (a joining one too: it beacons from the moment it takes its plan) that the others have
         # waited for REPLAN_S while it was silent is stopped or hung
         stuck = unanswered(self.members(), list(self.rooms.beacons.latest.values()), g, REPLAN_S)
@@ -318,14 +318,15 @@ class ElasticWatch:
             self.lost(stuck, f"did not answer the regroup for {REPLAN_S:g} s (killed)", kind="hang",
                       detect_s=REPLAN_S)
 
-    def _resend(self, beats: dict) -> None:
+    def _resend(self) -> None:
         """The plan again, to members that wait in an older group (a joining engine whose agent started after
         the plan was sent: it would wait there for the others, who wait for it in the new one)."""
         g, now = self.recovering["generation"], time.monotonic()
         if now - self.recovering["sent"] < RESEND_S:
             return
-        behind = [r for r in self.members() if ((beats.get(r.rank) or {}).get("regroup") or {})
-                  .get("generation", g) < g]
+        # by pid: a joining engine beacons under the number its join plan gave it, not the newer plan's
+        by_pid = {b.get("pid"): b for b in self.rooms.beacons.latest.values() if b}
+        behind = [r for r in self.members() if not _in_generation(by_pid.get(r.pid), g)]
         if behind:
             self.recovering["sent"] = now
             self.rooms.group.command(Command.REGROUP, behind, plan=self.recovering["plan"], abort=False,
@@ -356,6 +357,20 @@ class ElasticWatch:
             return
         self.rooms.group.signal(stalled, signal.SIGKILL, breaks_group=False)
         self.lost(stalled, f"hung for {hang_s:g} s (killed)", kind="hang", detect_s=hang_s)
+
+
+def _in_generation(beat: dict | None, generation: int) -> bool:
+    """Whether a beacon shows its engine in group ``generation`` or waiting for it (no beacon: not known to).
+
+    >>> _in_generation({"generation": 3, "regroup": {"generation": 4}}, 4), _in_generation(None, 4)
+    (True, False)
+    >>> _in_generation({"generation": 3, "regroup": {"generation": 3}}, 4)
+    False
+    """
+    if not beat:
+        return False
+    return beat.get("generation", -1) >= generation or \
+        ((beat.get("regroup") or {}).get("generation", -1) >= generation)
 
 
 def unanswered(members: list[RankInfo], beats, generation: int, after: float,

@@ -6,7 +6,9 @@ device, the pool grown or shrunk, and the group re-formed; or, while an elastic 
 (``%%distributed --async``), new engines set up by replaying the notebook's setup (:class:`Transcript`)
 and handed to the running cell, which lets them join at its next step boundary
 (:class:`~workbench.session.cell_elastic.ElasticWatch`). A Trainer with ``ElasticConfig(replace=True)``
-that loses a rank has it brought back here too (:meth:`Recovery.bring_back`). Off this machine the pool's
+that loses a rank has it brought back by the run's size keeper
+(:class:`~workbench.session.target_size.SizeKeeper`), which starts and sets up new engines with the
+functions here. Off this machine the pool's
 launcher says where a new engine starts (:meth:`~workbench.pool.launch.base.Launcher.where_to_start`: an
 ssh host, a step of the Slurm job) or, in one sentence, why it cannot (MPI; a Slurm job that lost the node).
 

@@ -152,6 +152,11 @@ class SizeKeeper:
         if self.blocked is not None and self.blocked[0] == members:
             return  # no room, and nothing changed since
         self.blocked = None
+        launcher = self.rooms.pool.launcher
+        if not launcher.can_add_engines:  # said once; the run goes on with the ranks it has
+            self.blocked = (members, launcher.cannot_add)
+            self.report(f"{launcher.cannot_add}: the run goes on with the ranks it has")
+            return
         self.batch = Batch(self, target - members)
         self.batch.thread.start()
 
