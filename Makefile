@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# the pinned torch first: an open requirement alone would pull a multi-GB CUDA build
 	$(PY) -m pip install -q "$(TORCH_SPEC)" numpy
-	$(PY) -m pip install -q -e ".[test,docs]"
+	$(PY) -m pip install -q -e ".[test,docs,kubernetes]"
 	touch $(STAMP)
 
 $(LABEXT) $(DASHBOARD_JS) &: $(EXT_SRC) | $(STAMP)

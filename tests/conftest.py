@@ -21,6 +21,12 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_collection_modifyitems(items):
+    """The Kubernetes tier runs last: ``.ci/run`` builds its cluster's binaries in the background meanwhile
+    (a stable sort: every other test keeps its place)."""
+    items.sort(key=lambda item: "kubernetes" in item.path.parts[-3:-1])
+
+
 def alive(pids: list[int]) -> list[int]:
     """The pids that still run (zombies do not count: their memory is gone)."""
     out = []

@@ -7,7 +7,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-LAUNCHERS = ("local", "slurm", "mpi", "ssh")
+LAUNCHERS = ("local", "slurm", "mpi", "ssh", "kubernetes")
 BACKENDS = ("auto", "gloo", "nccl")
 # Slurm's accepted time formats: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
 # "days-hours:minutes", "days-hours:minutes:seconds".
@@ -52,7 +52,10 @@ class PoolConfig:
 
     Launchers: ``local`` (this machine, the default), ``slurm`` (one sbatch job: ``nodes``,
     ``gpus_per_node``, ``partition``, ``time``, ``account``), ``mpi`` (``mpiexec``, optionally over
-    ``hosts``) and ``ssh`` (engines started over ssh on each of ``hosts``). ``launcher_options`` are
+    ``hosts``), ``ssh`` (engines started over ssh on each of ``hosts``) and ``kubernetes`` (one pod per
+    engine, or per ``gpus_per_pod`` engines, in ``namespace``: ``image``, ``node_selector``, ``pod_template``;
+    or the engines started inside pods that already run, chosen by the label selector ``pods``; see
+    :mod:`workbench.pool.launch.kubernetes`). ``launcher_options`` are
     passed as they are to ipyparallel's engine launcher (e.g. ``{"ssh_args": [...]}``,
     ``{"options": "--qos=high"}``).
 
@@ -117,6 +120,26 @@ class PoolConfig:
         "ssh/mpi: hosts to start engines on, e.g. node1,node2", launchers=("ssh", "mpi"), needed_by=("ssh",),
         needed="--launcher {launcher} needs the hosts to start engines on: --hosts node1,node2.",
         hint="node1,node2", dialog=3))
+    namespace: str | None = field(default=None, metadata=_about(
+        "Kubernetes namespace of the engine pods (default: the kubeconfig context's, in a pod its own)",
+        hint="the context's namespace", launchers=("kubernetes",), dialog=13))
+    image: str | None = field(default=None, metadata=_about(
+        "Kubernetes: container image of the engine pods (it has Python and this package installed)",
+        hint="e.g. registry.example.org/team/workbench:1", launchers=("kubernetes",), dialog=14))
+    gpus_per_pod: int | None = field(default=None, metadata=_about(
+        "Kubernetes: nvidia.com/gpu each pod requests, one engine per GPU (none: one CPU engine per pod)",
+        words="GPUs per pod", hint="none: CPU engines", launchers=("kubernetes",), dialog=15))
+    node_selector: dict[str, str] = field(default_factory=dict, hash=False, metadata=_about(
+        "Kubernetes: labels a node must have to run the engine pods, as a JSON object",
+        launchers=("kubernetes",)))
+    pod_template: str | None = field(default=None, metadata=_about(
+        "Kubernetes: a YAML or JSON file with a Pod or PodTemplateSpec the engine pods start from (volumes, "
+        "resources, tolerations; the container named 'engine', else the first, runs the engines)",
+        hint="e.g. gpu-pod.yaml", launchers=("kubernetes",), dialog=16))
+    pods: str | None = field(default=None, metadata=_about(
+        "Kubernetes: start the engines inside pods that already run, chosen by this label selector "
+        "(e.g. team=a,role=trainer) instead of creating pods", words="existing pods",
+        hint="e.g. role=trainer", launchers=("kubernetes",), dialog=17))
     idle_release: float | None = field(default=None, metadata=_about(
         "stop the pool (release its nodes) after this many idle seconds"))
     oversubscribe: bool = field(default=False, metadata=_about(
@@ -152,11 +175,14 @@ class PoolConfig:
         if self.collective_timeout is not None and not self.collective_timeout > 0:
             raise ValueError(f"collective_timeout must be a positive number of seconds (got "
                              f"{self.collective_timeout}).")
-        for name in ("nodes", "gpus_per_node"):
+        for name in ("nodes", "gpus_per_node", "gpus_per_pod"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1 (got {value}).")
         self._check_launcher_options()
+        if self.pods is not None and (self.image or self.pod_template or self.node_selector):
+            raise ValueError("pods starts the engines in pods that already run: image, pod_template and "
+                             "node_selector are for pods the launcher creates; give one or the other.")
         if self.time is not None and not _SLURM_TIME.match(self.time):
             raise ValueError(f"time {self.time!r} is not a Slurm time limit: write minutes ('30'), "
                              "'HH:MM:SS' or 'D-HH:MM'.")
@@ -210,6 +236,7 @@ class PoolConfig:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["hosts"] = list(self.hosts)
         out["launcher_options"] = dict(self.launcher_options)
+        out["node_selector"] = dict(self.node_selector)
         return out
 
     @classmethod

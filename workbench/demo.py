@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,6 +38,8 @@ def run_notebook(path: Path, out_dir: Path, timeout: int = 600, log=print,
     import nbformat
     from jupyter_core.utils import run_sync
     from nbclient import NotebookClient
+    from traitlets.config import Config
+
     if gpu is None:
         from workbench.pool.machine.devices import visible_gpu_count
 
@@ -42,9 +47,13 @@ def run_notebook(path: Path, out_dir: Path, timeout: int = 600, log=print,
     nb = nbformat.read(path, as_version=4)
     out_dir.mkdir(parents=True, exist_ok=True)
     # the kernel runs in out_dir: the installed package's folder may be read-only, and nothing the
-    # notebook writes lands beside the source
+    # notebook writes lands beside the source. It listens on unix sockets in a private folder, not on TCP:
+    # nothing else on the machine can connect (and it has no reason to warn of TCP without encryption)
+    sockets = tempfile.mkdtemp(prefix="workbench-demo-")
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(out_dir.resolve())}})
+                            resources={"metadata": {"path": str(out_dir.resolve())}},
+                            config=Config({"KernelManager": {"transport": "ipc",
+                                                             "ip": os.path.join(sockets, "kernel")}}))
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     summary = None
     out = out_dir / path.name
@@ -68,6 +77,7 @@ def run_notebook(path: Path, out_dir: Path, timeout: int = 600, log=print,
             summary = json.loads(text) if text else None
     finally:
         nbformat.write(nb, out)
+        shutil.rmtree(sockets, ignore_errors=True)
     return summary
 
 

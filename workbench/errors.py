@@ -48,16 +48,20 @@ class NoPoolError(WorkbenchError, ValueError):
     ``running``: the pools of this machine another notebook or the JupyterLab panel runs, as
     ``(name, ranks)``: the message offers to attach to them.
 
-    >>> str(NoPoolError("%%distributed", running=[("pool-glad-heron", 2)])).split(", or ")[1]
-    'attach to a running one: `%dist attach pool-glad-heron` (2 ranks).'
+    A running pool is offered first (after a kernel restart that is the pool this notebook kept).
+
+    >>> str(NoPoolError("%%distributed", running=[("pool-glad-heron", 2)])).split(": ", 1)[1]
+    'attach to one with `%dist attach pool-glad-heron` (2 ranks), or start one with `%dist start -n 2`.'
+    >>> str(NoPoolError("%%distributed")).split(": ", 1)[1]
+    'start one with `%dist start -n 2` (or `workbench.Session(n=2).start()`).'
     """
 
     def __init__(self, what: str = "this", running=()):
         offer = "; ".join(f"`%dist attach {name}` ({n} rank{'s' * (n != 1)})" for name, n in running)
         super().__init__(
-            f"{what} needs a running pool: start one with `%dist start -n 2`"
-            + (f", or attach to a running one: {offer}." if offer else
-               " (or `workbench.Session(n=2).start()`).")
+            f"{what} needs a running pool: "
+            + (f"attach to one with {offer}, or start one with `%dist start -n 2`." if offer else
+               "start one with `%dist start -n 2` (or `workbench.Session(n=2).start()`).")
         )
 
 

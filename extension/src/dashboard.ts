@@ -17,6 +17,8 @@ export interface IDashboardAnswer {
   seq: number;
   /** False once the run ended (the last picture stays). */
   live: boolean;
+  /** The pool stopped: this is its last picture (kept by the server, also after a page reload). */
+  stopped?: boolean;
   summary: string;
   header: string;
   note: string;
@@ -141,7 +143,9 @@ export interface IDashboardSource {
 /**
  * Polls one pool's dashboard and keeps what was seen (`view`, `seq`); the panel draws each new view.
  *
- * A 404 means the pool stopped: polling ends, and the picture stays with a sentence that says so.
+ * An answer marked `stopped` is the pool's last picture, kept by the server: drawn (also after a page
+ * reload), then polling ends with a sentence that says so. A 404 means the pool stopped before any page
+ * asked for its dashboard: the same sentence, over whatever was drawn.
  */
 export class DashboardFeed {
   constructor(
@@ -168,15 +172,10 @@ export class DashboardFeed {
       const status = (error as { status?: number | null }).status;
       const message = String((error as Error)?.message ?? error);
       this.status =
-        status === 404
-          ? {
-              kind: 'stopped',
-              message: `Pool ${this.label} stopped: this is its last picture.`
-            }
-          : { kind: 'error', message };
+        status === 404 ? this._stopped() : { kind: 'error', message };
       return false;
     }
-    this.status = { kind: 'live' };
+    this.status = answer.stopped ? this._stopped() : { kind: 'live' };
     this.summary = answer.summary;
     const fresh = answer.view !== this._view || this.model === null;
     if (fresh) {
@@ -186,6 +185,13 @@ export class DashboardFeed {
     this._seq = answer.seq;
     this.model!.apply(answer);
     return fresh;
+  }
+
+  private _stopped(): FeedStatus {
+    return {
+      kind: 'stopped',
+      message: `Pool ${this.label} stopped: this is its last picture.`
+    };
   }
 
   private _seq = 0;

@@ -9,8 +9,8 @@ import type { IDashboardModule } from './widget/dashboard';
 /** How often a visible dashboard asks the server (the kernel's dashboard refreshes about as often). */
 export const DASHBOARD_POLL_MS = 1000;
 /**
- * How often a hidden one asks: seldom, but within the server's 30 s, so its source (and the points it
- * collected) stays while the panel is open behind another tab.
+ * How often a hidden one asks: seldom, but within the server's 30 s, so its dashboard keeps refreshing
+ * while the panel is open behind another tab (one that sleeps is drawn again whole when asked).
  */
 export const DASHBOARD_HIDDEN_POLL_MS = 10000;
 

@@ -5,6 +5,7 @@ import {
   attachedWarning,
   IInfo,
   IPool,
+  restartWhat,
   IStartForm,
   IStartOptions
 } from './model';
@@ -34,17 +35,15 @@ export async function confirmPoolAction(
   action: 'Stop' | 'Restart'
 ): Promise<boolean> {
   const ranks = pool.n === 1 ? 'rank 0' : `ranks 0-${pool.n - 1}`;
-  const what =
-    action === 'Stop'
-      ? `This ends its ${pool.n} engines (${ranks}) and the controller. `
-      : `This ends its ${pool.n} engines (${ranks}) and starts ${pool.n} new ones with a fresh process group. `;
   const result = await showDialog({
     title: `${action} pool ${pool.name ?? pool.id}?`,
     body:
-      what +
-      'Notebooks attached to it lose the variables on its ranks' +
-      (pool.owner.kind === 'kernel' ? ` (it was started by ${pool.owner.label})` : '') +
-      attachedWarning(pool),
+      action === 'Restart'
+        ? restartWhat(pool)
+        : `This ends its ${pool.n} engines (${ranks}) and the controller. ` +
+          'Notebooks attached to it lose the variables on its ranks' +
+          (pool.owner.kind === 'kernel' ? ` (it was started by ${pool.owner.label})` : '') +
+          attachedWarning(pool),
     buttons: [
       Dialog.cancelButton(),
       Dialog.warnButton({ label: `${action} pool` })

@@ -6,6 +6,7 @@ import {
 } from '@jupyterlab/application';
 import { MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
+import { Kernel } from '@jupyterlab/services';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 // The sidebar is added at activation, so its model and view load at once.
@@ -35,21 +36,53 @@ export const poolIcon = new LabIcon({
   svgstr: POOL_ICON_SVG
 });
 
+/** How long "Use in notebook" waits for the kernel to say whether it loaded the magics (a busy kernel
+ * answers only after its cell: then the snippet loads them too, which at worst says "already loaded"). */
+const ASK_KERNEL_MS = 1500;
+
+/** Whether the notebook's kernel has loaded the workbench magics (asked silently, nothing in its
+ * history; no answer in time, or no kernel: no). */
+async function magicsLoaded(kernel: Kernel.IKernelConnection | null | undefined): Promise<boolean> {
+  if (!kernel || kernel.status !== 'idle') {
+    return false;
+  }
+  const future = kernel.requestExecute({
+    code: '',
+    silent: true,
+    store_history: false,
+    user_expressions: {
+      workbench: "'workbench' in get_ipython().extension_manager.loaded"
+    }
+  });
+  const late = new Promise<null>(resolve => setTimeout(() => resolve(null), ASK_KERNEL_MS));
+  try {
+    const reply = await Promise.race([future.done, late]);
+    const found = (reply?.content as { user_expressions?: Record<string, unknown> } | undefined)
+      ?.user_expressions?.workbench as { data?: Record<string, unknown> } | undefined;
+    return found?.data?.['text/plain'] === 'True';
+  } catch {
+    return false;
+  }
+}
+
 /** The attach snippet, inserted below the active cell of the current notebook. */
-function insertAttachCell(tracker: INotebookTracker, pool: IPool): void {
+async function insertAttachCell(tracker: INotebookTracker, pool: IPool): Promise<void> {
   const panel = tracker.currentWidget;
   if (!panel || !pool.attach) {
     return;
   }
   // a workbench kernel has the magics loaded already; one still starting has no kernel object yet,
-  // but the session knows which kernel it starts, and the notebook which it asks for
+  // but the session knows which kernel it starts, and the notebook which it asks for; another kernel
+  // is asked whether an earlier cell loaded them
   const context = panel.sessionContext;
   const spec = panel.content.model?.getMetadata('kernelspec') as { name?: string } | undefined;
-  const source = attachSource(pool.attach, [
-    context.session?.kernel?.name,
-    context.kernelPreference.name,
-    spec?.name
-  ]);
+  const kernel = context.session?.kernel;
+  const loaded = await magicsLoaded(kernel);
+  const source = attachSource(
+    pool.attach,
+    [kernel?.name, context.kernelPreference.name, spec?.name],
+    loaded
+  );
   NotebookActions.insertBelow(panel.content);
   const cell = panel.content.activeCell;
   if (cell) {
@@ -138,7 +171,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         }
       },
       dismiss: pool => void model.stop(pool.id),
-      useInNotebook: pool => tracker && insertAttachCell(tracker, pool),
+      useInNotebook: pool => void (tracker && insertAttachCell(tracker, pool)),
       canUseInNotebook: () => !!tracker?.currentWidget,
       openDashboard: pool =>
         void app.commands.execute(OPEN_DASHBOARD, {

@@ -49,12 +49,17 @@ export interface IPool {
 /**
  * The attach snippet for a notebook whose kernel is (or will be) ``kernelNames[0]`` or the first one
  * known: the running kernel's name, else the one it is starting (the session's preference), else the
- * notebook's kernelspec. A workbench kernel has the magics loaded already, so it gets the attach line
- * only (a `%load_ext workbench` there prints "already loaded"); any other kernel gets both.
+ * notebook's kernelspec. A workbench kernel has the magics loaded already, and so has one that said so
+ * (``loaded``: it loaded them in an earlier cell): it gets the attach line only (a `%load_ext workbench`
+ * there prints "already loaded"); any other kernel gets both.
  */
-export function attachSource(attach: string, kernelNames: (string | null | undefined)[]): string {
+export function attachSource(
+  attach: string,
+  kernelNames: (string | null | undefined)[],
+  loaded = false
+): string {
   const kernel = kernelNames.find(name => !!name) ?? '';
-  if (!kernel.startsWith('workbench')) {
+  if (!kernel.startsWith('workbench') && !loaded) {
     return attach;
   }
   return attach
@@ -96,6 +101,29 @@ export function attachedWarning(pool: IPool): string {
 
 function attachedNotebooks(pool: IPool): string[] {
   return (pool.notebooks ?? []).filter(n => n.role === 'attached').map(n => n.notebook);
+}
+
+/**
+ * What the card's Restart does, as its dialog says it. A pool this server drives restarts as `%dist restart`
+ * does: new engines for its lost ranks only, then the process group re-formed, the other ranks keeping their
+ * variables. A pool a notebook drives (the server has no hand on its ranks) is stopped and started again.
+ */
+export function restartWhat(pool: IPool): string {
+  const ranks = pool.n === 1 ? 'rank 0' : `ranks 0-${pool.n - 1}`;
+  if (pool.owner.kind === 'server') {
+    const lost = (pool.ranks ?? []).filter(r => r.state === 'failed').map(r => r.rank);
+    return lost.length
+      ? `This starts a new engine for rank ${lost.join(', ')} and re-forms the process group; ` +
+          'the other ranks keep their variables, as `%dist restart` does.'
+      : 'Every rank runs: this re-forms the process group, and the ranks keep their variables, ' +
+          'as `%dist restart` does.';
+  }
+  return (
+    `This ends its ${pool.n} engines (${ranks}) and starts ${pool.n} new ones with a fresh process group, ` +
+    `run by this server under the same name. Notebooks attached to it lose the variables on its ranks` +
+    (pool.owner.kind === 'kernel' ? ` (it was started by ${pool.owner.label})` : '') +
+    attachedWarning(pool)
+  );
 }
 
 /** What the server says about the Start button: the engines a start gets here, whether there are GPUs. */

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -96,8 +97,9 @@ def _list_refuse_stop(proc: subprocess.Popen, pool: dict, env: dict, here: Path)
     listed = cli("pools", env=env, cwd=here)
     assert listed.returncode == 0, listed.stderr
     header, row = listed.stdout.splitlines()[:2]
-    assert header.split() == ["name", "id", "launcher", "ranks", "state", "owner", "notebooks", "age", "log"]
-    assert row.split()[:5] == [pool["name"], pool["id"], "local", "2/2", "running"], row
+    assert header.split() == ["name", "id", "launcher", "ranks", "where", "state", "owner", "notebooks",
+                              "age", "log"]
+    assert row.split()[:6] == [pool["name"], pool["id"], "local", "2/2", socket.gethostname(), "running"], row
     assert f"train.ipynb (pid {proc.pid})" in row and f"pool-{pool['id']}.log" in row
     as_json = json.loads(cli("pools", "--json", env=env, cwd=here).stdout)
     assert [p["id"] for p in as_json] == [pool["id"]]

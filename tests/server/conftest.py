@@ -39,6 +39,17 @@ def api(jp_fetch):
 
 async def wait_for(api, pool_id: str, state: str, timeout: float = 90.0) -> dict:
     """Poll GET /workbench/pools until the pool reaches ``state``; fail with what it said last."""
+
+    def reached(pool: dict) -> bool:
+        if pool["state"] == "failed" and state != "failed":
+            pytest.fail(f"pool {pool_id} failed to start: {pool['error']}")
+        return pool["state"] == state
+
+    return await wait_until(api, pool_id, reached, timeout, f"reach {state!r}")
+
+
+async def wait_until(api, pool_id: str, holds, timeout: float = 60.0, what: str = "get there") -> dict:
+    """Poll GET /workbench/pools until ``holds(pool)`` for the pool; fail with what it said last."""
     import asyncio
 
     deadline = time.monotonic() + timeout
@@ -47,9 +58,7 @@ async def wait_for(api, pool_id: str, state: str, timeout: float = 90.0) -> dict
         code, body, _ = await api("GET", "pools")
         assert code == 200
         last = next((p for p in body["pools"] if pool_id in (p["id"], p["request_id"])), None)
-        if last is not None and last["state"] == state:
+        if last is not None and holds(last):
             return last
-        if last is not None and last["state"] == "failed" and state != "failed":
-            pytest.fail(f"pool {pool_id} failed to start: {last['error']}")
         await asyncio.sleep(0.2)
-    pytest.fail(f"pool {pool_id} did not reach {state!r} in {timeout} s; last seen: {last}")
+    pytest.fail(f"pool {pool_id} did not {what} in {timeout} s; last seen: {last}")

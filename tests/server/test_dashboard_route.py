@@ -1,8 +1,8 @@
 """The docked dashboard's source in a real Jupyter server: GET /workbench/pools/<id>/dashboard.
 
 A pool another process started (as a notebook would) trains; the server subscribes to its relay when a
-page first asks, answers with the run's header and figure, and closes the source (its thread and its
-socket) when no page asked for a while, and when the pool stops.
+page first asks, answers with the run's header and figure, lets its dashboard sleep when no page asked for
+a while (the collector stays: the relay keeps no history), and keeps the last picture when the pool stops.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ TRAINS = textwrap.dedent("""
 
 @pytest.fixture
 def jp_server_config(jp_server_config):
-    """The server of the conftest, with sources closed 2 s after the last page asked (not 30)."""
+    """The server of the conftest, with dashboards asleep 2 s after the last page asked (not 30)."""
     return {**jp_server_config, "WorkbenchServerExtension": {"dashboard_idle_s": 2.0}}
 
 
@@ -165,17 +165,27 @@ async def test_a_pool_of_another_notebook_docks_its_live_dashboard_until_it_stop
             await asyncio.sleep(0.5)
         assert len(page.figure["data"][0]["y"]) > 10  # the points it saw, kept
 
-        # nobody asks: closed after idle_s, its thread and its socket with it
-        await _until(lambda: not sources.pools and closed(), 10, "the idle source was not closed")
+        # nobody asks: after idle_s its dashboard sleeps (its thread ends); the collector stays subscribed
+        await _until(lambda: not sources.awake and "workbench-dashboard" not in _dashboard_threads(), 10,
+                     "the idle dashboard did not sleep")
+        assert sources.pools == [pool_id] and len(_relay_sockets(out)) == 1
 
-        # asked again: a new source; the pool stops (its owner stops it): closed, then a 404
-        await poll(Page())
-        assert sources.pools == [pool_id]
+        # asked again (a page that opens later): the whole run, from the collector it kept
+        again = Page()
+        body = await poll(again)
+        assert "finished at step 60" in body["header"] and sources.awake == [pool_id], body["header"]
+        assert again.figure["data"][0]["x"] == page.figure["data"][0]["x"]
+
+        # the pool stops (its owner stops it): thread and socket gone, its last picture answered, stopped
         proc.stdin.close()
         await asyncio.to_thread(proc.wait, 30)
         await _until(lambda: not sources.pools and closed(), 10, "the stopped pool's source was not closed")
         code, body, _ = await api("GET", "pools", pool_id, "dashboard")
-        assert code == 404
+        assert code == 200 and body["stopped"] and not body["live"], body
+        assert "finished at step 60" in body["header"] and body["figure"]["data"], body["header"]
+        code, body, _ = await api("GET", "pools", pool_id, "dashboard",
+                                  params={"since": str(again.seq), "view": again.view})
+        assert code == 200 and body["stopped"] and "figure" not in body and body["extend"] == []
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -185,7 +195,7 @@ async def test_a_pool_of_another_notebook_docks_its_live_dashboard_until_it_stop
 
 
 @pytest.mark.timeout(180)
-async def test_stopping_a_pool_from_the_panel_closes_its_dashboard(api, jp_serverapp):
+async def test_stopping_a_pool_from_the_panel_keeps_its_last_picture(api, jp_serverapp):
     code, body, _ = await api("POST", "pools", body={"n": 2})
     pool = await wait_for(api, body["pool"]["request_id"], "running")
     code, body, _ = await api("GET", "pools", pool["id"], "dashboard")
@@ -193,8 +203,8 @@ async def test_stopping_a_pool_from_the_panel_closes_its_dashboard(api, jp_serve
     assert _sources(jp_serverapp).pools == [pool["id"]]
     code, _, _ = await api("DELETE", "pools", pool["id"])
     assert code == 200 and _sources(jp_serverapp).pools == []
-    code, body, _ = await api("GET", "pools", pool["id"], "dashboard")
-    assert code == 404
+    code, body, _ = await api("GET", "pools", pool["id"], "dashboard")  # its last picture, said stopped
+    assert code == 200 and body["stopped"] and "No training run yet" in body["note"], body
 
 
 @pytest.mark.timeout(240)

@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.server.conftest import wait_for
+from tests.server.conftest import wait_for, wait_until
 from workbench.server.handlers import ROUTES
 
 CASES = [(route.example, method) for route in ROUTES for method in route.methods]
@@ -219,13 +221,26 @@ async def test_start_list_restart_stop_a_real_pool(api):
         assert state.cluster_file not in text and "ipcontroller" not in text
     pids = [rec["pid"] for rec in state.processes]
 
-    # restart: fresh engines and a fresh group under the same id and name, the old processes gone
+    # restart does what `%dist restart` does (issue 40, point 4; it replaced every rank): a healthy pool's
+    # group re-forms on the same engines; then a lost rank, and only that one, gets a new engine
+    before = {r["rank"]: r["pid"] for r in pool["ranks"]}
     code, body, _ = await api("POST", "pools", pool["id"], "restart", body={})
-    assert code == 202
-    fresh = await wait_for(api, body["pool"]["id"], "running")
-    assert (fresh["id"], fresh["name"]) == (pool["id"], pool["name"]) and len(fresh["ranks"]) == 2
-    assert {r["pid"] for r in fresh["ranks"]}.isdisjoint(r["pid"] for r in pool["ranks"])
-    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert code == 202 and body["pool"]["state"] == "starting", body
+    assert body["pool"]["message"] == "restarting", body
+    fresh = await wait_for(api, pool["id"], "running")
+    assert (fresh["id"], fresh["name"]) == (pool["id"], pool["name"])
+    assert {r["rank"]: r["pid"] for r in fresh["ranks"]} == before, fresh["ranks"]
+    assert fresh["log"][-1].endswith("the process group re-formed"), fresh["log"]
+    psutil.Process(before[1]).kill()
+    await wait_until(api, pool["id"], lambda p: [r["state"] for r in p["ranks"]][1] == "failed")
+    code, body, _ = await api("POST", "pools", pool["id"], "restart", body={})
+    assert code == 202, body
+    await wait_until(api, pool["id"], lambda p: p["log"][-1].endswith("restarted rank 1"), timeout=90)
+    fresh = await wait_for(api, pool["id"], "running")
+    now = {r["rank"]: r["pid"] for r in fresh["ranks"]}
+    assert now[0] == before[0] and now[1] != before[1], (before, now)
+    assert [r["state"] for r in fresh["ranks"]] != ["idle", "failed"], fresh["ranks"]
+    assert not psutil.pid_exists(before[1]) or psutil.Process(before[1]).status() == "zombie"
     state = pool_state.read_state(pool_state.state_path(fresh["id"]))
     pids = [rec["pid"] for rec in state.processes]
 
@@ -271,6 +286,40 @@ async def test_a_pool_another_process_started_is_listed_and_stopped(api):
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.timeout(120)
+async def test_a_pool_its_owner_stops_is_never_said_failed(api):
+    """A state is said only when true (issue 40, point 9: "failed" flashed on the card during a normal stop):
+    the card's pool, looked at as fast as the server answers while its owner stops it, shows its ranks
+    running and then is gone; never a rank "failed" (its engines had ended while its state file stood)."""
+    proc = subprocess.Popen([sys.executable, "-c", OTHER_OWNER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        pool_id = proc.stdout.readline().strip()
+        assert pool_id, "the other process did not start its pool"
+        await wait_for(api, pool_id, "running")
+        pool = await wait_for(api, pool_id, "running")
+        assert {r["state"] for r in pool["ranks"]} <= {"idle", "busy"}, pool["ranks"]
+        # rank 1 stopped (SIGSTOP): it does not exit when told, so the stop waits its grace for it and
+        # kills it, while rank 0 has long ended
+        os.kill(pool["ranks"][1]["pid"], signal.SIGSTOP)
+        proc.stdin.close()  # the owner stops its pool
+        said, deadline = [], time.monotonic() + 60
+        while time.monotonic() < deadline:
+            code, body, _ = await api("GET", "pools")
+            assert code == 200
+            mine = [p for p in body["pools"] if p["id"] == pool_id]
+            if not mine:
+                break
+            said.append((mine[0]["state"], tuple(r["state"] for r in mine[0]["ranks"])))
+        assert not mine, f"the pool was still listed 60 s after its owner stopped it: {said[-1]}"
+        assert not [s for s in said if "failed" in s[1] or s[0] == "failed"], said
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
             proc.kill()
             proc.wait()
 

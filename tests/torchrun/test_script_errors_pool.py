@@ -235,6 +235,29 @@ def test_status_names_the_ranks_a_cell_destroyed_the_group_on_and_the_reform(ips
     assert "process group: formed (backend gloo, world size 2)" in shown, shown
 
 
+def test_status_after_an_abort_says_aborted_not_destroyed(ipshell, pool, engines):
+    """A rank raises while the other waits in a collective: the kernel aborts the group, which leaves
+    ``dist.is_initialized()`` False on the ranks; their beacons say so, and ``%dist status`` read that as
+    "destroyed ... (torch's own destroy_process_group...)" (issue 40, point 9)."""
+    cell = ("%%distributed\nimport torch\nif rank == 1:\n    raise ValueError('boom on rank 1')\n"
+            "t = torch.ones(1)\ndist.all_reduce(t)")
+    result, shown = run(ipshell, cell)
+    assert not result.success and "boom on rank 1" in shown, shown
+    beacons = pool.rooms.beacons
+
+    def no_group_heard() -> bool:  # both ranks' beacons of this generation say they have no group now
+        beats = beacons.latest
+        return all((beats.get(r.rank) or {}).get("group") is False for r in pool.ranks)
+
+    assert until(no_group_heard, timeout=20), beacons.latest  # a bound, not a speed check
+    result, shown = run(ipshell, "%dist status")
+    assert "process group: aborted after a fault; the next cell re-forms it" in shown, shown
+    assert "destroyed" not in shown, shown
+    all_reduce_works(ipshell)  # the next cell re-forms it
+    result, shown = run(ipshell, "%dist status")
+    assert "process group: formed (backend gloo, world size 2)" in shown, shown
+
+
 def test_a_file_percent_run_misses_names_the_ranks_folder_and_host(ipshell, pool, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result, shown = run(ipshell, "%%distributed\n%run nope.py")

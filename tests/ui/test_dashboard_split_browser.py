@@ -108,8 +108,9 @@ def test_the_dashboards_fit_the_split_view_and_a_reload_keeps_them_whole(tmp_pat
             _run(page, cells, 4)  # %dist stop
 
             # save and reload: the docked panel comes back; the PNG fits the half-width cell
-            page.evaluate("() => { window.jupyterapp.commands.execute('docmanager:save'); }")
-            page.wait_for_timeout(2000)
+            with page.expect_response(lambda r: "/api/contents/train.ipynb" in r.url
+                                      and r.request.method == "PUT" and r.ok, timeout=30_000):
+                page.evaluate("() => { window.jupyterapp.commands.execute('docmanager:save'); }")
             cell, image = _reload_to_image(page, lab, "train.ipynb", 3)
             shown = image.bounding_box()["width"]
             room = cell.locator(".jp-OutputArea-output").first.bounding_box()["width"]

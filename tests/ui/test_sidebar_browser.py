@@ -229,9 +229,23 @@ def test_start_use_and_stop_a_pool_from_the_sidebar(lab, tmp_path):
 
 
 def _run_cell(page, index: int) -> None:
-    """Select cell ``index`` of the open notebook and run it (the kernel's queue keeps the order)."""
-    page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-InputPrompt").click()
-    page.evaluate("window.jupyterapp.commands.execute('notebook:run-cell')")
+    """Select cell ``index`` of the open notebook and run it (the kernel's queue keeps the order). Under
+    load the first command was seen to run nothing (the prompt stayed "[ ]:"): it is sent again only then,
+    so a cell never runs twice."""
+    from playwright.sync_api import TimeoutError as NotYet
+
+    prompt = page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-InputPrompt")
+    before = prompt.inner_text()
+    for _ in range(3):
+        prompt.click()
+        page.evaluate("window.jupyterapp.commands.execute('notebook:run-cell')")
+        try:
+            page.wait_for_function("([el, before]) => el.innerText !== before",
+                                   arg=[prompt.element_handle(), before], timeout=10_000)
+            return
+        except NotYet:  # the run was not taken
+            continue
+    raise AssertionError(f"cell {index} did not start after three tries (its prompt stayed {before!r})")
 
 
 @pytest.mark.timeout(420)

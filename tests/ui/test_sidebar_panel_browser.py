@@ -176,10 +176,10 @@ def test_the_launcher_shows_the_workbench_kernels_with_their_logo(page, lab):
 def test_ipyparallels_own_sidebar_lists_no_workbench_pool(page, lab, big_pool):
     from playwright.sync_api import expect
 
-    page.locator('li.lm-TabBar-tab[data-id="ipp-cluster-launcher"]').click()
+    with page.expect_response(lambda r: "/ipyparallel/clusters" in r.url and r.ok, timeout=30_000):
+        page.locator('li.lm-TabBar-tab[data-id="ipp-cluster-launcher"]').click()  # it lists on opening
     listing = page.locator(".ipp-ClusterListing")
     expect(listing).to_be_visible(timeout=30_000)
-    page.wait_for_timeout(1500)  # its first listing
     _shot(page, "ipyparallel-panel-no-workbench-pool.png")
     try:
         expect(listing).not_to_contain_text("workbench")
@@ -262,9 +262,8 @@ def test_the_panel_is_open_again_after_a_reload(page, lab):
         time.sleep(0.5)
     page.reload()
     page.wait_for_selector("#jp-main-dock-panel", timeout=60_000)
-    page.wait_for_timeout(3000)  # the restorer's turn
-    _shot(page, "sidebar-after-reload.png")
     expect(page.locator("#workbench-pools .wb-StartRow")).to_be_visible(timeout=30_000)
+    _shot(page, "sidebar-after-reload.png")
 
 
 def _field(form, name: str):

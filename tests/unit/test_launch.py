@@ -17,7 +17,8 @@ from workbench.pool.rankmap import RankInfo
 pytestmark = pytest.mark.timeout(30)
 
 CONFIGS = {"local": PoolConfig(), "ssh": PoolConfig(launcher="ssh", hosts="n1,n2"),
-           "slurm": PoolConfig(launcher="slurm", nodes=2), "mpi": PoolConfig(launcher="mpi")}
+           "slurm": PoolConfig(launcher="slurm", nodes=2), "mpi": PoolConfig(launcher="mpi"),
+           "kubernetes": PoolConfig(launcher="kubernetes", image="wb:1")}
 
 
 def test_every_launcher_of_the_config_has_its_class_and_every_option_names_launchers_that_exist():
@@ -34,6 +35,7 @@ def test_every_launcher_of_the_config_has_its_class_and_every_option_names_launc
     ("ssh", False, True, True, False, False),
     ("slurm", False, True, True, False, False),
     ("mpi", False, True, False, False, False),
+    ("kubernetes", False, True, True, False, False),
 ])
 def test_what_each_launcher_says(name, here, fences, adds, forks, meets_in_files, tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_STATE_DIR", str(tmp_path))

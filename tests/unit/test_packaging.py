@@ -19,4 +19,4 @@ def test_torch_is_never_pinned_to_a_cuda_pull_by_itself():
     # the Makefile installs the pinned build first; the package only asks for a compatible range
     makefile = (ROOT / "Makefile").read_text()
     assert "TORCH_SPEC ?= torch==2.13.0" in makefile
-    assert makefile.index('"$(TORCH_SPEC)"') < makefile.index('-e ".[test,docs]"')
+    assert makefile.index('"$(TORCH_SPEC)"') < makefile.index('-e ".[test,docs,kubernetes]"')

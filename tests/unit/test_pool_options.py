@@ -15,6 +15,7 @@ from workbench.magics.args import parse_dist, pool_config_options
 from workbench.server.start_request import parse_start_request, start_form, start_options
 
 SLURM = {"launcher": "slurm", "interface": "lo"}
+KUBE = {"launcher": "kubernetes", "interface": "lo"}
 # field -> (a value other than its default, the other fields that value needs to be valid)
 SAMPLES = {
     "n": (3, {}),
@@ -29,6 +30,12 @@ SAMPLES = {
     "time": ("30", SLURM),
     "account": ("team", SLURM),
     "hosts": (("a", "b"), {"launcher": "mpi", "interface": "lo"}),
+    "namespace": ("team", KUBE),
+    "image": ("wb:1", KUBE),
+    "gpus_per_pod": (2, KUBE),
+    "node_selector": ({"gpu": "a100"}, KUBE),
+    "pod_template": ("gpu-pod.yaml", KUBE),
+    "pods": ("role=trainer", KUBE),
     "idle_release": (30.0, {}),
     "oversubscribe": (True, {}),
     "name": ("team-a", {}),

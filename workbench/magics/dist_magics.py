@@ -15,7 +15,7 @@ from IPython.display import display, publish_display_data
 
 from workbench import session as session_mod
 from workbench.config import PoolConfig
-from workbench.errors import CellInterrupted, CellTimeout, NoPoolError, RankError
+from workbench.errors import CellInterrupted, CellTimeout, NoPoolError, PoolGone, RankError
 from workbench.magics import rank_tabs, spread
 from workbench.magics.args import parse_cell, parse_dist, pool_config_options
 from workbench.magics.output import LineMerger, hold_for, print_stream
@@ -65,7 +65,7 @@ class DistributedMagics(Magics):
             raise UsageError(str(exc).replace("this needs", f"{what} needs")) from None
 
     def _dist_start(self, args):
-        s = session_mod.current_or_none()
+        s = _driven()
         if s is not None:
             raise UsageError(f"pool {s.name} ({ranks_text(s.world_size)}) is already running in this "
                              "notebook: `%dist stop` it first.")
@@ -86,13 +86,14 @@ class DistributedMagics(Magics):
             s.start(progress=progress)
         except ValueError as exc:  # e.g. loopback with engines on other machines: nothing was started
             raise UsageError(str(exc)) from None
-        print(f"pool {s.name} ({s.pool_id}): {ranks_text(s.world_size)}, backend {s.backend}"
-              + (f"; kept by the Jupyter server: it outlives this kernel, `%dist attach {s.name}` takes it "
-                 "back after a restart" if s.config.keep else ""))
+        print(f"pool {s.name} ({s.pool_id}): {ranks_text(s.world_size)}, backend {s.backend}")
+        if s.config.keep:  # once, in short lines: a long one wrapped, leaving a lone "`)" on a line
+            print("kept by the Jupyter server: it outlives this kernel.\n"
+                  f"after a kernel restart: `%dist attach {s.name}`")
         print(format_table(s.status(), STATUS_COLUMNS))
 
     def _dist_attach(self, args):
-        s = session_mod.current_or_none()
+        s = _driven()
         if s is not None:
             raise UsageError(f"this notebook already drives pool {s.name}: `%dist stop` detaches it first.")
         ref = args.pool
@@ -114,9 +115,12 @@ class DistributedMagics(Magics):
         s = session_mod.current_or_none()
         if s is None:
             running = session_mod.running_pools()
-            print("this notebook drives no pool: start one with `%dist start -n 2`"
-                  + "".join(f"\n  or `%dist attach {st.name or st.id}` ({ranks_text(st.n)})"
-                            for st in running))
+            # a running pool first: after a kernel restart it is the one this notebook kept
+            print("this notebook drives no pool: "
+                  + "".join(f"`%dist attach {st.name or st.id}` ({ranks_text(st.n)}"
+                            + (", kept by the Jupyter server" if st.config.keep else "") + ")\n  or "
+                            for st in running)
+                  + "start one with `%dist start -n 2`")
             _sidebar_note()
             return
         rows = s.status()
@@ -348,9 +352,26 @@ def _syntax_error(exc: SyntaxError, where: str) -> str:
 
 
 def _notebooks(s: Session) -> str:
-    """"notebooks: a.ipynb (started it), b.ipynb": who drives the pool."""
-    names = [f"{c['notebook']}" + (" (started it)" if c["role"] == "started" else "") for c in s.notebooks()]
+    """"notebooks: a.ipynb (started it), b.ipynb": who drives the pool; a kept pool's starter is the Jupyter
+    server that keeps it (not "the JupyterLab panel": the notebook that asked for it is among the others)."""
+    kept = s.config.keep
+    names = [("the Jupyter server (keeps it)" if kept else f"{c['notebook']} (started it)")
+             if c["role"] == "started" else c["notebook"] for c in s.notebooks()]
     return "notebooks: " + (", ".join(names) or "none here (started from the JupyterLab panel)")
+
+
+def _driven() -> Session | None:
+    """The session this notebook drives, if its pool still runs: one stopped elsewhere (the panel, another
+    notebook, its lease) is said in its one line and let go of, so a new start or attach goes ahead."""
+    s = session_mod.current_or_none()
+    if s is None:
+        return None
+    try:
+        s.check()
+    except PoolGone as exc:
+        print(f"workbench: {exc}")
+        return None
+    return s
 
 
 def _show_ranks(result, world_size: int) -> None:

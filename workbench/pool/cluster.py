@@ -30,7 +30,7 @@ from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
 from workbench.pool.launch import Launcher, launcher_for, spawn, start_errors
 from workbench.pool.machine import exposure
-from workbench.pool.processes import reap, spare
+from workbench.pool.processes import quiet, reap, spare
 from workbench.pool.processes.zygote import Zygote
 from workbench.pool.records import sharing
 from workbench.pool.records import state as pool_state
@@ -147,6 +147,7 @@ class EnginePool:
         """
         self.launcher.check_address(self.address)
         self.launcher.check_capacity(self.n)
+        self.launcher.preflight(self.n)
         if self.forks and not self._id_given:  # (a pool started again keeps its id, hence its tag)
             self.zygote = spare.take()  # started at %load_ext: torch is loaded already
             if self.zygote is not None:
@@ -206,7 +207,8 @@ class EnginePool:
             # register (not before: the import would hold up this thread's own)
             threading.Thread(target=importlib.import_module, args=("numpy",), name="workbench-numpy",
                              daemon=True).start()
-            self.client = self.cluster.connect_client_sync()
+            with quiet.curve_client():  # CurveZMQ: "signing is disabled" is wrong here
+                self.client = self.cluster.connect_client_sync()
             self._wait_for_engines(progress)
         except BaseException as exc:
             with interrupts_held():  # a second Ctrl-C must not cut the clean-up short
@@ -279,6 +281,9 @@ class EnginePool:
                 raise start_errors.start_error(
                     f"the controller exited while the engines were starting (it listened on {self.address})",
                     "The log has its whole output.", log=self.log_file)
+            failed = self.launcher.start_failed(self)  # e.g. a pod no node fits, in the API's words
+            if failed is not None:
+                raise failed
             dead = self._dead_engines()
             if dead:
                 raise start_errors.start_error(self.launcher.engines_exited(len(dead), self.n),
@@ -315,6 +320,7 @@ class EnginePool:
         (a :class:`PoolStartError`, the engines of this start ended) once it says so (an elastic run that
         asked for them ended)."""
         self.launcher.check_capacity(alive + n)
+        self.launcher.preflight(n)
         steps = self.launcher.start_more(self, n, hosts)
         deadline = time.monotonic() + self.timeout
         try:
@@ -322,6 +328,10 @@ class EnginePool:
                 new = sorted(set(self.client.ids) - known_ids)
                 if len(new) >= n:
                     return new[:n]
+                failed = self.launcher.start_failed(self)  # e.g. no node fits the new pod
+                if failed is not None and len(new) < n:  # the pool runs on: only what failed is said
+                    raise PoolStartError(f"{failed.what.rstrip(':.')}. "
+                                         f"{failed.todo.replace(start_errors.STOPPED, '').strip()}")
                 ended = [el for el in steps if _ended(el)]
                 # srun refused or its step ended, or a new engine was killed before it registered: said at
                 # once (it said why in the log), never waited for until the timeout
@@ -351,6 +361,17 @@ class EnginePool:
         pool: over ssh, in the background, once their hosts answer; see
         :mod:`workbench.pool.launch.fence`)."""
         self.launcher.fence(self, pids)
+
+    def host_label(self, host: str) -> str:
+        """A rank's host as tables show it: with its machine where the host is not one (``wb-1a2b-x7k2p
+        (node-3)``, a Kubernetes pod on its node)."""
+        node = (self.launcher.places(self) or self.state.places).get(host)
+        return f"{host} ({node})" if node else host
+
+    def lost_hosts(self) -> dict[str, str]:
+        """Hosts (a Kubernetes pool: pods) whose engines the launcher's own system says are gone, with how;
+        the health watcher asks every look (:meth:`~workbench.pool.launch.base.Launcher.lost_hosts`)."""
+        return self.launcher.lost_hosts(self)
 
     def fenced_ended(self) -> set[int]:
         """Pids of the fenced engines known ended (their host answered the ssh kill)."""
@@ -383,8 +404,9 @@ class EnginePool:
         """The engines (or engine sets) that ended before registering; their output is in the log."""
         dead = set()
         for es in self.engine_sets():
-            # copies: ipyparallel's thread adds and forgets engines while a cancelled start is explained
-            ended = list((getattr(es, "stop_data", None) or {}).get("engines", {}))  # a set forgets ended ones
+            # copies: ipyparallel's thread adds and forgets engines while a cancelled start is explained;
+            # a set forgets ended ones
+            ended = list((getattr(es, "stop_data", None) or {}).get("engines", {}))
             dead.update(f"{es.engine_set_id}/{i}" for i in ended)
             for i, el in list((getattr(es, "launchers", None) or {"": es}).items()):
                 if isinstance(el, BatchSystemLauncher):
@@ -416,7 +438,8 @@ class EnginePool:
         # quiet: when the owner stops the pool, ipyparallel would log the controller's whole output here
         self.cluster = ipp.Cluster.from_file(state.cluster_file, log_level=logging.CRITICAL,
                                              shutdown_atexit=False)
-        self.client = self.cluster.connect_client_sync()
+        with quiet.curve_client():  # CurveZMQ: "signing is disabled" is wrong here
+            self.client = self.cluster.connect_client_sync()
         self.client.wait_for_engines(self.n, timeout=timeout)
         self.state_file = pool_state.state_path(self.pool_id)
         self.channel = state.channel
@@ -506,7 +529,8 @@ class EnginePool:
             n=self.n,
             config=self.config,  # every field: a restart elsewhere starts it as it was
             # what the lease cancels if the owner dies: engines on other nodes are not our processes
-            jobs=[{"id": job, "cancel": [*self._cancel_command(), job]} for job in self.jobs()],
+            jobs=[{"id": job, "cancel": [*self._cancel_command(), job]} for job in self.jobs()]
+            + self.launcher.lease_jobs(self.pool_id),  # a Kubernetes pool: one delete of its objects
             # engines started over ssh: what stop and the lease run to end them
             remote=[{"id": f"{el.location}:{el.pid}",
                      "cancel": [*el.ssh_cmd, *el.ssh_args, el.location, "kill", str(el.pid)]}
@@ -525,6 +549,7 @@ class EnginePool:
                    + [str(Path(self.cluster.profile_dir, "log", f"engines{cluster_id}.json"))]
                    if self.cluster else []),
             log=str(self.log_file) if self.log_file else None,
+            places=self.launcher.places(self),  # a Kubernetes pool: each pod's node
             created=time.time(),
             **extra,
         )
@@ -585,8 +610,10 @@ class EnginePool:
             with contextlib.suppress(Exception):
                 self._record()  # the launchers' latest pids, jobs and remote engines
         state, self.state, self.state_file = self.state, PoolState(), None
+        # first: while the file stands, the pool is listed as running, and its engines ending below would
+        # show as failed ranks on the card of every server that lists it (issue 40, point 9)
+        pool_state.state_path(self.pool_id).unlink(missing_ok=True)
         self._forget_controller()
-        self.launcher.close()
         if self.cluster is not None:
             spawn.cancel(self.cluster.cluster_id)
             spawn.zygotes.pop(self.cluster.cluster_id, None)
@@ -605,12 +632,13 @@ class EnginePool:
             for proc in slow:
                 with contextlib.suppress(psutil.Error):
                     proc.kill()
-        pool_state.state_path(self.pool_id).unlink(missing_ok=True)
+        ended = self.launcher.lease_jobs(self.pool_id)  # what its close() deletes itself (a Kubernetes pool's
+        self.launcher.close()  # objects), after the engines were told
         if self._lease is not None:  # before the pool's processes: with its owner alive it only watches
             self._lease.terminate()
             self._lease.wait(timeout=5)
             self._lease = None
-        reap.clean_up(replace(state, id=self.pool_id), grace)
+        reap.clean_up(replace(state, id=self.pool_id, jobs=[j for j in state.jobs if j not in ended]), grace)
         if self.zygote is not None:  # ended above with the pool's other processes
             self.zygote.close()
             self.zygote.proc.poll()

@@ -20,7 +20,7 @@ import time
 from workbench.pool.records import sharing
 from workbench.pool.records import state as pool_state
 
-COLUMNS = ["name", "id", "launcher", "ranks", "state", "owner", "notebooks", "age", "log"]
+COLUMNS = ["name", "id", "launcher", "ranks", "where", "state", "owner", "notebooks", "age", "log"]
 
 
 def age(seconds: float) -> str:
@@ -58,8 +58,25 @@ def _record(pid: int) -> dict:
         return {}
 
 
+def where(state: pool_state.PoolState) -> str:
+    """Where a pool's ranks run: its hosts, or (a Kubernetes pool) how many pods on which nodes.
+
+    >>> ranks = [{"host": "wb-1a-x"}, {"host": "wb-1a-y"}, {"host": "wb-1a-z"}]
+    >>> where(pool_state.PoolState(ranks=ranks, places={"wb-1a-x": "n1", "wb-1a-y": "n2", "wb-1a-z": "n1"}))
+    '3 pods on n1, n2'
+    >>> where(pool_state.PoolState(ranks=[{"host": "a"}, {"host": "a"}])), where(pool_state.PoolState())
+    ('a', '-')
+    """
+    hosts = list(dict.fromkeys(r.get("host", "?") for r in state.ranks))
+    if hosts and state.places:
+        nodes = sorted({state.places.get(h, "?") for h in hosts})
+        return f"{len(hosts)} pod{'s' if len(hosts) != 1 else ''} on {', '.join(nodes)}"
+    return ", ".join(hosts) or "-"
+
+
 def describe(state: pool_state.PoolState, now: float | None = None) -> dict:
-    """One pool as a row: name, id, launcher, ranks, state, owner, attached notebooks, age, log."""
+    """One pool as a row: name, id, launcher, ranks, where they run, state, owner, attached notebooks, age,
+    log."""
     clients = sharing.clients(state.id)
     owner_pid = state.owner.get("pid")
     starter = next((c for c in clients if c["pid"] == owner_pid), None)
@@ -73,6 +90,7 @@ def describe(state: pool_state.PoolState, now: float | None = None) -> dict:
         "id": state.id,
         "launcher": state.launcher,
         "ranks": f"{len(ranks)}/{state.n or len(ranks)}",
+        "where": where(state),
         "state": _state_word(state),
         "owner": owner,
         "notebooks": ", ".join(attached) or "-",

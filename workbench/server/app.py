@@ -17,7 +17,8 @@ class WorkbenchServerExtension(ExtensionApp):
     name = "workbench"
     load_other_extensions = True
     dashboard_idle_s = Float(IDLE_S, config=True,
-                             help="Seconds a docked dashboard's source stays open after the last page asked.")
+                             help="Seconds a docked dashboard refreshes after the last page asked "
+                                  "(its pool's metrics are received all along).")
 
     def initialize_settings(self) -> None:
         self.manager = PoolManager(owners=self._kernel_owners, dashboard_idle_s=self.dashboard_idle_s)

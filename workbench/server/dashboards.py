@@ -6,19 +6,27 @@ notebook's :class:`~workbench.widgets.live_dashboard.Dashboard` on a
 :class:`~workbench.widgets.polled.PolledView` that the page polls about once a second. It shows what
 came since it was made (the relay keeps no history): the panel's listing makes one for every running
 pool it shows (:meth:`DashboardSources.watch`), so a dashboard opened mid-run has the run from the
-moment the panel saw the pool. It is closed when neither a page nor the listing asked for ``idle_s``
-seconds, or when its pool stops; then the page's next question is a 404 and it keeps the last picture.
+moment the panel saw the pool.
+
+The collector lives as long as its pool: when neither a page nor the listing asked for ``idle_s`` seconds
+only the dashboard's refresh sleeps, and the next question wakes a new one over the same collector, drawn
+whole from every run it kept. When the pool stops (from the panel: before its processes go, so the
+picture is the run's and not the stop's) the dashboard takes its last picture, and the page's questions
+are answered from it, ``stopped`` once the pool is gone, also after a page reload (:data:`KEEP_ENDED`
+pools are remembered). A pool started again under the same id (a new channel) gets a new source.
 No tornado here; the key never leaves the server.
 
 >>> sources = DashboardSources(asyncio.to_thread, find=manager.running_state)  # doctest: +SKIP
 >>> await sources.since("abc123", 0, "")                 # doctest: +SKIP
-{'pool': 'abc123', 'view': '5f…', 'seq': 0, 'live': True, 'header': '…', 'figure': {}, ...}
+{'pool': 'abc123', 'view': '5f…', 'seq': 0, 'live': True, 'stopped': False, 'header': '…', ...}
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
@@ -27,8 +35,9 @@ from workbench.pool.records import state as pool_state
 
 log = logging.getLogger(__name__)
 
-IDLE_S = 30.0  # a source no page asked for this long is closed
+IDLE_S = 30.0  # a source no page asked for this long stops refreshing (its collector stays)
 SWEEP_S = 2.0  # how often idle sources and stopped pools are looked for
+KEEP_ENDED = 32  # the last pictures kept, of the pools that stopped most recently
 
 
 class Source:
@@ -36,31 +45,83 @@ class Source:
 
     def __init__(self, pool_id: str, state: pool_state.PoolState):
         from workbench.metrics.collector import Collector
-        from workbench.widgets.live_dashboard import Dashboard
-        from workbench.widgets.polled import PolledView
 
         self.pool_id = pool_id
         self.channel = state.channel
         self.collector = Collector(self.channel)
         # host and device of every rank before their first record
         self.collector.set_ranks([SimpleNamespace(**r) for r in state.ranks])
-        self.dashboard = Dashboard(self.collector, view=PolledView)
-        self.dashboard.refresh()  # the first answer has its texts already
+        self.dashboard = None
+        self._lock = threading.Lock()
+        self.wake()
         self.asked = time.monotonic()
+
+    @property
+    def awake(self) -> bool:
+        return self.dashboard is not None
+
+    def wake(self):
+        """The dashboard, refreshing (a new one over the collector after a sleep: drawn whole)."""
+        from workbench.widgets.live_dashboard import Dashboard
+        from workbench.widgets.polled import PolledView
+
+        with self._lock:
+            if self.dashboard is None:
+                self.dashboard = Dashboard(self.collector, view=PolledView)
+                self.dashboard.refresh()  # the first answer has its texts already
+            return self.dashboard
+
+    def sleep(self) -> None:
+        """No page looks: stop refreshing; the collector goes on receiving."""
+        with self._lock:
+            dashboard, self.dashboard = self.dashboard, None
+        if dashboard is not None:
+            dashboard.stop()
 
     def since(self, seq: int, view: str) -> dict:
         self.asked = time.monotonic()
-        return {"pool": self.pool_id, "summary": self.dashboard.summary,
-                **self.dashboard.view.since(seq, view)}
+        dashboard = self.wake()
+        return answer(self.pool_id, dashboard.summary, dashboard.view, seq, view)
+
+    def last_picture(self) -> Ended:
+        """The pool stops: its picture now (the page goes on being answered from it); :meth:`finish` then
+        ends the dashboard (how its run ended goes into the same picture) and the collector."""
+        dashboard = self.wake()
+        return Ended(self.pool_id, self.channel, dashboard.summary, dashboard.view)
+
+    def finish(self, ended: Ended) -> None:
+        with self._lock:
+            dashboard, self.dashboard = self.dashboard, None
+        if dashboard is not None:
+            dashboard.stop()
+            ended.summary = dashboard.summary
+        self.collector.close()
 
     def close(self) -> None:
-        self.dashboard.stop()
+        self.sleep()
         self.collector.close()
 
 
+class Ended:
+    """The last picture of a pool that stopped (or is stopping): its view, no thread, no socket."""
+
+    def __init__(self, pool_id: str, channel: dict | None, summary: str, view):
+        self.pool_id, self.channel, self.summary, self.view = pool_id, channel, summary, view
+
+    def since(self, seq: int, view: str, stopped: bool) -> dict:
+        return answer(self.pool_id, self.summary, self.view, seq, view, stopped=stopped)
+
+
+def answer(pool_id: str, summary: str, polled, seq: int, view: str, stopped: bool = False) -> dict:
+    """One answer to a page: the view's :meth:`~workbench.widgets.polled.PolledView.since`, with the pool,
+    its summary and ``stopped`` (the pool is gone: this is its last picture; the page stops asking)."""
+    return {"pool": pool_id, "summary": summary, "stopped": stopped, **polled.since(seq, view)}
+
+
 class DashboardSources:
-    """The sources of the pools that pages show now. ``run``: runs a blocking call off the event loop;
-    ``find``: a running pool's state (raises for one that does not run)."""
+    """The sources of the pools that pages show now, and the last pictures of those that stopped.
+    ``run``: runs a blocking call off the event loop; ``find``: a running pool's state (raises for one that
+    does not run)."""
 
     def __init__(self, run: Callable[..., Awaitable], find: Callable[[str], Awaitable[dict]],
                  idle_s: float = IDLE_S):
@@ -68,6 +129,7 @@ class DashboardSources:
         self._find = find
         self.idle_s = idle_s
         self._sources: dict[str, Source] = {}
+        self._ended: collections.OrderedDict[str, Ended] = collections.OrderedDict()
         self._lock = asyncio.Lock()  # one source per pool, however many pages ask at once
         self._sweeper: asyncio.Task | None = None
 
@@ -76,10 +138,28 @@ class DashboardSources:
         """The pools that have a source now."""
         return sorted(self._sources)
 
+    @property
+    def awake(self) -> list[str]:
+        """The pools whose dashboard refreshes now (a page asked lately)."""
+        return sorted(p for p, s in self._sources.items() if s.awake)
+
+    @property
+    def ended(self) -> list[str]:
+        """The pools whose last picture is kept."""
+        return list(self._ended)
+
     async def since(self, pool_id: str, seq: int = 0, view: str = "") -> dict:
         """What a page that has seen up to ``seq`` of ``view`` shows next (see
-        :meth:`workbench.widgets.polled.PolledView.since`)."""
-        source = await self._source(pool_id)
+        :meth:`workbench.widgets.polled.PolledView.since`); a stopped pool's last picture, ``stopped``."""
+        try:
+            source = await self._source(pool_id)
+        except Exception:  # not running (any more): its last picture, if it had one
+            ended = self._ended.get(pool_id)
+            if ended is None:
+                raise
+            return await self._run(ended.since, seq, view, True)
+        if isinstance(source, Ended):  # still stopping: the last picture, and the page asks again
+            return await self._run(source.since, seq, view, False)
         return await self._run(source.since, seq, view)
 
     async def watch(self, states: list[pool_state.PoolState]) -> None:
@@ -92,22 +172,46 @@ class DashboardSources:
                 except Exception:  # the listing goes on; opening the dashboard will say what is wrong
                     log.exception("could not follow the metrics of pool %s", state.id)
 
-    async def _source(self, pool_id: str, state: pool_state.PoolState | None = None) -> Source:
-        """The pool's source, made now if it has none (``state``: its state file, if known); asked now."""
+    async def _source(self, pool_id: str, state: pool_state.PoolState | None = None) -> Source | Ended:
+        """The pool's source, made now if it has none (``state``: its state file, if known); asked now. The
+        pool's last picture while it stops (a state file with the channel of the picture)."""
         async with self._lock:
             source = self._sources.get(pool_id)
             if source is None:
                 state = state or await self._find(pool_id)
+                ended = self._ended.get(pool_id)
+                if ended is not None and ended.channel == state.channel:
+                    return ended  # it is stopping: no new (empty) source for it
                 if not state.channel:
                     raise ValueError(f"pool {pool_id} has no metrics channel: it shows no dashboard.")
                 source = self._sources[pool_id] = await self._run(Source, pool_id, state)
+                self._ended.pop(pool_id, None)  # started again under the same id
                 if self._sweeper is None or self._sweeper.done():
                     self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
             source.asked = time.monotonic()
             return source
 
+    async def end(self, pool_id: str) -> None:
+        """The pool stops (or stopped): keep its last picture and close its source; nothing if it has none.
+        From the first moment on, a page is answered from the picture (never from a new, empty source)."""
+        async with self._lock:
+            source = self._sources.pop(pool_id, None)
+            if source is None:
+                return
+            try:
+                ended = await self._run(source.last_picture)
+            except Exception:
+                log.exception("could not keep the last picture of pool %s", pool_id)
+                await self._run(source.close)
+                return
+            self._ended[pool_id] = ended
+            self._ended.move_to_end(pool_id)
+            while len(self._ended) > KEEP_ENDED:
+                self._ended.popitem(last=False)
+        await self._run(source.finish, ended)
+
     async def close(self, pool_id: str) -> None:
-        """Close a pool's source (its pool stops); nothing if it has none."""
+        """Close a pool's source without keeping a picture; nothing if it has none."""
         source = self._sources.pop(pool_id, None)
         if source is not None:
             await self._run(source.close)
@@ -117,17 +221,20 @@ class DashboardSources:
             self._sweeper.cancel()
         for pool_id in list(self._sources):
             await self.close(pool_id)
+        self._ended.clear()
 
     async def _sweep(self) -> None:
-        """Close the sources no page asked for lately and those whose pool stopped (or started again
-        under the same id, with a new channel); ends when none is left."""
+        """Let the dashboards no page asked for lately sleep; keep the last picture of the pools that
+        stopped (or started again under the same id, with a new channel); ends when no source is left."""
         while self._sources:
             await asyncio.sleep(min(SWEEP_S, self.idle_s))
             try:
                 running = {s.id: s.channel for s in await self._run(pool_state.list_states)}
                 now = time.monotonic()
                 for pool_id, source in list(self._sources.items()):
-                    if now - source.asked > self.idle_s or running.get(pool_id) != source.channel:
-                        await self.close(pool_id)
+                    if running.get(pool_id) != source.channel:
+                        await self.end(pool_id)
+                    elif source.awake and now - source.asked > self.idle_s:
+                        await self._run(source.sleep)
             except Exception:
                 log.exception("could not look for idle dashboards")

@@ -45,6 +45,8 @@ SHUTDOWN_S = 6.0  # a server's SIGTERM ends it within 10 s whatever its pools do
 LOG_LINES = 200
 
 _ENGINES_UP = re.compile(r"engines up: (\d+)/(\d+)")
+BUSY = ("starting", "restarting", "stopping")  # a pool in the midst of one of these takes no restart
+HEALTH_WAIT_S = 10.0  # how long a restart waits for the session to have seen the ranks found ended
 
 # pid -> a short label for the kernel's notebook, e.g. {"4242": "notebooks/train.ipynb"}
 OwnerLookup = Callable[[], Awaitable[dict[int, str]]]
@@ -81,7 +83,7 @@ class _Started:
     config: PoolConfig
     asked: PoolConfig | None = None  # what the request said (Retry shows it again), before the name was given
     session: Any = None  # workbench.Session
-    phase: str = "starting"  # starting | running | stopping | failed
+    phase: str = "starting"  # starting | running | restarting | stopping | failed
     message: str = "starting"
     engines_up: int = 0
     error: str | None = None
@@ -255,8 +257,8 @@ class PoolManager:
             phase = "failed"
         elif pool_id in self._stopping or (rec is not None and rec.phase == "stopping"):
             phase = "stopping"
-        elif rec is not None and rec.phase == "starting":
-            phase = "starting"
+        elif rec is not None and rec.phase in ("starting", "restarting"):
+            phase = "starting"  # restarting: its lost ranks come back, the group re-forms (rec.message says)
         elif len(ranks) < n:
             phase = "starting"  # a kernel is starting it
         else:
@@ -284,10 +286,14 @@ class PoolManager:
             if alive is False:
                 rank_state = "failed"
             rows.append({
-                "rank": r["rank"], "host": r["host"], "pid": r["pid"], "device": r["device"],
+                "rank": r["rank"], "host": _with_place(r["host"], state), "pid": r["pid"],
+                "device": r["device"],
                 "local_rank": r.get("local_rank", 0), "state": rank_state, **usage,
             })
-        if phase == "starting" and rec is not None:
+        if phase == "starting" and rec is not None and rec.phase == "restarting":
+            message = rec.message
+            engines_up = sum(row["state"] != "failed" for row in rows)
+        elif phase == "starting" and rec is not None:
             message = rec.message
             engines_up = rec.engines_up
         else:
@@ -423,13 +429,15 @@ class PoolManager:
         if rec is not None and rec.phase == "starting":
             rec.phase = "stopping"  # _start stops it as soon as it is up
             return {"id": pool_id, "state": "stopping"}
+        if rec is not None and rec.phase == "restarting":
+            raise PoolBusy(f"pool {pool_id} is restarting: wait until it is done.")
         if pool_id in self._stopping:
             raise PoolBusy(f"pool {pool_id} is already stopping.")
         if rec is None and pool_id not in {s.id for s in await self._run(pool_state.list_states)}:
             raise PoolNotFound(pool_id, [p["id"] for p in await self.list_pools()])
         self._stopping.add(pool_id)
         try:
-            await self.dashboards.close(pool_id)
+            await self.dashboards.end(pool_id)  # its last picture, taken before its ranks go
             probe = self._probes.pop(pool_id, None)
             if probe is not None:
                 await self._run(_close_quietly, probe)
@@ -446,11 +454,28 @@ class PoolManager:
         return {"id": pool_id, "state": "stopped"}
 
     async def restart_pool(self, pool_id: str) -> dict:
-        """Stop the pool and start a new one like it (owned by this server); a failed start is retried."""
+        """What ``%dist restart`` does, for a pool this server drives: new engines for its lost ranks only,
+        then the group re-formed (a healthy pool: only re-formed); the other ranks keep their state. A pool
+        another process drives (the server has no hand on its ranks) is stopped and started again like it,
+        owned by this server; a failed start is retried."""
         self._open()
         rec = self._find_started(pool_id)
         if rec is not None and rec.pool_id:
             pool_id = rec.pool_id
+        if rec is not None and rec.phase == "running" and rec.session is not None and rec.session.running:
+            if pool_id in self._stopping:
+                raise PoolBusy(f"pool {pool_id} is stopping: wait until it is done.")
+            rec.phase = "restarting"
+            rec.error = None
+            rec.progress("restarting")
+            state = next((s for s in await self._run(pool_state.list_states) if s.id == pool_id), None)
+            alive = self._usage.alive
+            gone = {r["rank"] for r in (state.ranks if state else [])
+                    if alive(r["pid"], r["host"], r["device"], r.get("gpu_uuid"))["alive"] is False}
+            task = asyncio.get_running_loop().create_task(self._restart(rec, gone))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return await self._describe(state, rec, {})
         state = next((s for s in await self._run(pool_state.list_states) if s.id == pool_id), None)
         if rec is not None:
             config = rec.config
@@ -459,10 +484,27 @@ class PoolManager:
         else:
             config = pool_state.config_of(state)
         same_id = pool_id if state is not None else None  # the pool starts again as itself
-        if rec is not None and rec.phase in ("starting", "stopping") or pool_id in self._stopping:
+        if rec is not None and rec.phase in BUSY or pool_id in self._stopping:
             raise PoolBusy(f"pool {pool_id} is {rec.phase if rec else 'stopping'}: wait until it is done.")
         await self.stop_pool(pool_id)
         return await self.start_pool(config, pool_id=same_id)
+
+    async def _restart(self, rec: _Started, gone: set[int]) -> None:
+        """``gone``: the ranks whose engine process the card shows ended; the session's health watcher is
+        given a moment to have seen them too, so they are replaced, not re-formed with."""
+        deadline = time.monotonic() + HEALTH_WAIT_S
+        while not gone <= set(rec.session.dead_ranks()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        try:
+            restarted = await self._run(lambda: rec.session.restart(progress=rec.progress))
+            rec.progress(f"restarted rank {', '.join(map(str, restarted))}" if restarted else
+                         "the process group re-formed")
+        except Exception as exc:  # the pool runs on as it was: the card says why
+            rec.error = in_words(exc)
+            rec.progress(f"the restart failed: {rec.error}")
+        finally:
+            if rec.phase == "restarting":
+                rec.phase = "running"
 
     def _find_started(self, pool_id: str) -> _Started | None:
         for rec in self._started.values():
@@ -526,3 +568,13 @@ def _close_quietly(probe) -> None:
             probe.client.close()
     except Exception:
         pass
+
+
+def _with_place(host: str, state: PoolState | None) -> str:
+    """A rank's host with the machine it is on where the host is not one (a Kubernetes pod: its node).
+
+    >>> _with_place("wb-1a-x", PoolState(places={"wb-1a-x": "node-3"})), _with_place("n1", None)
+    ('wb-1a-x (node-3)', 'n1')
+    """
+    node = state.places.get(host) if state is not None else None
+    return f"{host} ({node})" if node else host

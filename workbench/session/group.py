@@ -108,14 +108,21 @@ class ProcessGroup:
 
     def heard_groups(self, beats: dict) -> None:
         """What the ranks' latest beacons say of their default group: a rank of this group whose beacon
-        says it has none had it destroyed (a cell that did so and raised nothing). Read between cells.
+        says it has none had it destroyed (a cell that did so and raised nothing). Read between cells. A group
+        already known broken (a fault aborted it, which also leaves the ranks without one) stays "aborted".
 
         >>> g = ProcessGroup.__new__(ProcessGroup)
         >>> g.ranks, g.generation, g.destroyed, g.ok = [RankInfo(0, 0, 0, "h", 7, "cpu", 0)], 1, [], True
         >>> g.heard_groups({0: {"pid": 7, "generation": 1, "group": False}})
         >>> g.destroyed, g.ok
         ([0], False)
+        >>> g.destroyed, g.ok = [], False  # a fault aborted it: the ranks have no group, none destroyed it
+        >>> g.heard_groups({0: {"pid": 7, "generation": 1, "group": False}})
+        >>> g.destroyed
+        []
         """
+        if not self.ok:
+            return
         def says_none(r: RankInfo) -> bool:  # that engine's beacon, of this group
             beat = beats.get(r.rank) or {}
             return beat.get("pid") == r.pid and beat.get("generation") == self.generation \

@@ -55,7 +55,8 @@ class Health:
                  beacons: BeaconReceiver | NullBeacons | None = None,
                  report: Callable[[str], None] = lambda text: print(text, flush=True),
                  pool_running: Callable[[], bool] = lambda: True,
-                 endpoints: Callable[[], dict[int, list]] = dict):
+                 endpoints: Callable[[], dict[int, list]] = dict,
+                 lost_hosts: Callable[[], dict[str, str]] = dict):
         self.pool_id = pool_id
         self.beacons = beacons if beacons is not None else NullBeacons()
         self.dead: dict[int, str] = {}  # rank -> how it died
@@ -63,6 +64,7 @@ class Health:
         self._busy, self._report = busy, report
         self._pool_running = pool_running  # a pool stopped on purpose elsewhere: its ends are no faults
         self._endpoints = endpoints  # rank -> its gloo listeners as the group's join said (before any beacon)
+        self._lost_hosts = lost_hosts  # host -> how its engines were lost, as the launcher's system says
         self._pending: faults.FaultEvent | None = None  # written to the log once recovered (or at close)
         self._ranks: list[RankInfo] = []
         # rank -> pidfd (or a Process where there are no pidfds); only the watcher thread closes them
@@ -148,6 +150,10 @@ class Health:
 
     def _look(self, local: dict) -> None:
         self._knock_silent(local)
+        for host, how in self._lost_hosts().items():  # e.g. a pod deleted, as the Kubernetes API said
+            ranks = [r.rank for r in self._ranks if r.host == host and r.rank not in self.dead]
+            if ranks:
+                self._found_together(ranks, how, local)
         for r in list(self._ranks):
             if r.rank in self.dead:
                 continue

@@ -29,7 +29,7 @@ from workbench import remote
 from workbench.config import PoolConfig
 from workbench.errors import PoolGone, RankDiedError
 from workbench.pool.cluster import EnginePool
-from workbench.pool.rankmap import RankInfo, format_ranks, parse_ranks
+from workbench.pool.rankmap import RankInfo, format_ranks, parse_ranks, ranks_named
 from workbench.pool.records import sharing
 from workbench.pool.watch.beacons import BeaconReceiver
 from workbench.pool.watch.queues import rank_states
@@ -70,7 +70,7 @@ class Rooms:
         self.shared = Shared(pool, self.group, role=role)
         self.health = Health(pool_id=pool.pool_id, busy=self.busy, beacons=self.beacons,
                              pool_running=lambda: not self.shared.gone(),
-                             endpoints=lambda: self.group.endpoints)
+                             endpoints=lambda: self.group.endpoints, lost_hosts=pool.lost_hosts)
         self.transcript = Transcript()  # what ran on every rank: a new engine's setup
         self.folders = Folders(self.door, config.timeout)
         self.recovery = Recovery(self)
@@ -216,12 +216,12 @@ class Rooms:
         """The process group in one line (see :meth:`workbench.session.Session.group_state`)."""
         dead = self.health.dead
         if dead:
-            return (f"process group: broken, rank {format_ranks(sorted(dead))} dead; cells on the other "
+            return (f"process group: broken, {ranks_named(sorted(dead))} dead; cells on the other "
                     "ranks run, `%dist restart` brings it back and re-forms the group")
         if self.running is None:
             self.group.heard_groups(self.beacons.latest)  # between cells only: a regroup changes them
         if self.group.destroyed:
-            return (f"process group: destroyed on rank {format_ranks(self.group.destroyed)} (torch's own "
+            return (f"process group: destroyed on {ranks_named(self.group.destroyed)} (torch's own "
                     "destroy_process_group, not the pool's deferred one); the next cell re-forms it")
         if not self.group.ok:
             return "process group: aborted after a fault; the next cell re-forms it"
@@ -235,7 +235,7 @@ class Rooms:
         beats = self.beacons.latest
         cell = self.running
         joining = cell.elastic.joining if cell is not None else set()  # in the plan, not trained in it yet
-        rows = [{"rank": r.rank, "host": r.host, "pid": r.pid, "device": r.device,
+        rows = [{"rank": r.rank, "host": self.pool.host_label(r.host), "pid": r.pid, "device": r.device,
                  "state": "joining" if r.engine_id in joining else states[r.rank],
                  "started": (beats.get(r.rank) or {}).get("children") or []}  # processes it started
                 for r in ranks]

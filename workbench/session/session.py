@@ -214,7 +214,7 @@ class Session:
         self._take(EnginePool.attach(keeper.hand_over(self.config, progress)))
         self.start_seconds = time.perf_counter() - t0
         progress(f"ready: {ranks_text(self.world_size)}, backend {self.backend}, {self.start_seconds:.1f} s; "
-                 f"kept by the Jupyter server (after a kernel restart: `%dist attach {self.name}`)")
+                 "kept by the Jupyter server")  # how to take it back after a restart: the magic says it once
         return self
 
     @classmethod
@@ -314,6 +314,11 @@ class Session:
             self._close(end_pool=False, note=False)  # the rooms closed already; forget the pool here too
             raise
         return self._rooms
+
+    def check(self) -> None:
+        """Whether the pool still runs: one stopped elsewhere (another notebook, the panel, its lease) ends
+        this session and raises :class:`~workbench.errors.PoolGone` with who stopped it."""
+        self._live()
 
     # -- recovery ------------------------------------------------------------------------
     def dead_ranks(self) -> dict[int, str]:

@@ -112,6 +112,21 @@ describe('DashboardFeed', () => {
     expect(source.asked).toHaveLength(2);
   });
 
+  it('draws a stopped pool\'s last picture (a page reloaded after the stop) and asks no more', async () => {
+    const source = new Source([
+      answer({ live: false, stopped: true, figure: FIGURE, header: 'run 1 finished at step 60' })
+    ]);
+    const feed = new DashboardFeed('abc123', source, noPlotly, 'pool-fair-otter');
+    expect(await feed.poll()).toBe(true); // drawn, as the run ended
+    expect(feed.model!.get('header')).toBe('run 1 finished at step 60');
+    expect(feed.status).toEqual({
+      kind: 'stopped',
+      message: 'Pool pool-fair-otter stopped: this is its last picture.'
+    });
+    expect(await feed.poll()).toBe(false);
+    expect(source.asked).toHaveLength(1);
+  });
+
   it('shows another error and goes on asking', async () => {
     const source = new Source([
       new HTTPError('could not reach the Jupyter server', 0),

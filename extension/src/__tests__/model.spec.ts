@@ -19,6 +19,7 @@ import {
   poolProblem,
   problemOf,
   problemText,
+  restartWhat,
   PoolsModel,
   rankCounts,
   ranksInOrder,
@@ -574,6 +575,10 @@ describe('attachSource', () => {
     expect(attachSource(attach, ['python3', 'workbench-cpu'])).toBe(attach);
     expect(attachSource(attach, [undefined, undefined, undefined])).toBe(attach);
   });
+  it('gives a kernel that loaded the magics already the attach line only', () => {
+    expect(attachSource(attach, ['python3'], true)).toBe('%dist attach pool-brisk-tapir');
+    expect(attachSource(attach, ['python3'], false)).toBe(attach);
+  });
 });
 
 describe('keptBadge', () => {
@@ -589,5 +594,35 @@ describe('keptBadge', () => {
   it('leaves other pools unmarked (and servers that do not say)', () => {
     expect(keptBadge(pool({ kept: false }))).toBeNull();
     expect(keptBadge(pool())).toBeNull();
+  });
+});
+
+describe('restartWhat', () => {
+  const pool = (over: Partial<IPool>): IPool =>
+    ({
+      id: 'abc123',
+      name: 'team',
+      state: 'running',
+      n: 2,
+      owner: { kind: 'server', label: 'started from the panel' },
+      ranks: [
+        { rank: 0, state: 'idle' },
+        { rank: 1, state: 'failed' }
+      ],
+      notebooks: [],
+      ...over
+    }) as unknown as IPool;
+  it("says a server's pool gets a new engine for its lost rank only, as %dist restart", () => {
+    expect(restartWhat(pool({}))).toBe(
+      'This starts a new engine for rank 1 and re-forms the process group; ' +
+        'the other ranks keep their variables, as `%dist restart` does.'
+    );
+    const healthy = pool({ ranks: [{ rank: 0, state: 'idle' }, { rank: 1, state: 'busy' }] as IPool['ranks'] });
+    expect(restartWhat(healthy)).toContain('this re-forms the process group, and the ranks keep their variables');
+  });
+  it("says a notebook's pool is stopped and started again", () => {
+    const theirs = pool({ owner: { kind: 'kernel', label: 'train.ipynb' } });
+    expect(restartWhat(theirs)).toContain('ends its 2 engines (ranks 0-1) and starts 2 new ones');
+    expect(restartWhat(theirs)).toContain('(it was started by train.ipynb).');
   });
 });

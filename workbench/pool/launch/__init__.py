@@ -14,15 +14,16 @@ from __future__ import annotations
 
 from workbench.config import LAUNCHERS, PoolConfig
 from workbench.pool.launch.base import Launcher
+from workbench.pool.launch.kubernetes import Kubernetes
 from workbench.pool.launch.local import Local
 from workbench.pool.launch.mpi import MPI
 from workbench.pool.launch.slurm import Slurm
 from workbench.pool.launch.ssh import SSH
 
 # every launcher, by the name the config gives it
-KINDS: dict[str, type[Launcher]] = {kind.name: kind for kind in (Local, SSH, Slurm, MPI)}
+KINDS: dict[str, type[Launcher]] = {kind.name: kind for kind in (Local, SSH, Slurm, MPI, Kubernetes)}
 
-__all__ = ["KINDS", "LAUNCHERS", "MPI", "SSH", "Launcher", "Local", "Slurm", "default_engines",
+__all__ = ["KINDS", "LAUNCHERS", "MPI", "SSH", "Kubernetes", "Launcher", "Local", "Slurm", "default_engines",
            "launcher_for"]
 
 

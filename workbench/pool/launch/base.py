@@ -118,6 +118,10 @@ class Launcher:
     def check_capacity(self, n: int) -> None:
         """Refuse ``n`` ranks that this machine cannot hold, before anything starts."""
 
+    def preflight(self, n: int) -> None:
+        """Refuse ``n`` more engines that the launcher's own system will not start, asking it before
+        anything starts (Kubernetes: the user's rights in the namespace). Most launchers: nothing to ask."""
+
     def needs_routable_address(self) -> bool:
         """True when engines may run on other machines, so loopback cannot reach them."""
         return any(not netif.is_loopback(h.split("@")[-1]) for h in self.config.hosts)
@@ -205,7 +209,30 @@ class Launcher:
         agents(ranks, sig)
 
     def close(self) -> None:
-        """The pool stopped: let go of whatever this object still runs."""
+        """The pool stopped: let go of whatever this object still runs (and delete what it created that
+        :meth:`lease_jobs` names: the pool's stop leaves those commands out)."""
+
+    def lease_jobs(self, pool_id: str) -> list[dict]:
+        """What the lease runs when pool ``pool_id``'s owner dies, beside its batch jobs and remote engines:
+        ``[{"id", "cancel": argv}]`` (a Kubernetes pool: one delete of its objects)."""
+        return []
+
+    # -- what the launcher's own system says ------------------------------------------------------
+    def lost_hosts(self, pool: Pool) -> dict[str, str]:
+        """Hosts whose engines the launcher's own system says are gone, with how (``{host: how}``): the
+        health watcher counts their ranks lost at once, beside what the heartbeats say. Most launchers
+        know nothing of the kind: {}."""
+        return {}
+
+    def places(self, pool: Pool) -> dict[str, str]:
+        """Hosts of the pool that are not machines, with the machine each is on (a Kubernetes pod: its
+        node), for the tables that show ranks: ``{host: machine}``. Most launchers: {}."""
+        return {}
+
+    def start_failed(self, pool: Pool) -> PoolStartError | None:
+        """The launcher's own word that a start in progress cannot succeed (a pod no node fits), as the
+        start's one error; None while it may."""
+        return None
 
     # -- a start that waits or fails ------------------------------------------------------------
     @property

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 
 from ipyparallel.cluster.launcher import (
@@ -25,7 +26,7 @@ from ipyparallel.cluster.launcher import (
     SSHEngineLauncher,
     SSHEngineSetLauncher,
 )
-from traitlets import Unicode
+from traitlets import List, Unicode
 
 from workbench.pool.processes.zygote import Zygote
 
@@ -85,10 +86,12 @@ class _Forked:
 
 
 class PoolControllerLauncher(_KeepsLog, _Forked, LocalControllerLauncher):
-    """The controller, on this machine, writing to the pool's log."""
+    """The controller, on this machine, writing to the pool's log (not forked: through our entry point, whose
+    sessions do not warn that signing is off: the controller speaks CurveZMQ)."""
 
     entrypoint_name = "workbench.pool.launch.spawn.PoolControllerLauncher"
     role = "controller"
+    controller_cmd = List([sys.executable, "-m", "workbench.pool.processes.controller_main"], config=True)
 
     def child_args(self) -> list[str]:
         return [*self.cluster_args, *self.controller_args]

@@ -112,4 +112,5 @@ class UnauthenticatedNetworkWarning(UserWarning):
 UNAUTHENTICATED = (
     "the pool listens on {address}: torch.distributed traffic (the rendezvous store, gloo, NCCL) is neither "
     "authenticated nor encrypted, so anyone who can reach this network can join or read it. Use a private "
-    "cluster network (ipyparallel's own connections are signed with the pool's key).")
+    "cluster network (ipyparallel's own connections are encrypted and authenticated with CurveZMQ, and the "
+    "side channel's messages signed with the pool's key).")

@@ -32,4 +32,7 @@ if __name__ == "__main__":
     sys.argv = engine_argv(sys.argv, importlib.util.find_spec("mpi4py") is not None)
     from ipyparallel.engine.app import main
 
+    from workbench.pool.processes import quiet
+
+    quiet.pool_process()  # its sessions speak CurveZMQ: no "signing is disabled"
     main()

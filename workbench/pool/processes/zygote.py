@@ -224,6 +224,9 @@ def _child(role: str, request: dict, keep_fds: set[int]) -> None:
             sys.argv = ["ipcontroller", *request["argv"]]
             _skip_database_pause()
             heart.install()
+        from workbench.pool.processes import quiet
+
+        quiet.pool_process()  # its sessions speak CurveZMQ: no "signing is disabled"
         main()
         code = 0
     except SystemExit as exc:

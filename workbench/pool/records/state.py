@@ -122,6 +122,7 @@ class PoolState:
     channel: dict | None = None  # the side channel: {"up": url, "out": url, "key": hex}
     files: list[str] = field(default_factory=list)  # ipyparallel's files a SIGKILLed controller leaves
     log: str | None = None  # the pool's log
+    places: dict[str, str] = field(default_factory=dict)  # host -> the machine it is on (a pod: its node)
     created: float = 0.0
     # -- the sessions' (Shared.publish)
     ranks: list[dict] = field(default_factory=list)  # RankInfo fields, one dict per rank
@@ -240,7 +241,8 @@ def config_of(state: PoolState) -> PoolConfig:
 
     >>> config_of(PoolState(n=4, config=PoolConfig(n=2, launcher="mpi", name="team-a")))
     PoolConfig(n=4, launcher='mpi', backend='auto', timeout=60.0, address='127.0.0.1', interface=None, \
-nodes=None, gpus_per_node=None, partition=None, time=None, account=None, hosts=(), idle_release=None, \
+nodes=None, gpus_per_node=None, partition=None, time=None, account=None, hosts=(), namespace=None, \
+image=None, gpus_per_pod=None, node_selector={}, pod_template=None, pods=None, idle_release=None, \
 oversubscribe=False, name='team-a', collective_timeout=None, share_gpus=False, keep=False, \
 launcher_options={})
     """
