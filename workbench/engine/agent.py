@@ -117,6 +117,8 @@ class Agent:
 
         self.channel, self.rank, self.generation = dict(channel), rank, generation
         self._target_lock = threading.Lock()  # rank and generation change under an elastic regroup
+        self.planned = generation  # the newest regroup plan posted (the kernel sends a plan again to a member
+        # it does not see in the new group yet: a plan already posted is not posted twice)
         self.signer = wire.Signer(channel["key"])
         self.pub = uuid.uuid4().hex[:12]
         self.seq = 0
@@ -211,7 +213,9 @@ class Agent:
                 me = [socket.gethostname(), os.getpid()]
                 if me not in [*plan.get("members", []), *plan.get("leaving", [])]:
                     return None
-                current = plan.get("generation", -1) > self.generation
+                current = plan.get("generation", -1) > max(self.generation, self.planned)
+                if current:
+                    self.planned = plan["generation"]
             else:
                 if self.rank not in ranks:
                     return None

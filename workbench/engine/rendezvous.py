@@ -264,6 +264,14 @@ def regroup(plan: dict, superseded: Callable[[], bool] = agent.plan_pending,
     return {"rank": rank, "endpoints": guard.gloo_endpoints()}
 
 
+def hear_plans(plan: dict) -> None:
+    """A new engine about to join the group of ``plan``: its agent starts now, speaking for the rank the plan
+    gives it, so that a newer plan (a member lost while it joins: one re-plan, the joiner included) reaches it
+    while it waits for the others, and the kernel hears it wait. Nothing where an agent runs already."""
+    if agent.current() is None and _state.get("channel"):
+        agent.start(_state["channel"], plan["members"].index(me()), plan["generation"])
+
+
 def join_alone(*, device: str, backend: str, timeout_s: float, channel: dict | None = None,
                standby_address: str = "127.0.0.1", stores_folder: str | None = None) -> dict:
     """A group of one, for a new engine that replays the notebook's setup before it joins the others

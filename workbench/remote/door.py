@@ -100,9 +100,18 @@ class Door:
         >>> door.cell(remote.run_script, [], "train.py", ["--steps", "5"], "/w")
         "_wb_run_script_result = _wb_run_script('train.py', ['--steps', '5'], '/w')"
         """
+        return self._cell_line(fn, targets, True, args, kwargs)
+
+    def _cell_line(self, fn: Callable, targets: Sequence[Target], block: bool, args: tuple, kwargs: dict
+                   ) -> str:
+        """:meth:`cell`'s push and line; ``block=False``: the push is not waited for (the cell's own request
+        queues behind it on each engine, which takes them in order)."""
         _declared(fn, remote.CELL)
         name = CELL_PREFIX + fn.__name__
-        self.push(targets, {name: fn})
+        if block:
+            self.push(targets, {name: fn})
+        else:
+            self._view(targets).push({name: fn}, block=False)
         return f"{name}_result = {name}({call_text(*args, **kwargs)})"
 
     def cell_results(self, fn: Callable, targets: Sequence[Target]) -> list:
@@ -113,8 +122,10 @@ class Door:
     def start_in_cell(self, fn: Callable[P, Any], targets: Sequence[Target], /, *args: P.args,
                       **kwargs: P.kwargs):
         """:meth:`cell`, started at once on ``targets`` (:meth:`start_cell`): a new engine joining the
-        elastic run in progress, whose reply the running cell then waits for like the others'."""
-        return self.start_cell(targets, self.cell(fn, targets, *args, **kwargs))
+        elastic run in progress, whose reply the running cell then waits for like the others'. Nothing here
+        waits for the engines (a joining one may be stopped: the caller, the elastic run's watch, must go on
+        watching, and routes around it)."""
+        return self.start_cell(targets, self._cell_line(fn, targets, False, args, kwargs))
 
     # -- the user's own data and cells -------------------------------------------------------------
     def push(self, targets: Sequence[Target], values: dict) -> None:

@@ -260,7 +260,11 @@ class CellRun:
 
     def _detect(self, now: float) -> None:
         dead = self.health.dead
-        lost = [r for r, _ in self.children if r.rank in dead and r.engine_id not in self.elastic.dropped]
+        # the engine that holds a dead rank's number now (a rank that left or failed to join keeps an old
+        # number that a newer rank holds: it is not the one that died)
+        holders = {r.engine_id for r in self.group.ranks if r.rank in dead}
+        lost = [r for r, _ in self.children
+                if r.engine_id in holders and r.engine_id not in self.elastic.dropped]
         how = dead[lost[0].rank] if lost else ""
         if lost and self.elastic.lost(lost, "died" if how == "exited" else how):
             return  # an elastic run goes on without them

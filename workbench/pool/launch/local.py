@@ -55,6 +55,13 @@ class Local(Launcher):
     def needs_routable_address(self) -> bool:
         return False
 
+    def start_more(self, pool: Pool, n: int, placement: dict | None) -> list:
+        """Fork ``n`` more engines; returns their launchers, so that one killed before its engine registered
+        fails the start at once (an elastic run's replacement is then started again, not waited for)."""
+        before = {id(el) for el in pool.local_launchers()}
+        pool.start_engine_set(n, placement)
+        return [el for el in pool.local_launchers() if id(el) not in before]
+
     @property
     def forks(self) -> bool:
         """Forked from a zygote, unless the launcher options name their own engine command."""
