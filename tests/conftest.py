@@ -14,6 +14,12 @@ from unittest import mock
 import psutil
 import pytest
 
+# A suite started in the background (`pytest ... &` in a script) inherits SIGINT ignored, and Python then
+# installs no KeyboardInterrupt handler, here or in the kernels and pools the tests start (an ignored signal
+# stays ignored across exec): every Ctrl-C test would fail for a reason of the harness. Put the handler back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def alive(pids: list[int]) -> list[int]:
     """The pids that still run (zombies do not count: their memory is gone)."""

@@ -91,7 +91,9 @@ def test_a_hard_interrupt_mid_backward_leaves_a_trainer_that_runs_on(pool):
     """SIGINT straight to the ranks (no step boundary): the DDP wrapper is rebuilt, never an assert."""
     pool.run(TRAINER)
     handle = pool.submit("trainer.run(steps=100_000)")
-    time.sleep(1.5)
+    beacons = pool.rooms.beacons  # the run is going (the engines are busy: their beacons say where they are)
+    assert until(lambda: all(((beacons.latest.get(r.rank) or {}).get("trainer") or {}).get("step", 0) > 3
+                             for r in pool.ranks), 60), "the run did not get going"
     stopped = handle.stop(hard=True)  # as a second Ctrl-C: SIGINT to every rank, wherever it is
     assert stopped is not None
     print("after the stop:", [(r.outcome, r.stderr[-300:]) for r in stopped.ranks], handle.cell.signalled)

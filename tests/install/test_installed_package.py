@@ -9,6 +9,7 @@ is used where there is one. Nothing here imports the checkout: PYTHONPATH is cle
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -154,40 +155,59 @@ def test_lab_and_server_extensions_are_enabled(venv, user):
     assert list(here.iterdir()) == []
 
 
-def _walkthrough_imports(folder: Path) -> list[str]:
-    """The top-level modules the walkthroughs' code cells import (magic lines left out)."""
+def _walkthrough_imports(folder: Path) -> dict[str, set[str]]:
+    """The top-level modules each walkthrough's code cells import (magic lines left out), by the extra the
+    notebook names in its metadata ("" for none); the modules it writes itself (`%%writefile`) left out."""
     import ast
     import json
 
     from IPython.core.inputtransformer2 import TransformerManager
 
     python = TransformerManager()  # magics and `x = %dist ...` into Python, as the kernel runs them
-    found = set()
+    found: dict[str, set[str]] = {}
     for path in sorted(folder.glob("*.ipynb")):
-        for cell in json.loads(path.read_text())["cells"]:
+        notebook = json.loads(path.read_text())
+        extra = notebook["metadata"].get("workbench", {}).get("extra", "")
+        imports, written = found.setdefault(extra, set()), set()
+        for cell in notebook["cells"]:
             if cell["cell_type"] != "code":
                 continue
             lines = "".join(cell["source"]).splitlines()
+            if lines and lines[0].startswith("%%writefile"):
+                written.add(Path(lines[0].split()[-1]).stem)
             if lines and lines[0].startswith("%%"):
                 continue  # a cell magic's body runs elsewhere (the ranks: the same environment)
             for node in ast.walk(ast.parse(python.transform_cell("\n".join(lines)))):
                 if isinstance(node, ast.Import):
-                    found |= {a.name.split(".")[0] for a in node.names}
+                    imports |= {a.name.split(".")[0] for a in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                    found.add(node.module.split(".")[0])
-    return sorted(found)
+                    imports.add(node.module.split(".")[0])
+        imports -= written
+    return found
 
 
 def test_every_walkthrough_imports_only_what_the_wheel_brings(venv, user):
-    """Notebook 06 failed from the wheel with "No module named 'pandas'" (only the test extra had it)."""
+    """Notebook 06 failed from the wheel with "No module named 'pandas'" (only the test extra had it). A
+    notebook that needs more names the extra that brings it (11: `[frameworks]`) and says so in its words."""
     here, env = user
     folder = Path(_run([str(venv / "python"), "-c", "import workbench.walkthroughs as w; "
                         "print(w.notebooks_dir())"], here, env).stdout.strip())
-    modules = _walkthrough_imports(folder)
-    assert "workbench" in modules and "pandas" in modules, modules
+    by_extra = _walkthrough_imports(folder)
+    assert "workbench" in by_extra[""] and "pandas" in by_extra[""], by_extra
+    assert set(by_extra) == {"", "frameworks"}, by_extra
     find = "import importlib.util as u, sys; print(*[m for m in sys.argv[1:] if u.find_spec(m) is None])"
-    missing = _run([str(venv / "python"), "-c", find, *modules], here, env).stdout.split()
-    assert missing == [], f"the walkthroughs import {missing}, which a `pip install` of the wheel lacks"
+    modules = sorted(set().union(*by_extra.values()))
+    missing = set(_run([str(venv / "python"), "-c", find, *modules], here, env).stdout.split())
+    # what the extra brings, from the installed wheel's own metadata
+    code = ("import importlib.metadata as m, re, sys; print(*[re.split('[ ;=<>!]', r)[0] for r in "
+            "m.requires('distributed-workbench') if f'extra == \"{sys.argv[1]}\"' in r])")
+    extra = set(_run([str(venv / "python"), "-c", code, "frameworks"], here, env).stdout.split())
+    assert {"lightning", "accelerate"} <= extra, extra
+    lacking = missing & by_extra[""]
+    assert not lacking, f"the walkthroughs import {lacking}, which a `pip install` of the wheel lacks"
+    assert missing <= extra, f"11_frameworks imports {missing - extra}, which [frameworks] does not bring"
+    words = "".join(json.loads((folder / "11_frameworks.ipynb").read_text())["cells"][0]["source"])
+    assert 'pip install "distributed-workbench[frameworks]"' in words, words
 
 
 def test_the_dashboard_walkthrough_runs_from_the_wheel_and_leaves_nothing(venv, user):

@@ -208,7 +208,7 @@ def test_lightnings_own_launchers_are_refused_at_once(ipshell, pool, tmp_path, m
 def test_an_error_raised_on_every_rank_is_one_error(ipshell, pool):
     """Rank 1 raises the same error a second later, busy until then: it is not interrupted (no
     KeyboardInterrupt, nothing "stopped"), and nothing died, so no fault is recorded."""
-    faults_before = len(pool._health.faults)
+    faults_before = len(pool.faults)
     # rank 1 moves on from line to line (as while importing or building a model) for ~1.5 s
     cell = ("%%distributed\nimport time\nif rank == 1:\n    for _ in range(4):\n        time.sleep(0.13)\n"
             "        time.sleep(0.17)\n        time.sleep(0.09)\n"
@@ -218,7 +218,7 @@ def test_an_error_raised_on_every_rank_is_one_error(ipshell, pool):
     assert "ranks 0-1 raised ValueError: no such model size: tiny2" in shown, shown
     assert "KeyboardInterrupt" not in shown and "stopped" not in shown and "fault:" not in shown, shown
     assert "rank 1 (" not in shown, shown  # no second line for the same error
-    assert len(pool._health.faults) == faults_before
+    assert len(pool.faults) == faults_before
     group_alive(ipshell)
 
 

@@ -161,7 +161,7 @@ def test_start_use_and_stop_a_pool_from_the_sidebar(lab, tmp_path):
             expect(page.locator(".jp-Notebook .jp-Cell")).to_have_count(5)
             # a workbench kernel has the magics already: the inserted cell only attaches
             attach_cell = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-InputArea-editor")
-            expect(attach_cell).to_have_text(f"%dist attach {state['name']}")
+            expect(attach_cell).to_have_text(f"%dist attach {state.name}")
             page.screenshot(path=str(SHOTS / "24-7-use-in-notebook-attach-line.png"))
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
             out = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-OutputArea")
@@ -189,7 +189,7 @@ def test_start_use_and_stop_a_pool_from_the_sidebar(lab, tmp_path):
             # the panel says which notebook owns... and stop from the sidebar, confirming from what to what
             card.get_by_role("button", name="Stop").click()
             dialog = page.locator(".jp-Dialog")
-            expect(dialog).to_contain_text(f"Stop pool {state['name']}?")
+            expect(dialog).to_contain_text(f"Stop pool {state.name}?")
             expect(dialog).to_contain_text("ends its 2 engines (ranks 0-1)")
             page.screenshot(path=str(SHOTS / "5-stop-confirm.png"))
             dialog.get_by_role("button", name="Stop pool").click()

@@ -61,7 +61,7 @@ def test_the_stacks_button_shows_every_ranks_stacks(lab, tmp_path):
 
             card.get_by_role("button", name="Stacks").click()
             dialog = page.locator(".jp-Dialog")
-            expect(dialog).to_contain_text(f"Stacks of pool {state['name']}")
+            expect(dialog).to_contain_text(f"Stacks of pool {state.name}")
             stacks = dialog.locator("pre.wb-Stacks")
             expect(stacks).to_contain_text("stacks of 2 ranks in 1 group", timeout=30_000)
             expect(stacks).to_contain_text("ranks 0-1: idle (no cell running)")

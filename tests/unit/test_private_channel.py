@@ -3,8 +3,6 @@ goes through, and nothing of it listens on TCP."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import zmq
 
@@ -28,10 +26,16 @@ def test_a_relay_in_a_folder_binds_unix_sockets_there_and_forwards_what_is_signe
         assert relay.up == f"ipc://{folder}/relay-up" and relay.out == f"ipc://{folder}/relay-out"
         assert endpoint_address(relay.up) is None and sorted(p.name for p in folder.iterdir()) == [
             "relay-out", "relay-up"]
-        time.sleep(0.3)  # the subscription reaches the relay
+        # the subscription has reached the relay once a signed probe comes through (awaited, not slept for)
+        assert until(lambda: push.send_multipart(wire.Signer(key).pack(wire.BEACON, b"{}")) or sub.poll(50),
+                     timeout=10)
+        while sub.poll(100):  # the probes that came
+            sub.recv_multipart()
+        assert until(lambda: relay.dropped == 0 and relay.forwarded >= 1)
+        forwarded = relay.forwarded
         push.send_multipart(wire.Signer(key).pack(wire.BEACON, b"{}"))
         push.send_multipart(wire.Signer(wire.new_key()).pack(wire.BEACON, b"{}"))
-        assert until(lambda: relay.forwarded == 1 and relay.dropped == 1)
+        assert until(lambda: relay.forwarded == forwarded + 1 and relay.dropped == 1)
         assert sub.poll(5000) and sub.recv_multipart()[0] == wire.BEACON
     finally:
         sub.close(0)

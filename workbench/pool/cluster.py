@@ -356,9 +356,10 @@ class EnginePool:
         """The engines (or engine sets) that ended before registering; their output is in the log."""
         dead = set()
         for es in self.engine_sets():
-            ended = (getattr(es, "stop_data", None) or {}).get("engines", {})  # a set forgets ended engines
+            # copies: ipyparallel's thread adds and forgets engines while a cancelled start is explained
+            ended = list((getattr(es, "stop_data", None) or {}).get("engines", {}))  # a set forgets ended ones
             dead.update(f"{es.engine_set_id}/{i}" for i in ended)
-            for i, el in (getattr(es, "launchers", None) or {"": es}).items():
+            for i, el in list((getattr(es, "launchers", None) or {"": es}).items()):
                 if isinstance(el, BatchSystemLauncher):
                     gone = el.job_id and self._job_states().get(el.job_id) == "ended"
                 else:
