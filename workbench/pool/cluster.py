@@ -357,7 +357,8 @@ class EnginePool:
         dead = set()
         for es in self.engine_sets():
             # copies: ipyparallel's thread adds and forgets engines while a cancelled start is explained
-            ended = list((getattr(es, "stop_data", None) or {}).get("engines", {}))  # a set forgets ended ones
+            # (a set forgets ended ones)
+            ended = list((getattr(es, "stop_data", None) or {}).get("engines", {}))
             dead.update(f"{es.engine_set_id}/{i}" for i in ended)
             for i, el in list((getattr(es, "launchers", None) or {"": es}).items()):
                 if isinstance(el, BatchSystemLauncher):
