@@ -26,6 +26,7 @@ import json
 import sys
 import threading
 import time
+import traceback
 
 from workbench import cell_targets, wire
 from workbench.engine import hub_link
@@ -146,7 +147,11 @@ def _end(shell, result, outside: BaseException | None, cell_id: str, rank: int, 
         (result.error_before_exec or result.error_in_exec) if result is not None else None)
     if error is not None:
         shown = getattr(shell, "_last_traceback", None)
-        lines = shown if shown and shown is not shown_before else [f"{type(error).__name__}: {error}"]
+        # IPython's, as it showed it; where it showed none (its formatting cut short by the ladder's Ctrl-C,
+        # an error outside the user's code), Python's: its frames say where it was raised (results'
+        # raised_in_collective reads them: a collective's echo is not a rank's own error)
+        lines = shown if shown and shown is not shown_before else \
+            [line.rstrip("\n") for line in traceback.format_exception(error)]
         end.update(status="error", ename=type(error).__name__, evalue=_text(error), traceback=_cut(lines))
     elif result is not None and result.result is not None:
         try:
