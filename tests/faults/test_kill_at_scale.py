@@ -23,7 +23,7 @@ N = 32
 VICTIM = 17
 
 
-@pytest.mark.parametrize("fanout", ["0", "1"])  # "1": a hub per 8 ranks, the cell one broadcast request (issue 42)
+@pytest.mark.parametrize("fanout", ["0", "1"])  # "1": a hub per 8 ranks, a cell one request (issue 42)
 def test_a_killed_rank_of_32_is_the_one_named_and_the_others_are_released(fanout, monkeypatch):
     monkeypatch.setenv("WORKBENCH_FANOUT", fanout)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
