@@ -44,7 +44,7 @@ import time
 import uuid
 
 from workbench import wire
-from workbench.engine import guard
+from workbench.engine import guard, hub_link
 
 BEACON_PERIOD_S = 0.25
 FENCED_EXIT = 75  # the exit status of an engine that stopped itself because it was fenced
@@ -115,7 +115,8 @@ class Agent:
     def __init__(self, channel: dict, rank: int, generation: int):
         import zmq
 
-        self.channel, self.rank, self.generation = dict(channel), rank, generation
+        # through the host's hub where the engine has one (it forwards beacons as one table per host)
+        self.channel, self.rank, self.generation = dict(hub_link.via_hub(channel)), rank, generation
         self._target_lock = threading.Lock()  # rank and generation change under an elastic regroup
         self.planned = generation  # the newest regroup plan posted (the kernel sends a plan again to a member
         # it does not see in the new group yet: a plan already posted is not posted twice)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from workbench.engine import agent, guard, postmortem, stores, torchrun
+from workbench.engine import agent, guard, hub_link, postmortem, stores, torchrun
 
 log = logging.getLogger("workbench.engine")
 # An elastic regroup's members wait this long for each other before it is re-planned (never the store's
@@ -37,7 +37,7 @@ def describe() -> dict:
     return {"host": socket.gethostname(), "pid": os.getpid(), "gpus": gpus,
             "gpu_uuids": [_gpu_uuid(i) for i in range(gpus)],
             "slurm_job": os.environ.get("SLURM_JOB_ID", ""),
-            "slurm_node": os.environ.get("SLURMD_NODENAME", "")}
+            "slurm_node": os.environ.get("SLURMD_NODENAME", ""), "hub": hub_link.label()}
 
 
 def _gpu_uuid(index) -> str:

@@ -193,6 +193,7 @@ class EnginePool:
             if self.forks:
                 if self.zygote is None:
                     self.zygote = Zygote(pool_id=self.pool_id, log=str(self.log_file), cwd=os.getcwd())
+                self.zygote.hubs = self.launcher.hubs(self.pool_id, self.channel)  # a hub per host of forks
                 spawn.zygotes[self.cluster.cluster_id] = self.zygote
                 self._record()
             progress("starting controller")

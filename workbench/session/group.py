@@ -137,7 +137,7 @@ class ProcessGroup:
         engine_ids = list(engine_ids)
         infos = self.door.call_within(self.config.timeout, remote.describe, engine_ids)
         return [EngineInfo(eid, i["host"], i["pid"], i["gpus"], tuple(i.get("gpu_uuids", ())),
-                           i.get("slurm_job", ""), i.get("slurm_node", ""))
+                           i.get("slurm_job", ""), i.get("slurm_node", ""), i.get("hub", ""))
                 for eid, i in zip(engine_ids, infos, strict=True)]
 
     def form(self) -> None:
