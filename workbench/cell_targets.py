@@ -40,9 +40,16 @@ def parse_label(label) -> tuple[list[int], int] | None:
         return None
 
 
+# On a rank: the label of the cell it runs now when the cell came as a call (a pool whose hosts have hubs
+# runs a cell through one broadcast call, whose request carries no label of ipyparallel's): set around it.
+running: list[str] = []
+
+
 def current_cell() -> tuple[list[int], int] | None:
     """On a rank: ``(ranks, world_size)`` of the cell it runs now; None outside a labelled cell (a call
     through ``Session.apply``, a replay of the notebook's setup, plain Python)."""
+    if running:
+        return parse_label(running[-1])
     from IPython import get_ipython
 
     kernel = getattr(get_ipython(), "kernel", None)

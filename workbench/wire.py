@@ -31,6 +31,35 @@ BEACON = b"beacon"
 METRICS = b"metrics"
 COMMAND = b"cmd"
 STACKS = b"stacks"  # a rank's answer to a ``stacks`` command (workbench.engine.stacks)
+# A host's hub (workbench.pool.processes.host_hub) stands between its engines and the relay: the engines send
+# it what they would send the relay, and it sends the relay one message per host for many of theirs. No topic
+# below begins with one above (a subscription is a prefix).
+CELL_RECORD = b"cellrec"  # engine -> its hub only: a cell's start, output, display or end on one rank
+HOST_BEACONS = b"hostbeat"  # hub -> relay: the latest beacons of the host's ranks, one table
+HOST_METRICS = b"hostmetrics"  # hub -> relay: the host's ranks' metrics messages, batched
+HOST_CELL = b"hostcell"  # hub -> relay: a cell's output (merged over the host's ranks) and its ranks' ends
+# How an engine finds its host's hub (the launcher sets these where the host has one): its label, and the
+# hub's two sockets, which take the relay's place for the engine (``up``: what the engine sends; ``out``:
+# the commands it receives).
+HUB_ENV, HUB_UP_ENV, HUB_OUT_ENV = "WORKBENCH_HUB", "WORKBENCH_HUB_UP", "WORKBENCH_HUB_OUT"
+# WORKBENCH_FANOUT in the kernel's environment: "1", requests once per host and replies merged per host (hubs,
+# broadcast requests); "0", every request once a rank and every reply per rank, as before issue 42 (the way
+# back, and the bench's "before"). Unset: FANOUT_DEFAULT.
+FANOUT_ENV = "WORKBENCH_FANOUT"
+FANOUT_DEFAULT = "0"
+
+
+def fanout(env=None) -> bool:
+    """Whether requests fan out per host and replies come merged (see :data:`FANOUT_ENV`).
+
+    >>> fanout({"WORKBENCH_FANOUT": "1"}), fanout({"WORKBENCH_FANOUT": "0"})
+    (True, False)
+    >>> fanout({}) == (FANOUT_DEFAULT == "1")
+    True
+    """
+    import os
+
+    return (os.environ if env is None else env).get(FANOUT_ENV, FANOUT_DEFAULT) != "0"
 
 
 class Command(enum.StrEnum):
@@ -128,3 +157,70 @@ def pusher(ctx, url: str, hwm: int = 1000):
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.connect(url)
     return sock
+
+
+def receive(ctx, sock, stopped, take) -> None:
+    """A receiver's loop: each message of ``sock`` to ``take(frames)`` until ``stopped.is_set()`` (checked
+    every 0.1 s); then ``sock`` and ``ctx`` are closed."""
+    import zmq
+
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    try:
+        while not stopped.is_set():
+            if poller.poll(100):
+                while sock.poll(0):
+                    take(sock.recv_multipart())
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+PART = b"\x01"  # a body that begins so is one part of a body too large for one message (JSON never does)
+PART_BYTES = MAX_BYTES - 1024  # a part's share of the body: with its header, a message stays under the limit
+
+
+def split(body: bytes, limit: int = PART_BYTES) -> list[bytes]:
+    """``body`` as the bodies of the messages that carry it: itself when it fits, else parts that
+    :class:`Joiner` puts together again (a display of a large figure, a long traceback).
+
+    >>> split(b'{"a": 1}')
+    [b'{"a": 1}']
+    >>> parts = split(b"x" * 10, limit=4); len(parts), parts[0][:1] == PART
+    (3, True)
+    >>> j = Joiner(); [j.take(p) for p in parts][-1]
+    b'xxxxxxxxxx'
+    """
+    if len(body) <= limit:
+        return [body]
+    name = secrets.token_hex(6)
+    chunks = [body[i:i + limit] for i in range(0, len(body), limit)]
+    return [PART + f"{name} {i} {len(chunks)}\n".encode() + chunk for i, chunk in enumerate(chunks)]
+
+
+class Joiner:
+    """Puts the parts of :func:`split` together again: :meth:`take` returns each whole body once (a body that
+    was not split at once). Bodies left incomplete (a sender that died between its parts) are forgotten, the
+    oldest first, beyond ``keep`` of them."""
+
+    def __init__(self, keep: int = 64):
+        self.keep = keep
+        self._parts: dict[str, dict[int, bytes]] = {}
+
+    def take(self, body: bytes) -> bytes | None:
+        if not body.startswith(PART):
+            return body
+        try:
+            head, chunk = body[1:].split(b"\n", 1)
+            name, index, count = head.decode().split()
+            index, count = int(index), int(count)
+        except ValueError:
+            raise BadMessage("a malformed part") from None
+        got = self._parts.setdefault(name, {})
+        got[index] = chunk
+        while len(self._parts) > self.keep:
+            self._parts.pop(next(iter(self._parts)))
+        if len(got) < count:
+            return None
+        self._parts.pop(name, None)
+        return b"".join(got[i] for i in range(count))

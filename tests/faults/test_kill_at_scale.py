@@ -23,7 +23,9 @@ N = 32
 VICTIM = 17
 
 
-def test_a_killed_rank_of_32_is_the_one_named_and_the_others_are_released():
+@pytest.mark.parametrize("fanout", ["0", "1"])  # "1": a hub per 8 ranks, a cell one request (issue 42)
+def test_a_killed_rank_of_32_is_the_one_named_and_the_others_are_released(fanout, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_FANOUT", fanout)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     s = Session(n=N, timeout=240, oversubscribe=True)
     pids: list[int] = []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.pool import test_magics_pool
-from workbench.session import bounded
+from workbench import cell_output as bounded
 
 pytestmark = pytest.mark.timeout(300)
 

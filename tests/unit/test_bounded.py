@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.session.bounded import CellOutput
+from workbench.cell_output import CellOutput
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -47,7 +47,7 @@ import time
 import uuid
 
 from workbench import wire
-from workbench.engine import guard
+from workbench.engine import guard, hub_link
 
 BEACON_PERIOD_S = 0.25
 FENCED_EXIT = 75  # the exit status of an engine that stopped itself because it was fenced
@@ -140,8 +140,11 @@ class Agent:
     def __init__(self, channel: dict, rank: int, generation: int):
         import zmq
 
-        self.channel, self.rank, self.generation = dict(channel), rank, generation
+        # through the host's hub where the engine has one (it forwards beacons as one table per host)
+        self.channel, self.rank, self.generation = dict(hub_link.via_hub(channel)), rank, generation
         self._target_lock = threading.Lock()  # rank and generation change under an elastic regroup
+        self.planned = generation  # the newest regroup plan posted (the kernel sends a plan again to a member
+        # it does not see in the new group yet: a plan already posted is not posted twice)
         self.signer = wire.Signer(channel["key"])
         self.pub = uuid.uuid4().hex[:12]
         self.seq = 0
@@ -236,7 +239,9 @@ class Agent:
                 me = [socket.gethostname(), os.getpid()]
                 if me not in [*plan.get("members", []), *plan.get("leaving", [])]:
                     return None
-                current = plan.get("generation", -1) > self.generation
+                current = plan.get("generation", -1) > max(self.generation, self.planned)
+                if current:
+                    self.planned = plan["generation"]
             else:
                 if self.rank not in ranks:
                     return None

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from workbench.engine import agent, guard, postmortem, stores, torchrun
+from workbench.engine import agent, guard, hub_link, postmortem, stores, torchrun
 
 log = logging.getLogger("workbench.engine")
 # An elastic regroup's members wait this long for each other before it is re-planned (never the store's
@@ -37,7 +37,7 @@ def describe() -> dict:
     return {"host": socket.gethostname(), "pid": os.getpid(), "gpus": gpus,
             "gpu_uuids": [_gpu_uuid(i) for i in range(gpus)],
             "slurm_job": os.environ.get("SLURM_JOB_ID", ""),
-            "slurm_node": os.environ.get("SLURMD_NODENAME", "")}
+            "slurm_node": os.environ.get("SLURMD_NODENAME", ""), "hub": hub_link.label()}
 
 
 def _gpu_uuid(index) -> str:
@@ -262,6 +262,14 @@ def regroup(plan: dict, superseded: Callable[[], bool] = agent.plan_pending,
     user_namespace().update(rank=rank, world_size=world_size)
     torchrun.retarget(rank=rank, world_size=world_size)
     return {"rank": rank, "endpoints": guard.gloo_endpoints()}
+
+
+def hear_plans(plan: dict) -> None:
+    """A new engine about to join the group of ``plan``: its agent starts now, speaking for the rank the plan
+    gives it, so that a newer plan (a member lost while it joins: one re-plan, the joiner included) reaches it
+    while it waits for the others, and the kernel hears it wait. Nothing where an agent runs already."""
+    if agent.current() is None and _state.get("channel"):
+        agent.start(_state["channel"], plan["members"].index(me()), plan["generation"])
 
 
 def join_alone(*, device: str, backend: str, timeout_s: float, channel: dict | None = None,

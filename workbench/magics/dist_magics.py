@@ -255,13 +255,14 @@ class DistributedMagics(Magics):
         """``%dist run script.py [--ranks R] [--timeout S] [--quiet] -- args``: a torchrun script as it is."""
         s = self._session("%dist run")
         ranks = self._targets(s, args.ranks)
-        merger = None if args.quiet else LineMerger(ranks, print_stream, hold=hold_for(len(ranks)),
-                                                    spread_numbers=spread.wanted(None, len(ranks)))
+        spread_numbers = spread.wanted(None, len(ranks))
+        merger = None if args.quiet else _merger(s, ranks, spread_numbers)
         on_output = _rank_output(merger)
 
         try:
             result = s.run_script(args.script, args.script_args, ranks=ranks, timeout=args.timeout,
-                                  on_output=on_output, on_tick=merger.poll if merger else None)
+                                  on_output=on_output, on_tick=merger.poll if merger else None,
+                                  spread=spread_numbers)
         except (FileNotFoundError, ValueError) as exc:  # nothing was sent
             raise UsageError(str(exc)) from None
         except SyntaxError as exc:
@@ -295,8 +296,8 @@ class DistributedMagics(Magics):
         args = parse_cell(line)
         s = self._session("%%distributed")
         ranks = self._targets(s, args.ranks)
-        merger = None if args.quiet else LineMerger(ranks, print_stream, hold=hold_for(len(ranks)),
-                                                    spread_numbers=spread.wanted(args.spread, len(ranks)))
+        spread_numbers = spread.wanted(args.spread, len(ranks))
+        merger = None if args.quiet else _merger(s, ranks, spread_numbers)
         on_output = _rank_output(merger)
 
         from workbench.widgets.cell_monitor import monitor_cell, submit_cell  # live dashboard (issue 4)
@@ -311,7 +312,8 @@ class DistributedMagics(Magics):
         if args.async_:
             return submit_cell(s, cell, ranks=ranks, timeout=args.timeout, monitor=monitor)
         try:
-            result = s.run(cell, ranks=ranks, timeout=args.timeout, on_output=on_output, on_tick=on_tick)
+            result = s.run(cell, ranks=ranks, timeout=args.timeout, on_output=on_output, on_tick=on_tick,
+                           spread=spread_numbers)
         except SyntaxError as exc:  # found here: nothing was sent
             raise UsageError(_syntax_error(exc, "the cell")) from None
         except (RankError, CellInterrupted, CellTimeout) as exc:
@@ -339,12 +341,23 @@ class DistributedMagics(Magics):
             self._running_local = False
 
 
+def _merger(s: Session, ranks: list[int], spread_numbers: bool) -> LineMerger:
+    """The merger of a cell's lines: over its ranks' text, or over its hosts' lines where each host's hub
+    merged its own ranks' (the kernel then merges the hosts')."""
+    return LineMerger(ranks, print_stream, hold=hold_for(len(ranks)), spread_numbers=spread_numbers,
+                      units=s.hubs(ranks))
+
+
 def _rank_output(merger: LineMerger | None):
-    """What to do with a rank's output as it comes: displays shown under their rank, text merged."""
+    """What to do with a rank's output as it comes: displays shown under their rank, text merged (a host's
+    lines, merged by its hub, merged again with the other hosts')."""
     def on_output(rank, kind, payload):
         if kind == "display":
             print(f"[rank {rank}]")
             publish_display_data(payload.get("data", {}), payload.get("metadata", {}))
+        elif merger is not None and kind == "lines":
+            stream, lines = payload
+            merger.feed_lines(rank, stream, lines)
         elif merger is not None:
             merger.feed(rank, kind, payload)
     return on_output

@@ -33,6 +33,7 @@ import time
 import uuid
 
 from workbench import wire
+from workbench.engine import hub_link
 from workbench.metrics import records
 from workbench.metrics.sampler import make_sampler
 
@@ -56,7 +57,7 @@ class Publisher(_callback_base()):
     def __init__(self, channel: dict, *, rank: int, host: str | None = None, device: str = "cpu",
                  threads: int = 1, flush_interval: float = 0.1, sample_interval: float = 1.0,
                  max_queue: int = 200_000, sampler=None):
-        self.channel = dict(channel)
+        self.channel = dict(hub_link.via_hub(channel))  # the host's hub batches the host's metrics
         self.rank = rank
         self.host = host or socket.gethostname()
         self.device = str(device)
@@ -296,7 +297,8 @@ def connect(channel: dict, *, rank: int | None = None, device: str | None = None
         device = str(here["device"]) if device is None else device
         uuid = here.get("gpu_uuid")  # the GPU this rank joined on, whatever CUDA_VISIBLE_DEVICES says
     pub = _publisher
-    if pub is not None and pub.channel == channel and pub.alive and pub.device == str(device):
+    mine = hub_link.via_hub(channel)  # through the host's hub where it has one
+    if pub is not None and pub.channel == mine and pub.alive and pub.device == str(device):
         if pub.rank != rank:
             pub.renumber(rank)
         registered = _register(pub)

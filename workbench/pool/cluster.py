@@ -56,6 +56,20 @@ RESYNC_S = 2.0
 ENGINES_PER_TIMEOUT = 32
 
 
+def _ended(launcher) -> bool:
+    """Whether the process of an engine launcher has ended (ipyparallel marks it "after" from its event loop,
+    which may not run here: the process is looked at too; a zombie has ended)."""
+    if getattr(launcher, "state", "") == "after":
+        return True
+    process = getattr(launcher, "process", None)
+    if process is None:
+        return False
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
 def registration_wait(timeout: float, n: int) -> float:
     """How long a start of ``n`` engines waits for them to register: ``timeout``, longer beyond
     :data:`ENGINES_PER_TIMEOUT` engines (a 2-core machine starts 64 forked engines in about 20 s idle, more
@@ -183,6 +197,7 @@ class EnginePool:
             if self.forks:
                 if self.zygote is None:
                     self.zygote = Zygote(pool_id=self.pool_id, log=str(self.log_file), cwd=os.getcwd())
+                self.zygote.hubs = self.launcher.hubs(self.pool_id, self.channel)  # a hub per host of forks
                 spawn.zygotes[self.cluster.cluster_id] = self.zygote
                 self._record()
             progress("starting controller")
@@ -302,38 +317,52 @@ class EnginePool:
         self.client._update_engines(engines)
         return len(self.client.ids)
 
-    def start_more(self, n: int, known_ids: set[int], *, alive: int, hosts: dict[str, int] | None = None
-                   ) -> list[int]:
+    def start_more(self, n: int, known_ids: set[int], *, alive: int, hosts: dict[str, int] | None = None,
+                   cancelled: Callable[[], bool] = lambda: False) -> list[int]:
         """Start ``n`` more engines (to replace dead ones, or to grow) beside the ``alive`` ones still
         running; return their ids once registered. (``known_ids`` may hold dead engines: the controller
         drops an engine only after 10 s of missed heartbeats, so they do not count for the capacity.)
         ``hosts``: where they start, as the launcher's
         :meth:`~workbench.pool.launch.base.Launcher.where_to_start` said (an ssh pool: how many on which
-        host; a Slurm pool: how many in which ``(job, node)``, each a new step)."""
+        host; a Slurm pool: how many in which ``(job, node)``, each a new step). ``cancelled``: the wait ends
+        (a :class:`PoolStartError`, the engines of this start ended) once it says so (an elastic run that
+        asked for them ended)."""
         self.launcher.check_capacity(alive + n)
         self.launcher.preflight(n)
         steps = self.launcher.start_more(self, n, hosts)
         deadline = time.monotonic() + self.timeout
-        while True:
-            new = sorted(set(self.client.ids) - known_ids)
-            if len(new) >= n:
-                return new[:n]
-            failed = self.launcher.start_failed(self)  # e.g. no node fits the new pod
-            if failed is not None and len(new) < n:  # the pool runs on: only what failed is said
-                raise PoolStartError(f"{failed.what.rstrip(':.')}. "
-                                     f"{failed.todo.replace(start_errors.STOPPED, '').strip()}")
-            ended = [el for el in steps if el.state == "after"]
-            if len(ended) > len(new):  # srun refused or its step ended: it said why in the log
-                raise PoolStartError(self.launcher.steps_ended(len(ended), self.log_file))
-            if time.monotonic() > deadline:
-                raise PoolStartError(f"only {len(new)} of {n} new engines registered within "
-                                     f"{self.timeout:g} s.")
-            time.sleep(0.02)
+        try:
+            while True:
+                new = sorted(set(self.client.ids) - known_ids)
+                if len(new) >= n:
+                    return new[:n]
+                failed = self.launcher.start_failed(self)  # e.g. no node fits the new pod
+                if failed is not None and len(new) < n:  # the pool runs on: only what failed is said
+                    raise PoolStartError(f"{failed.what.rstrip(':.')}. "
+                                         f"{failed.todo.replace(start_errors.STOPPED, '').strip()}")
+                ended = [el for el in steps if _ended(el)]
+                # srun refused or its step ended, or a new engine was killed before it registered: said at
+                # once (it said why in the log), never waited for until the timeout
+                if len(ended) > len(new):
+                    raise PoolStartError(self.launcher.steps_ended(len(ended), self.log_file))
+                if time.monotonic() > deadline:
+                    raise PoolStartError(f"only {len(new)} of {n} new engines registered within "
+                                         f"{self.timeout:g} s.")
+                if cancelled():
+                    raise PoolStartError("the start of new engines was cancelled")
+                time.sleep(0.02)
+        except BaseException:  # none of them registers later, to be taken for the engines of another start
+            for el in steps:
+                if not _ended(el):
+                    with contextlib.suppress(Exception):
+                        el.signal(signal.SIGKILL)
+            raise
 
-    def stop_engines(self, engine_ids: list[int]) -> None:
-        """Shut down some engines (a shrink): their processes exit, the others keep running."""
+    def stop_engines(self, engine_ids: list[int], block: bool = True) -> None:
+        """Shut down some engines (a shrink): their processes exit, the others keep running (``block``:
+        wait for them; without, one that is stopped ends when it runs again)."""
         if engine_ids:
-            self.client.shutdown(targets=list(engine_ids), block=True)
+            self.client.shutdown(targets=list(engine_ids), block=block)
 
     def watch_walltime(self, warn: Callable[[str], None], end: Callable[[str], None]) -> None:
         """Watch the end of the pool's Slurm job, if it runs in one (:mod:`workbench.pool.watch.walltime`):

@@ -22,6 +22,7 @@ class EngineInfo:
     gpu_uuids: tuple[str, ...] = ()  # their UUIDs, in the engine's CUDA order (empty: unknown)
     slurm_job: str = ""  # a Slurm pool: the job whose step runs the engine, and its node's Slurm name
     slurm_node: str = ""
+    hub: str = ""  # its host's hub, where it has one (workbench.pool.processes.host_hub)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class RankInfo:
     gpu_uuid: str | None = None  # the GPU's identity, whatever CUDA_VISIBLE_DEVICES each process has
     slurm_job: str = ""  # a Slurm pool: the job (allocation) and node the rank's engine runs in
     slurm_node: str = ""
+    hub: str = ""  # the hub of its host (its output and replies merged there with the host's), "" if none
 
     def label(self) -> str:
         return f"rank {self.rank} ({self.host}, {self.device})"
@@ -45,8 +47,9 @@ class RankInfo:
 
 def build_rank_map(engines: list[EngineInfo], *, share_gpus: bool = False, order: Sequence[str] = ()
                    ) -> list[RankInfo]:
-    """Give ranks to engines: contiguous per host, hosts in ``order`` (Slurm node names or hosts: the nodes
-    of a Slurm job in the job's order), the others in order of their first engine.
+    """Give ranks to engines: contiguous per host (and per hub within a host: a local pool's groups of forks
+    that stand for hosts), hosts in ``order`` (Slurm node names or hosts: the nodes of a Slurm job in the
+    job's order), the others in order of their first engine.
 
     Each engine on a host gets the next local rank and a GPU of its own: its only one when it sees one
     (Slurm's per-task binding), else the GPU of its local rank. More ranks than GPUs on a host is refused
@@ -82,12 +85,12 @@ def extend_rank_map(ranks: list[RankInfo], engines: list[EngineInfo], *,
     for e in sorted(engines, key=lambda e: ((first or {}).get(e.host, 0), e.engine_id)):
         nodes.setdefault(e.host, len(nodes))
     for host in nodes:  # hosts in order (``first``: their place), new engines in engine-id order
-        members = sorted((e for e in engines if e.host == host), key=lambda e: e.engine_id)
+        members = sorted((e for e in engines if e.host == host), key=lambda e: (e.hub, e.engine_id))
         for e in members:
             here = [r for r in out if r.host == host]
             device, uuid = _pick_gpu(e, here, share_gpus)
             out.append(RankInfo(len(out), len(here), nodes[host], host, e.pid, device, e.engine_id, uuid,
-                                e.slurm_job, e.slurm_node))
+                                e.slurm_job, e.slurm_node, e.hub))
     return out
 
 

@@ -17,12 +17,17 @@ one transport, :class:`workbench.remote.door.Door`, calls each only in its decla
 - :data:`ONE`: on one rank, its result (``door.call_one``);
 - :data:`CELL`: on every target rank at once inside a cell the kernel watches (output streamed, the
   escalation ladder on a failure): pushed to the ranks, then called by the cell's one line
-  (``door.cell``); a collective, or a run that lasts.
+  (``door.cell``); a collective, or a run that lasts;
+- :data:`HOSTS`: the transport's own: a cell sent once to every rank, its output and ends merged per host
+  (``door.start_cell`` where every rank's host has a hub), and every call on each rank, wrapped so that one
+  coalesced reply carries every rank's result or error (``door.call``, ``push``, ``pull``, ``apply``).
 
 >>> pattern_of(describe) is EACH and pattern_of(open_store) is ONE and pattern_of(run_script) is CELL
 True
 >>> sorted(name for name, e in CATALOGUE.items() if e.pattern is CELL)
 ['join_running', 'preflight_probe', 'run_script']
+>>> sorted(name for name, e in CATALOGUE.items() if e.pattern is HOSTS)
+['cell_end', 'get', 'guarded', 'put', 'run_cell']
 """
 
 from __future__ import annotations
@@ -39,9 +44,10 @@ class Pattern(enum.Enum):
     EACH = "on each rank"
     ONE = "on one rank"
     CELL = "inside a watched cell"
+    HOSTS = "on every rank at once, the replies merged"
 
 
-EACH, ONE, CELL = Pattern.EACH, Pattern.ONE, Pattern.CELL
+EACH, ONE, CELL, HOSTS = Pattern.EACH, Pattern.ONE, Pattern.CELL, Pattern.HOSTS
 
 
 @dataclass(frozen=True)
@@ -267,6 +273,56 @@ def evaluate_in_failed(expr: str, frame: int | None = None) -> dict:
     from workbench.engine import postmortem
 
     return postmortem.evaluate(expr, frame)
+
+
+# --- the transport's own: broadcast calls and cells merged per host (workbench.remote.door) ---
+
+
+@endpoint(HOSTS)
+def guarded(fn, args: tuple, kwargs: dict):
+    """On a rank, as its part of a broadcast call: :func:`workbench.engine.broadcast.guarded` (``fn``'s
+    result, or how it failed: a coalesced reply carries results only)."""
+    from workbench.engine import broadcast
+
+    return broadcast.guarded(fn, args, kwargs)
+
+
+@endpoint(HOSTS)
+def put(values: dict) -> None:
+    """On a rank: ``values`` into the namespace its cells run in (``Session.push``), each name assigned as
+    ipyparallel's push assigns it (``"model.lr"`` sets an attribute)."""
+    namespace = _namespace()
+    for name, value in values.items():
+        namespace["_wb_put_value"] = value
+        try:
+            exec(f"{name} = _wb_put_value", namespace)
+        finally:
+            namespace.pop("_wb_put_value", None)
+
+
+@endpoint(HOSTS)
+def get(name: str):
+    """On a rank: ``name`` evaluated in the namespace its cells run in (``Session.pull``; ``"trainer.step"``
+    too, as ipyparallel's pull; a name it lacks raises ``NameError``)."""
+    return eval(name, _namespace())
+
+
+@endpoint(HOSTS)
+def run_cell(code: str, plan: dict) -> None:
+    """On every rank at once, a cell whose output and end go to the rank's host hub:
+    :func:`workbench.engine.host_cell.run`."""
+    from workbench.engine import host_cell
+
+    host_cell.run(code, plan)
+
+
+@endpoint(HOSTS)
+def cell_end(cell: str) -> dict | None:
+    """On a rank: its end record of cell ``cell``, kept (:func:`workbench.engine.host_cell.ended`): asked for
+    where a hub never sent it."""
+    from workbench.engine import host_cell
+
+    return host_cell.ended(cell)
 
 
 # --- what a cell call left on the ranks (workbench.remote.door: Door.cell) ---

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 from workbench import remote
 from workbench.pool.rankmap import RankInfo, format_ranks, ranks_text
 from workbench.session.losses import loss_text
+from workbench.session.target_size import SizeKeeper
+from workbench.wire import Command
 
 if TYPE_CHECKING:
     from workbench.session.rooms import Rooms
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 # A regroup whose members say they still wait for some of them this long is re-planned without those.
 REPLAN_S = 5.0
 REPLAN_QUIET_S = 2.0  # ... and that have been silent this long (a member only slow to come still beacons)
+RESEND_S = 0.5  # a member still waiting in an older group than the plan's is sent it again this often
 
 
 class Children(list):
@@ -66,10 +69,11 @@ class ElasticWatch:
 
     ``rooms``: the session's rooms (:class:`~workbench.session.rooms.Rooms`): the group it regroups, the
     health and beacons it reads, the door a joining engine's cell starts through; once the group holds a
-    new rank map the rooms follow it (:meth:`~workbench.session.rooms.Rooms.follow_membership`), and a
-    Trainer that asked for replacements (``ElasticConfig(replace=True)``) has them brought back by the
-    recovery room in the background (they join through :meth:`request`). ``children``: the cell's running
-    ranks; ``wake``: wakes the cell's wait loop (a request from another thread waits for its tick).
+    new rank map the rooms follow it (:meth:`~workbench.session.rooms.Rooms.follow_membership`), and the
+    run's :class:`~workbench.session.target_size.SizeKeeper` brings it back to the size asked for
+    (``ElasticConfig(replace=True)``, or a ``%dist scale`` during the run): new engines join through
+    :meth:`request`. ``children``: the cell's running ranks; ``wake``: wakes the cell's wait loop (a
+    request from another thread waits for its tick).
     """
 
     def __init__(self, rooms: Rooms, children: Children, wake: Callable[[], None],
@@ -80,7 +84,8 @@ class ElasticWatch:
         self._lost_in: dict[int, Any] = {}  # engine id -> the fault event of its loss
         self.leaving: set[int] = set()  # engine ids a planned shrink left out (their run ends; they stop)
         self.requests: collections.deque = collections.deque()  # (what, argument, Future) from other threads
-        self.replacements: list = []  # threads bringing lost ranks back (``bring_back``)
+        self._keeper: SizeKeeper | None = None  # keeps the run at the size asked for (replace=True, a scale)
+        self.joining: set[int] = set()  # engine ids a join added that have not trained in the group yet
         self._closed = False
         self._lock = threading.Lock()
         self.faults: list = []
@@ -121,6 +126,9 @@ class ElasticWatch:
             self._check_recovered()
         elif self.active() is not None:
             self._check_hang()
+        if self.settings is not None:
+            self.keeper().consider(len(self.members()))
+        if self.recovering is None and self.settings is not None:
             while self.requests and self.recovering is None:
                 what, argument, done = self.requests.popleft()
                 try:
@@ -143,14 +151,26 @@ class ElasticWatch:
         return done
 
     def close(self) -> None:
-        """The cell ended: what is still asked for cannot happen any more (its Futures say so). A regroup
-        that did not complete leaves the group to be re-formed on the survivors by the next cell."""
+        """The cell ended: what is still asked for cannot happen any more (its Futures say so), new engines on
+        their way stop. A regroup that did not complete leaves the group to be re-formed on the survivors by
+        the next cell."""
         if self.recovering is not None:
             self.rooms.group.mark_broken()
         with self._lock:
             self._closed = True
             while self.requests:
                 self.requests.popleft()[2].set_exception(RuntimeError("the elastic run ended"))
+        if self._keeper is not None:
+            self._keeper.close()
+
+    def keeper(self) -> SizeKeeper:
+        """The run's keeper (made at the first look: its target is the run's size where the Trainer asked for
+        replacements, else none until a scale or restart asks for one)."""
+        if self._keeper is None:
+            auto = bool((self.settings or {}).get("replace"))
+            target = len(self.members()) + len(self.dropped) - len(self.leaving) if auto else None
+            self._keeper = SizeKeeper(self.rooms, self, target, auto, self.report)
+        return self._keeper
 
     def lost(self, infos: list[RankInfo], how: str, kind: str = "died",
              detect_s: float | None = None) -> bool:
@@ -163,13 +183,20 @@ class ElasticWatch:
         stay = [r for r in self.members() if r.engine_id not in gone]
         if len(stay) < settings.get("min_ranks", 1):
             return False
+        joining = [r for r in infos if r.engine_id in self.joining]
+        if joining and len(joining) < len(infos):  # members and joiners: one fault record each, one regroup
+            others = [r for r in infos if r.engine_id not in self.joining]
+            return self.lost(others, how, kind, detect_s) and self.lost(joining, how, kind, detect_s)
         step = self._step(stay)
         group, health, beacons = self.rooms.group, self.rooms.health, self.rooms.beacons
         before = self.recovering if self.recovering is not None and self.recovering["fault"] else None
         # a loss while the regroup after another one forms: the ranks are named as the group that last
-        # formed numbered them (the user's numbers), not as the plan that never formed did
+        # formed numbered them (the user's numbers), not as the plan that never formed did; an engine that
+        # was joining is named by the number the join gave it, and said to be joining
         formed = before["formed"] if before else {r.engine_id: r.rank for r in group.ranks}
         named = [dataclasses.replace(r, rank=formed.get(r.engine_id, r.rank)) for r in infos]
+        if joining:
+            how = f"{how} while joining"
         # the ranks fill in {step}, the last step they completed together (the kernel's beacons lag);
         # the fault record gets it once they have regrouped (_check_recovered)
         text = loss_text(named, group.ranks, how, step="{step}", left=len(stay),
@@ -183,17 +210,18 @@ class ElasticWatch:
         for r in infos:
             self.dropped[r.engine_id] = how
             self._lost_in[r.engine_id] = event
+            self.joining.discard(r.engine_id)
         self._renumber()
         self.rooms.follow_membership()
         self.faults.append(event)
         earlier = [*before["events"], (before["fault"], before["text"])] if before else []  # one regroup
         self.recovering = {"since": time.monotonic(), "generation": plan["generation"], "step": step,
                            "fault": event, "text": text, "events": earlier, "left": len(stay),
-                           "formed": formed, "lost": lost_ranks}
+                           "formed": formed, "lost": lost_ranks, "plan": plan,
+                           "sent": time.monotonic()}
         # "continuing" once it has (_check_recovered)
         self.report(text.replace(" after step {step}", "").replace("; continuing on", "; regrouping on"))
-        if settings.get("replace"):
-            self.rooms.recovery.bring_back(self)
+        self.keeper().consider(len(self.members()))  # a replacement on its way at once (replace=True)
         return True
 
     def how_lost(self, engine_id: int) -> str | None:
@@ -209,12 +237,18 @@ class ElasticWatch:
         return max([((self.beat(r) or {}).get("trainer") or {}).get("step", 0) for r in ranks] or [0])
 
     def _join(self, infos: list[RankInfo]) -> list[RankInfo]:
-        """New engines (set up already) join at the members' next step boundary and run the rest."""
+        """New engines (set up already) join at the members' next step boundary and run the rest; refused
+        where they would take the run above the size asked for (a scale down came meanwhile)."""
         stay, group = self.members(), self.rooms.group
+        target = self._keeper.target if self._keeper is not None else None
+        if target is not None and len(stay) + len(infos) > target:
+            raise RuntimeError(f"not needed any more: the run has {len(stay)} of the {target} ranks "
+                               "asked for")
         step, world = self._step(stay), len(stay) + len(infos)
         numbers = format_ranks(range(len(stay), world))
         # the ranks fill in the step they changed at ({step}); the kernel only knows it is the next one
         text = f"rank {numbers} joined after step {{step}}; continuing on {world} ranks"
+        self.joining |= {r.engine_id for r in infos}  # before the rank map lists them: never "busy" there
         plan = group.regroup(stay, join=infos, abort=False, text=text)
         joined = group.ranks[len(stay):]
         for info in joined:  # each runs the rest of the run in a cell the running one waits for
@@ -242,7 +276,7 @@ class ElasticWatch:
         self._renumber()
         self.rooms.follow_membership()
         self.recovering = {"since": time.monotonic(), "generation": plan["generation"], "step": step,
-                           "fault": False}
+                           "fault": False, "plan": plan, "sent": time.monotonic()}
         self.report(text.replace("joined after step {step}", "joins at the next step boundary")
                     .replace("left after step {step}", "leaves at the next step boundary"))
 
@@ -273,14 +307,30 @@ class ElasticWatch:
                 self.report(f"continuing on {ranks_text(self.recovering['left'])} after step {at}, "
                             f"regrouped in {seconds:.1f} s")
             self.recovering = None
+            self.joining.clear()  # every member trained in the new group
             return
-        latest = self.rooms.beacons.latest
-        stuck = unanswered(self.members(), list(latest.values()), g, REPLAN_S) \
-            if self.recovering["fault"] else []  # a planned change waits for its new ranks
+        self._resend()
+        # a member (a joining one too: it beacons from the moment it takes its plan) that the others have
+        # waited for REPLAN_S while it was silent is stopped or hung
+        stuck = unanswered(self.members(), list(self.rooms.beacons.latest.values()), g, REPLAN_S)
         if stuck:  # members that do not come to the regroup: killed (fenced too), re-planned without them
             self.rooms.group.signal(stuck, signal.SIGKILL, breaks_group=False)
             self.lost(stuck, f"did not answer the regroup for {REPLAN_S:g} s (killed)", kind="hang",
                       detect_s=REPLAN_S)
+
+    def _resend(self) -> None:
+        """The plan again, to members that wait in an older group (a joining engine whose agent started after
+        the plan was sent: it would wait there for the others, who wait for it in the new one)."""
+        g, now = self.recovering["generation"], time.monotonic()
+        if now - self.recovering["sent"] < RESEND_S:
+            return
+        # by pid: a joining engine beacons under the number its join plan gave it, not the newer plan's
+        by_pid = {b.get("pid"): b for b in self.rooms.beacons.latest.values() if b}
+        behind = [r for r in self.members() if not _in_generation(by_pid.get(r.pid), g)]
+        if behind:
+            self.recovering["sent"] = now
+            self.rooms.group.command(Command.REGROUP, behind, plan=self.recovering["plan"], abort=False,
+                                     peers=[])
 
     def _check_hang(self) -> None:
         """When no rank has made progress for ``hang_timeout`` s, the ranks behind the others (fewer
@@ -307,6 +357,20 @@ class ElasticWatch:
             return
         self.rooms.group.signal(stalled, signal.SIGKILL, breaks_group=False)
         self.lost(stalled, f"hung for {hang_s:g} s (killed)", kind="hang", detect_s=hang_s)
+
+
+def _in_generation(beat: dict | None, generation: int) -> bool:
+    """Whether a beacon shows its engine in group ``generation`` or waiting for it (no beacon: not known to).
+
+    >>> _in_generation({"generation": 3, "regroup": {"generation": 4}}, 4), _in_generation(None, 4)
+    (True, False)
+    >>> _in_generation({"generation": 3, "regroup": {"generation": 3}}, 4)
+    False
+    """
+    if not beat:
+        return False
+    return beat.get("generation", -1) >= generation or \
+        ((beat.get("regroup") or {}).get("generation", -1) >= generation)
 
 
 def unanswered(members: list[RankInfo], beats, generation: int, after: float,

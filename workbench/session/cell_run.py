@@ -22,11 +22,12 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from workbench import faults
+from workbench.cell_output import CellOutput
 from workbench.cell_targets import cell_label
 from workbench.errors import CellInterrupted, CellTimeout, RankError
 from workbench.pool.rankmap import RankInfo
+from workbench.remote.host_replies import HostCell
 from workbench.session import hints
-from workbench.session.bounded import CellOutput
 from workbench.session.cell_elastic import Children, ElasticWatch
 from workbench.session.losses import death_text
 from workbench.session.results import (
@@ -43,8 +44,9 @@ if TYPE_CHECKING:
     from workbench.session.rooms import Rooms
 
 # Called with (rank, kind, payload): kind is "stdout"/"stderr" (text) or "display" (a display_data
-# content dict).
-OutputCallback = Callable[[int, str, Any], None]
+# content dict); on ranks whose hosts have hubs, text comes merged per host instead: (hub, "lines",
+# (stream, [workbench.lines.Line, ...])), the hub's own ranks' lines merged by position.
+OutputCallback = Callable[[Any, str, Any], None]
 
 # How the other ranks are stopped once one failed: (seconds after the failure, step). "abort" aborts the
 # process group on every rank from its agent thread, so a rank blocked in a collective fails at once
@@ -89,8 +91,10 @@ class CellRun:
     group, health and beacons it watches, where the ranks work (for the errors that name it)."""
 
     def __init__(self, rooms: Rooms, targets: list[RankInfo], timeout: float | None,
-                 on_output: OutputCallback | None, on_tick: Callable[[], None] | None = None):
+                 on_output: OutputCallback | None, on_tick: Callable[[], None] | None = None,
+                 spread: bool | None = None):
         self.rooms, self.targets, self.timeout = rooms, targets, timeout
+        self.spread = spread  # lines that differ only in numbers merged (by the hubs; None: the default)
         self.group, self.health, self.beacons = rooms.group, rooms.health, rooms.beacons
         self.children = Children()  # (rank, its reply) of every rank running the cell
         # routes an elastic Trainer around a lost rank
@@ -111,19 +115,25 @@ class CellRun:
         self._places: dict[int, tuple] = {}  # rank -> (where its beacon said it was, since when)
         self._raised_before_abort: set[int] = set()  # ranks whose error came before the abort was sent
         self._asked = 0  # interrupts asked for from another thread (RunHandle.stop), not yet taken
+        self.replies = None  # what the door's start_cell returned: ipyparallel's AsyncResult, or a HostCell
         self._wake = threading.Event()
 
     def run(self, code: str) -> CellResult:
         t0, self.started = time.perf_counter(), time.time()
         label = cell_label([r.rank for r in self.targets], len(self.group.ranks))  # what the ranks can see
-        ar = self.rooms.door.start_cell(self.targets, code, label=label)
+        ar = self.rooms.door.start_cell(self.targets, code, label=label, spread=self.spread)
         by_engine = {r.engine_id: r for r in self.targets}
         self.children[:] = [(by_engine[eid], child)
                             for eid, child in zip(ar._targets, ar._children, strict=True)]
         wake = self._wake
-        self.relay.attach(self.children, CellOutput(log_dir=None, pool_id=self.health.pool_id))
-        for _, child in self.children:
-            child.iopub_callbacks.append(lambda msg: msg["header"]["msg_type"] in WAKING and wake.set())
+        self.replies = ar
+        if isinstance(ar, HostCell):  # output and ends merged per host by the hosts' hubs
+            self.relay = HostOutputRelay(self.relay.on_output, ar)
+            ar.on_message(wake.set)
+        else:
+            self.relay.attach(self.children, CellOutput(log_dir=None, pool_id=self.health.pool_id))
+            for _, child in self.children:
+                child.iopub_callbacks.append(lambda msg: msg["header"]["msg_type"] in WAKING and wake.set())
         ar.add_done_callback(lambda f: wake.set())
         self.health.add_listener(wake.set)
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
@@ -256,11 +266,20 @@ class CellRun:
 
     def _finished(self) -> bool:
         dead, dropped = self.health.dead, self.elastic.dropped
-        return all(c.done() or r.engine_id in dropped or r.rank in dead for r, c in self.children)
+        done = all(c.done() or r.engine_id in dropped or r.rank in dead for r, c in self.children)
+        if done and isinstance(self.replies, HostCell) and not self.replies.settled():
+            # every rank's end came (from its hub) a moment before its engine left the cell: wait for that
+            # too (the next command finds it idle), unless a rank is gone (its reply never comes)
+            return bool(dropped) or any(r.rank in dead for r, _ in self.children)
+        return done
 
     def _detect(self, now: float) -> None:
         dead = self.health.dead
-        lost = [r for r, _ in self.children if r.rank in dead and r.engine_id not in self.elastic.dropped]
+        # the engine that holds a dead rank's number now (a rank that left or failed to join keeps an old
+        # number that a newer rank holds: it is not the one that died)
+        holders = {r.engine_id for r in self.group.ranks if r.rank in dead}
+        lost = [r for r, _ in self.children
+                if r.engine_id in holders and r.engine_id not in self.elastic.dropped]
         how = dead[lost[0].rank] if lost else ""
         if lost and self.elastic.lost(lost, "died" if how == "exited" else how):
             return  # an elastic run goes on without them
@@ -392,8 +411,8 @@ class CellRun:
     def _rank_result(self, info: RankInfo, child) -> RankResult:
         md = child.output.metadata
         if info.engine_id in self.elastic.dropped:  # the run went on without it: not a failure of the cell
-            return RankResult(rank=info, stdout=self.relay.text(info.rank, "stdout"),
-                              stderr=self.relay.text(info.rank, "stderr"),
+            return RankResult(rank=info, stdout=self.relay.text_of(info, child, "stdout"),
+                              stderr=self.relay.text_of(info, child, "stderr"),
                               outputs=list(md["outputs"]), completed=md["completed"],
                               lost=self.elastic.how_lost(info.engine_id))
         error = md["error"]
@@ -406,8 +425,8 @@ class CellRun:
             # not our watcher saw it yet (a rank on another node takes a few seconds of silence)
             error = RankDied(info, dead.get(info.rank, "exited"))
         return RankResult(
-            rank=info, stdout=self.relay.text(info.rank, "stdout"),
-            stderr=self.relay.text(info.rank, "stderr"),
+            rank=info, stdout=self.relay.text_of(info, child, "stdout"),
+            stderr=self.relay.text_of(info, child, "stderr"),
             result=(md["execute_result"] or {}).get("data"), outputs=list(md["outputs"]),
             error=error, completed=md["completed"],
             origin=self._origin(info, md["completed"], error) if error is not None else None,
@@ -431,7 +450,7 @@ class CellRun:
 
 class OutputRelay:
     """Forwards each rank's new output exactly once. The text is taken from ipyparallel as it arrives (its
-    copy emptied) into a bounded :class:`~workbench.session.bounded.CellOutput`: a cell that prints without
+    copy emptied) into a bounded :class:`~workbench.cell_output.CellOutput`: a cell that prints without
     end shows each rank's first and last lines, and the log it names has all of them."""
 
     def __init__(self, on_output: OutputCallback | None):
@@ -462,6 +481,10 @@ class OutputRelay:
         """The rank's output of the cell as kept (bounded)."""
         return self.output.text(rank, kind) if self.output is not None else ""
 
+    def text_of(self, info: RankInfo, child, kind: str) -> str:
+        """The output of the rank ``info`` (whose reply is ``child``) as kept."""
+        return self.text(info.rank, kind)
+
     def forward(self, children, final: bool = False) -> None:
         """Hand the new output to ``on_output``; ``final``: the cell ended (what is left, the tails)."""
         if self.output is None:
@@ -489,6 +512,28 @@ class OutputRelay:
             for content in outputs[done:]:
                 self.on_output(info.rank, "display", content)
             self.sent[(info.rank, "display")] = len(outputs)
+
+
+class HostOutputRelay:
+    """The output of a cell whose hosts' hubs merged it (:class:`~workbench.remote.host_replies.HostCell`):
+    each host's merged lines handed on as they come (``on_output(hub, "lines", (stream, lines))``), each
+    rank's displays as :class:`OutputRelay` hands them on; a rank's own text (bounded by its hub) comes with
+    its end, for its tab."""
+
+    def __init__(self, on_output: OutputCallback | None, cell: HostCell):
+        self.on_output, self.cell = on_output, cell
+
+    def text_of(self, info: RankInfo, child, kind: str) -> str:
+        return child.output.metadata.get(kind) or ""
+
+    def forward(self, children, final: bool = False) -> None:
+        lines, displays = self.cell.drain_lines(), self.cell.drain_displays()
+        if self.on_output is None:
+            return
+        for hub, stream, found in lines:
+            self.on_output(hub, "lines", (stream, found))
+        for rank, content in displays:
+            self.on_output(rank, "display", content)
 
 
 class RunHandle:

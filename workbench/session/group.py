@@ -76,6 +76,11 @@ class ProcessGroup:
         self.seat([*self.ranks, *infos])
         self.lost = []
 
+    def note_standby(self, info: RankInfo, spec: dict) -> None:
+        """The standby store of a new engine (its setup replay opened it): once it joins a running elastic
+        group it may host the next regroup like a rank that was there from the start."""
+        self.standby[info.engine_id] = spec
+
     def forget_lost(self, infos: list[RankInfo]) -> None:
         """These lost ranks were brought back (as new ranks of a running elastic run)."""
         self.lost = [r for r in self.lost if r not in infos]
@@ -132,7 +137,7 @@ class ProcessGroup:
         engine_ids = list(engine_ids)
         infos = self.door.call_within(self.config.timeout, remote.describe, engine_ids)
         return [EngineInfo(eid, i["host"], i["pid"], i["gpus"], tuple(i.get("gpu_uuids", ())),
-                           i.get("slurm_job", ""), i.get("slurm_node", ""))
+                           i.get("slurm_job", ""), i.get("slurm_node", ""), i.get("hub", ""))
                 for eid, i in zip(engine_ids, infos, strict=True)]
 
     def form(self) -> None:
@@ -265,7 +270,12 @@ class ProcessGroup:
         gives the lost ranks (default theirs; a re-plan names them as the last group formed numbered them).
         """
         members = [*stay, *join]
-        host = stay[0]
+        # the first member whose standby store is known hosts the meeting (every rank that formed a group
+        # or replayed the setup has one; a rank without one would leave the others nowhere to meet)
+        host = next((r for r in stay if r.engine_id in self.standby), None)
+        if host is None:
+            raise AssertionError(f"no rank of {format_ranks(r.rank for r in stay)} has a standby store to "
+                                 "regroup at")
         lost_ranks = [r.rank for r in lost] if lost_ranks is None else list(lost_ranks)
         plan = {"generation": self.generation + 1, "members": [[r.host, r.pid] for r in members],
                 "stay": len(stay), "leaving": [[r.host, r.pid] for r in leave],

@@ -271,6 +271,16 @@ class Health:
         self._pending = event
         return event
 
+    def note(self, kind: str, info: RankInfo | None, text: str) -> faults.FaultEvent:
+        """A fault that needs no recovery of its own (a new engine that died before it joined an elastic
+        run): in the list and the log at once, leaving the fault being recovered from pending."""
+        event = faults.FaultEvent(pool=self.pool_id, kind=kind, rank=info.rank if info else None,
+                                  host=info.host if info else None, device=info.device if info else None,
+                                  first_failure=text, time=faults.now(), detect_s=None, abort_s=0.0)
+        self.faults.append(event)
+        faults.append(event)
+        return event
+
     def forget(self, event: faults.FaultEvent) -> None:
         """``event`` was no fault after all (every rank raised its own error, none was cut short)."""
         if self._pending is event:

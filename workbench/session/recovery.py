@@ -6,7 +6,9 @@ device, the pool grown or shrunk, and the group re-formed; or, while an elastic 
 (``%%distributed --async``), new engines set up by replaying the notebook's setup (:class:`Transcript`)
 and handed to the running cell, which lets them join at its next step boundary
 (:class:`~workbench.session.cell_elastic.ElasticWatch`). A Trainer with ``ElasticConfig(replace=True)``
-that loses a rank has it brought back here too (:meth:`Recovery.bring_back`). Off this machine the pool's
+that loses a rank has it brought back by the run's size keeper
+(:class:`~workbench.session.target_size.SizeKeeper`), which starts and sets up new engines with the
+functions here. Off this machine the pool's
 launcher says where a new engine starts (:meth:`~workbench.pool.launch.base.Launcher.where_to_start`: an
 ssh host, a step of the Slurm job) or, in one sentence, why it cannot (MPI; a Slurm job that lost the node).
 
@@ -22,7 +24,6 @@ re-forming the process group
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING
 from workbench import remote
 from workbench.errors import RankDiedError, WorkbenchError
 from workbench.pool.rankmap import RankInfo, extend_rank_map, format_ranks, remap_engines, remap_moved
+from workbench.session.target_size import RunEnded
 
 if TYPE_CHECKING:
     from workbench.session.cell_elastic import ElasticWatch
@@ -50,7 +52,6 @@ class Recovery:
 
     def __init__(self, rooms: Rooms):
         self.rooms = rooms
-        self._bringing_back = threading.Lock()  # one replacement at a time (ElasticConfig(replace=True))
 
     def restart(self, progress: Progress = lambda msg: None) -> list[int]:
         """New engines for every dead rank (and every rank an elastic run went on without), then the group
@@ -58,7 +59,10 @@ class Recovery:
         rooms = self.rooms
         running = rooms.elastic_run()
         if running is not None:
-            return restart_running(rooms, running, progress)
+            try:
+                return restart_running(rooms, running, progress)
+            except RunEnded:  # the run ended meanwhile: the restart happens between cells
+                pass
         group = rooms.group
         with rooms.held("a restart"):  # the health watcher waits for the new ranks too
             t0 = time.perf_counter()
@@ -82,7 +86,10 @@ class Recovery:
         rooms, config = self.rooms, self.rooms.config
         running = rooms.elastic_run()
         if running is not None:
-            return scale_running(rooms, running, n, progress)
+            try:
+                return scale_running(rooms, running, n, progress)
+            except RunEnded:  # the run ended meanwhile: the scale happens between cells
+                pass
         group = rooms.group
         with rooms.held("a scale"):
             t0 = time.perf_counter()
@@ -105,29 +112,6 @@ class Recovery:
                 progress(f"re-forming the process group at world size {n}")
                 rooms.reform(t0)
         return list(group.ranks)
-
-    def bring_back(self, elastic: ElasticWatch) -> None:
-        """An elastic Trainer with ``replace=True`` lost a rank: start its replacement in the background,
-        set up by replaying the setup; it joins the run at a step boundary, as ``%dist restart`` would."""
-        launcher = self.rooms.pool.launcher
-        if not launcher.can_add_engines:
-            elastic.report(f"{launcher.cannot_add}: the run goes on with the ranks it has")
-            return
-        say = (lambda message: None) if self.rooms.local else elastic.report  # ssh: which host, said
-
-        def replace_it() -> None:
-            with self._bringing_back:
-                try:
-                    restart_running(self.rooms, elastic, say)
-                except ValueError as exc:  # the launcher cannot: the Slurm job lost the node, no host answers
-                    elastic.report(f"the lost rank was not brought back: {exc}")
-                except Exception as exc:
-                    elastic.report(f"the lost rank was not brought back ({exc}); `%dist restart` "
-                                   "tries again")
-
-        thread = threading.Thread(target=replace_it, name="workbench-bring-back", daemon=True)
-        elastic.replacements.append(thread)
-        thread.start()
 
 
 def check_size(n: int) -> None:
@@ -170,9 +154,10 @@ class Transcript:
             # its standby store listens on its own address (off this machine: the one that reaches us)
             own = group.config.address if group.local else \
                 door.call(remote.route_to, [r], group.config.address)[0]["address"]
-            door.call_one(remote.join_alone, r, device=r.device, backend=group.config.backend,
-                          timeout_s=group.config.timeout, channel=group.pool.channel, standby_address=own,
-                          stores_folder=group.stores_folder())
+            standby = door.call_one(remote.join_alone, r, device=r.device, backend=group.config.backend,
+                                    timeout_s=group.config.timeout, channel=group.pool.channel,
+                                    standby_address=own, stores_folder=group.stores_folder())
+            group.note_standby(r, standby)  # once it joined, it may host a regroup like any member
         door.call(remote.set_replay, infos, True)
         built, cells = 0, 0
         try:
@@ -262,62 +247,48 @@ def set_up(rooms: Rooms, infos: list[RankInfo], progress, running: bool = False)
         raise
 
 
-def restart_running(rooms: Rooms, elastic: ElasticWatch, progress) -> list[int]:
+def restart_running(rooms: Rooms, elastic: ElasticWatch, progress, timeout: float = 120.0) -> list[int]:
     """``%dist restart`` while an elastic run goes on (``elastic``: its cell's watch): new engines for the
-    ranks it lost join it at its next step boundary. Returns their new rank numbers."""
-    group = rooms.group
-    lost = list(group.lost)
-    if not lost:
-        return []
-    # ssh: the lost ranks' hosts if they answer
-    hosts = group.pool.launcher.where_to_start(group.pool, lost, group.ranks, progress)
-    progress(f"starting {len(lost)} engine{'s' if len(lost) != 1 else ''} for the lost rank"
-             f"{'s' if len(lost) != 1 else ''}")
-    infos = new_ranks(group, group.pool.start_more(len(lost), set(group.pool.client.ids),
-                                                       alive=len(group.ranks), hosts=hosts),
-                      like=lost, moved=bool(hosts))
-    try:
-        joined = grow_running(rooms, elastic, infos, progress)
-    except WorkbenchError:
-        raise  # the setup failed: set_up stopped the new engines
-    except Exception:  # the run ended before they could join: no engine is left outside the group
-        group.pool.stop_engines([r.engine_id for r in infos if r.engine_id not in
-                                 {k.engine_id for k in group.ranks}])
-        raise
-    group.forget_lost(lost)
-    return [r.rank for r in joined]
+    ranks it lost join it at its next step boundary, through the run's keeper (which aims at the run's size
+    again, the bound on failed starts reset). Returns their new rank numbers.
+    :class:`~workbench.session.target_size.RunEnded` when the run ends first."""
+    keeper = elastic.keeper()
+    before = {r.engine_id for r in rooms.group.ranks}
+    n = keeper.target if keeper.auto and keeper.target is not None else \
+        len(elastic.members()) + len(rooms.group.lost)
+    if n > len(elastic.members()):
+        progress(f"starting {n - len(elastic.members())} engine(s) for the ranks the run lost")
+    keeper.aim(n)
+    keeper.wait(n, timeout)
+    return [r.rank for r in rooms.group.ranks if r.engine_id not in before]
 
 
-def scale_running(rooms: Rooms, elastic: ElasticWatch, n: int, progress) -> list[RankInfo]:
-    """``%dist scale N`` while an elastic run goes on: ranks join or leave at its next step boundary."""
-    group = rooms.group
-    if n > len(group.ranks):
-        progress(f"starting {n - len(group.ranks)} engines")
-        infos = new_ranks(group, group.pool.start_more(n - len(group.ranks), set(group.pool.client.ids),
-                                                         alive=len(group.ranks)))
-        grow_running(rooms, elastic, infos, progress)
-    elif n < len(group.ranks):
-        shrink_running(rooms, elastic, n, progress)
-    return list(group.ranks)
-
-
-def grow_running(rooms: Rooms, elastic: ElasticWatch, infos: list[RankInfo], progress,
-                 timeout: float = 120.0) -> list[RankInfo]:
-    """New engines (``infos``: host, device, engine) join the elastic run going on, at its next step
-    boundary: set up by replaying the notebook's setup, then handed to the cell's thread. Returns them
-    under their new rank numbers once they took part in a step."""
-    set_up(rooms, infos, progress, running=True)
-    progress("joining the run at its next step boundary")
-    joined = elastic.request("join", infos).result(timeout)
-    _until(lambda: elastic.recovering is None, timeout)
-    return joined
+def scale_running(rooms: Rooms, elastic: ElasticWatch, n: int, progress, timeout: float = 120.0
+                  ) -> list[RankInfo]:
+    """``%dist scale N`` while an elastic run goes on: the run's keeper aims at ``N`` ranks from now on (it
+    is never above them); ranks join or leave at its next step boundary. Returns the rank map once the run
+    has ``N`` members; :class:`~workbench.session.target_size.RunEnded` when the run ends first."""
+    keeper = elastic.keeper()
+    if n > len(elastic.members()):
+        rooms.group.pool.launcher.check_gpu_fit(n)
+        progress(f"starting {n - len(elastic.members())} engines")
+    keeper.aim(n)
+    if n < len(elastic.members()):
+        shrink_running(rooms, elastic, n, progress, timeout)
+    keeper.wait(n, timeout)
+    return list(rooms.group.ranks)
 
 
 def shrink_running(rooms: Rooms, elastic: ElasticWatch, n: int, progress, timeout: float = 120.0
                    ) -> list[RankInfo]:
     """The elastic run going on keeps its first ``n`` ranks from the next step boundary; the others end
     their run there and their engines stop. Returns the ranks that left (their old numbers)."""
-    leave = elastic.request("leave", n).result(timeout)
+    try:
+        leave = elastic.request("leave", n).result(timeout)
+    except RuntimeError as exc:
+        if "the elastic run ended" in str(exc):
+            raise RunEnded(str(exc)) from None
+        raise
     progress(f"rank {format_ranks(r.rank for r in leave)} leave{'s' if len(leave) == 1 else ''} at the next "
              "step boundary")
     gone = {r.engine_id for r in leave}
@@ -337,7 +308,12 @@ def new_ranks(group, ids: list[int], like: list[RankInfo] = (), moved: bool = Fa
     elif like:
         infos = remap_engines(list(like), engines)
     else:
-        infos = extend_rank_map(group.ranks, engines, share_gpus=group.config.share_gpus)[len(group.ranks):]
+        infos = []
+    taken = {r.engine_id for r in infos}
+    rest = [e for e in engines if e.engine_id not in taken]  # more new engines than lost ranks: a scale
+    if rest:
+        known = [*group.ranks, *infos]
+        infos += extend_rank_map(known, rest, share_gpus=group.config.share_gpus)[len(known):]
     return [replace(r, rank=len(group.ranks) + i) for i, r in enumerate(infos)]
 
 

@@ -46,10 +46,6 @@ from workbench.session.stack_report import StackGatherer
 
 log = logging.getLogger(__name__)
 
-# A replacement that ElasticConfig(replace=True) started may still be joining when its run ends: the
-# cell waits this long for it (it then stops the new engine, or has joined).
-REPLACEMENT_WAIT_S = 60.0
-
 
 class Rooms:
     """The rooms of ``pool`` (started here: ``role="started"``, or ``"attached"``), built once.
@@ -202,11 +198,9 @@ class Rooms:
             self.folders.follow(cell.targets)
             self.running = cell
             try:
-                result = cell.run(code)
+                result = cell.run(code)  # new engines on their way into an elastic run stop at its end
             finally:
                 self.running = None
-                for thread in cell.elastic.replacements:  # they end once the run did (joined or not)
-                    thread.join(REPLACEMENT_WAIT_S)
         if len(cell.targets) == len(self.group.ranks) or cell.elastic.dropped:  # every rank ran it
             self.transcript.cell(code)
         return result
@@ -239,8 +233,10 @@ class Rooms:
         states = rank_states(self.pool.client, {r.rank: r.engine_id for r in ranks},
                              dead=dict(self.health.dead))
         beats = self.beacons.latest
+        cell = self.running
+        joining = cell.elastic.joining if cell is not None else set()  # in the plan, not trained in it yet
         rows = [{"rank": r.rank, "host": self.pool.host_label(r.host), "pid": r.pid, "device": r.device,
-                 "state": states[r.rank],
+                 "state": "joining" if r.engine_id in joining else states[r.rank],
                  "started": (beats.get(r.rank) or {}).get("children") or []}  # processes it started
                 for r in ranks]
         return rows + fenced_rows(self.group.fenced, self.beacons, self.pool.fenced_ended())

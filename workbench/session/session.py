@@ -409,8 +409,11 @@ class Session:
 
     # -- cells ---------------------------------------------------------------------------
     def run(self, code: str, *, ranks=None, timeout: float | None = None,
-            on_output: OutputCallback | None = None, on_tick: Callable[[], None] | None = None) -> CellResult:
-        """Run ``code`` on the target ranks at once, streaming output as it comes.
+            on_output: OutputCallback | None = None, on_tick: Callable[[], None] | None = None,
+            spread: bool | None = None) -> CellResult:
+        """Run ``code`` on the target ranks at once, streaming output as it comes (merged per host where the
+        hosts have hubs: see :meth:`hubs`; ``spread``: lines that differ only in numbers merged there too,
+        default above 8 ranks).
 
         Raises :class:`RankError` naming the rank that failed first (an exception, or a
         dead engine), :class:`CellTimeout` naming the stalled rank when ``timeout``
@@ -420,16 +423,21 @@ class Session:
         raised here, before anything is sent.
         """
         script.check_cell(code)
-        cell = self._cell(ranks, timeout, on_output, on_tick)
+        cell = self._cell(ranks, timeout, on_output, on_tick, spread)
         return cell.rooms.run_cell(cell, code)
 
-    def _cell(self, ranks, timeout, on_output, on_tick=None) -> CellRun:
+    def _cell(self, ranks, timeout, on_output, on_tick=None, spread=None) -> CellRun:
         targets = self.targets(ranks)  # NoPoolError when no pool runs
-        return CellRun(self._rooms, targets, timeout, on_output, on_tick)
+        return CellRun(self._rooms, targets, timeout, on_output, on_tick, spread)
+
+    def hubs(self, ranks=None) -> dict[str, tuple[int, ...]] | None:
+        """The target ranks per host hub where every one of them has one (their cells' lines then come merged
+        per host: ``on_output(hub, "lines", ...)``), else None (their text comes per rank)."""
+        return self._rooms.door.hubs(self.targets(ranks)) if self._rooms else None
 
     def run_script(self, path: str, args=(), *, ranks=None, timeout: float | None = None,
                    on_output: OutputCallback | None = None,
-                   on_tick: Callable[[], None] | None = None) -> CellResult:
+                   on_tick: Callable[[], None] | None = None, spread: bool | None = None) -> CellResult:
         """Run a torchrun script on the target ranks, as ``torchrun --nproc-per-node N path *args`` would.
 
         On each rank ``__name__`` is ``"__main__"``, ``sys.argv`` is ``[path, *args]`` and torchrun's
@@ -443,7 +451,7 @@ class Session:
         targets = self.view(ranks).alive()
         code = self._rooms.door.cell(remote.run_script, targets, path, list(args), cwd)  # a cell runs it
         return self.run(code, ranks=[r.rank for r in targets], timeout=timeout, on_output=on_output,
-                        on_tick=on_tick)
+                        on_tick=on_tick, spread=spread)
 
     def folders(self, targets: list[RankInfo]) -> dict[int, tuple[str, str]]:
         """rank -> (host, the folder it works in as it last followed the notebook's), for the ranks of

@@ -79,6 +79,16 @@ def state_source(everyone: list[dict]) -> int:
     return max(range(len(everyone)), key=lambda r: (not everyone[r]["new"], everyone[r]["step"], -r))
 
 
+def state_lost(everyone: list[dict], plan: dict | None) -> bool:
+    """Whether a regroup after a loss left only new ranks: the last rank that held the run's state was lost
+    while the others joined, so there is nothing to go on from.
+
+    >>> state_lost([{"new": True}], {"lost": [0]}), state_lost([{"new": True}], None)
+    (True, False)
+    """
+    return bool(plan is not None and plan.get("lost")) and all(e["new"] for e in everyone)
+
+
 def steps_left(end: int, step: int, skipped: int) -> int:
     """Steps a run has left after a regroup mid-run: it ends where it would have (``end`` is the source's
     ``step + skipped + left``; skipped steps count, as they do in a plain run)."""

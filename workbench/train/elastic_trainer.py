@@ -100,6 +100,7 @@ class ElasticTrainer(Trainer):
         action = policy.at_run_start(joining is not None, self._cut_mid_step,
                                      rendezvous.generation() != self._generation)
         if action == "join":
+            rendezvous.hear_plans(joining)  # a member lost while this engine joins re-plans it too
             self._regroup(joining)
         elif action == "sync":  # the group was re-formed between runs (a restart, a scale)
             self._sync_state()
@@ -188,6 +189,10 @@ class ElasticTrainer(Trainer):
                 "new": policy.is_new(self._fresh, rank, plan), **run.numbers()}
         everyone = [None] * world
         dist.all_gather_object(everyone, mine)
+        if policy.state_lost(everyone, plan):  # every rank alike: nothing trained is left to copy
+            raise ValueError("the last rank that held this run's state was lost while the others joined: "
+                             "nothing is left to go on from. Resume from a checkpoint (wb.resume), or run "
+                             "trainer.run() again to start over on the ranks there are.")
         source = policy.state_source(everyone)
         first = everyone[source]
         for r in range(world):  # every rank raises alike: the epochs would split differently on them

@@ -428,13 +428,13 @@ class Trainer:
         self.model.train()
         batches, self._pending = self._pending, None
         self.feed.take(self, batches)
-        loss = self._forward_backward(batches)
+        loss, share = self._forward_backward(batches)
         t_data = time.perf_counter()
         self._pending = self.feed.fetch(self)
         data_time = time.perf_counter() - t_data
         t_comm = time.perf_counter()
         holds_loss = self.layout.is_last_stage
-        flags = self._flags(loss=loss * holds_loss, holders=float(holds_loss),
+        flags = self._flags(loss=share * holds_loss, holders=float(holds_loss),
                             nonfinite=float(holds_loss and not math.isfinite(loss)),
                             out_of_data=float(self._pending is None), stop=float(agent.stop_requested()),
                             checkpoint=float(agent.checkpoint_requested()))
@@ -508,8 +508,10 @@ class Trainer:
         """Every rank's ``flags`` summed (one all-reduce)."""
         return type(flags).of(_world_sum(flags.tensor(self._flag_device)))
 
-    def _forward_backward(self, batches) -> float:
-        """Mean loss of this rank's batches (nan on pipeline stages that hold no loss)."""
+    def _forward_backward(self, batches) -> tuple[float, float]:
+        """Mean loss of this rank's batches (nan on pipeline stages that hold no loss), and its share of the
+        step's mean: the loss weighted as its gradient is (an elastic rank's uneven share of the global
+        batch), so that the mean of the shares over the ranks is the loss of the whole batch."""
         n = len(batches)
         total = 0.0
         if isinstance(self.model, Pipelined):
@@ -521,15 +523,18 @@ class Trainer:
                 for p in self.module.parameters():
                     if p.grad is not None:
                         p.grad.div_(n)
-            return total / n
+            return total / n, total / n
+        share = 0.0
         for i, batch in enumerate(batches):
             x, y = batch
             last = i == n - 1
+            weight = getattr(batch, "weight", 1.0)  # an elastic rank's uneven share
             with self._sync(last), self._autocast:
                 loss = self.loss_fn(self.model(x), y)
-            (loss * getattr(batch, "weight", 1.0) / n).backward()  # weight: an elastic rank's uneven share
+            (loss * weight / n).backward()
             total += loss.item()
-        return total / n
+            share += loss.item() * weight
+        return total / n, share / n
 
     def _sync(self, last: bool):
         if hasattr(self.model, "no_sync") and not last:

@@ -171,6 +171,12 @@ class Launcher:
         machine when every engine runs here; None where they meet over TCP."""
         return None
 
+    def hubs(self, pool_id: str, channel: dict) -> dict | None:
+        """How the pool's hosts get their hubs (:mod:`workbench.pool.processes.host_hub`: each host's engines'
+        side channel, merged per host before the kernel sees it), for the zygote that forks the engines; None
+        where the engines talk to the relay themselves (their output then comes per rank)."""
+        return None
+
     def engine_set_kwargs(self, n: int, *, work_dir: str, env: dict[str, str], engine_args: list[str],
                           log: str = "", placement: dict | None = None) -> dict:
         """Keyword arguments for ``Cluster.start_engines(n, **kwargs)``: the traits of :attr:`engine_set`.

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import psutil
 
+from workbench import wire
 from workbench.pool.launch import capacity
 from workbench.pool.launch.base import ENGINE_MAIN, Launcher, Pool
 from workbench.pool.launch.spawn import CancellableEngineSetLauncher
@@ -55,6 +56,13 @@ class Local(Launcher):
     def needs_routable_address(self) -> bool:
         return False
 
+    def start_more(self, pool: Pool, n: int, placement: dict | None) -> list:
+        """Fork ``n`` more engines; returns their launchers, so that one killed before its engine registered
+        fails the start at once (an elastic run's replacement is then started again, not waited for)."""
+        before = {id(el) for el in pool.local_launchers()}
+        pool.start_engine_set(n, placement)
+        return [el for el in pool.local_launchers() if id(el) not in before]
+
     @property
     def forks(self) -> bool:
         """Forked from a zygote, unless the launcher options name their own engine command."""
@@ -72,6 +80,18 @@ class Local(Launcher):
     def store_folder(self, pool_id: str, create: bool = True) -> str | None:
         """``stores-<id>`` in the state folder, 0700 (:func:`workbench.pool.records.state.store_dir`)."""
         return str(pool_state.store_dir(pool_id, create=create))
+
+    def hubs(self, pool_id: str, channel: dict) -> dict | None:
+        """Forked engines stand for hosts of eight (the zygote's groups), each with a hub whose sockets lie in
+        the pool's private folder. Engines started by a command of their own have none.
+
+        >>> from workbench.config import PoolConfig
+        >>> Local(PoolConfig(launcher_options={"engine_cmd": ["x"]})).hubs("p", {}) is None
+        True
+        """
+        if not self.forks or not wire.fanout():
+            return None
+        return {"folder": self.store_folder(pool_id), "relay": dict(channel), "pool": pool_id}
 
     def traits(self, n: int, *, work_dir: str, env: dict[str, str], log: str) -> dict:
         """Every engine appends to the pool's log; no pause between engines (ipyparallel waits 0.1 s; a

@@ -16,9 +16,17 @@ Lifetime: the zygote reads requests on stdin. When stdin closes (its owner exite
 ends every process tagged with its pool and exits; so an unclaimed spare
 (:mod:`workbench.pool.processes.spare`) needs no lease of its own.
 
+Hosts: a local pool's engines stand for hosts of :data:`HOST_SIZE` engines each (a GPU node's eight), so that
+the pool is shaped as a cluster is: each group of forks has its own hub
+(:mod:`workbench.pool.processes.host_hub`, forked here beside its engines, forked again if it exits), and each
+engine is told its group's label and hub in its environment (:data:`workbench.wire.HUB_ENV`). A new engine
+fills the first group with room (a replacement goes where a rank was lost), then a new group begins.
+
 Protocol, one JSON object a line. In: ``{"id": 1, "role": "engine" | "controller", "argv": [...],
-"env": {...}, "cwd": "...", "log": "..."}``; out: ``{"id": 1, "pid": 4242}`` or ``{"id": 1, "error": "..."}``.
-``{"id": 2, "role": "ready"}`` is answered with the zygote's own pid once everything is imported.
+"env": {...}, "cwd": "...", "log": "...", "hub": {...}}`` (``hub``, for an engine: ``size``, ``folder`` where
+the hubs' sockets go, ``relay``: the pool's channel); out: ``{"id": 1, "pid": 4242}`` or
+``{"id": 1, "error": "..."}``. ``{"id": 2, "role": "ready"}`` is answered with the zygote's own pid once
+everything is imported.
 
 >>> z = Zygote(pool_id="1a2b3c4d", log="/tmp/pool.log")       # doctest: +SKIP
 >>> z.fork("engine", ["--cluster-id=x"], env=dict(os.environ), cwd=".", log="/tmp/l")  # doctest: +SKIP
@@ -47,11 +55,14 @@ PRELOAD = {
                "tornado.queues", "pydoc",
                "workbench.pool.processes.engine_main", "workbench.remote", "workbench.engine.rendezvous",
                "workbench.engine.agent", "workbench.metrics.publisher"),
+    "hub": ("workbench.pool.processes.host_hub",),
     "sources": (),
 }
 SOURCES_IDLE_S = 2.0  # idle this long before parsing the sources
 # What a child calls its process (``ps``, ``top``, psutil's name()); the zygote's own name.
-NAMES = {"engine": "wb-engine", "controller": "wb-controller"}
+NAMES = {"engine": "wb-engine", "controller": "wb-controller", "hub": "wb-hub"}
+# Engines a group of forks (a host) holds; WORKBENCH_HOST_SIZE sets it.
+HOST_SIZE = 8
 ZYGOTE_NAME = "wb-zygote"
 
 
@@ -72,6 +83,7 @@ class Zygote:
         from workbench.pool.processes import reap
 
         self.pool_id = pool_id
+        self.hubs: dict | None = None  # where the pool's engines get hubs: its launcher's hub settings
         with open(log or os.devnull, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "workbench.pool.processes.zygote"],
@@ -92,6 +104,8 @@ class Zygote:
         """
         request = {"role": role, "argv": list(argv), "env": dict(env), "cwd": cwd, "log": log,
                    "connection_file": connection_file}
+        if role == "engine" and self.hubs:
+            request["hub"] = self.hubs
         return self._ask(request, timeout)
 
     def wait_ready(self, timeout: float = 120.0) -> None:
@@ -205,6 +219,12 @@ def _child(role: str, request: dict, keep_fds: set[int]) -> None:
         threads = os.environ.get("OMP_NUM_THREADS", "")
         if threads.isdigit() and "torch" in sys.modules:  # what torch reads at import in a fresh process
             sys.modules["torch"].set_num_threads(int(threads))
+        if role == "hub":
+            from workbench.pool.processes import host_hub
+
+            host_hub.serve(request["settings"])
+            code = 0
+            return
         if role == "engine":
             import importlib.util
 
@@ -316,9 +336,11 @@ def serve() -> None:
     loaded: set[str] = set()
     failed: set[str] = set()  # not tried again while idle; a request for it tries again (and says why)
     children: dict[int, str] = {}  # pid -> role, for the log line that says how each one ended
+    hosts = Hosts()
     buffer = b""
     while True:
-        _reap(children)
+        for pid in _reap(children):
+            hosts.ended(pid, keep, children)
         pending = [role for role in PRELOAD if role not in loaded | failed]
         if b"\n" in buffer or (pending and pending != ["sources"]):
             wait = 0.0  # something to do: only look whether more came
@@ -340,11 +362,14 @@ def serve() -> None:
                 for needed in PRELOAD if role == "ready" else (role,):
                     if needed not in loaded:
                         _preload(needed, loaded)
+                group = hosts.place(request, keep, children) if role == "engine" else None
                 pid = os.getpid() if role == "ready" else os.fork()
                 if pid == 0:
                     _child(role, request, keep)
                 if role != "ready":
                     children[pid] = role
+                if group is not None:
+                    hosts.joined(group, pid)
                 reply = {"id": request["id"], "pid": pid}
             except Exception as exc:  # an import or the fork failed: the kernel says so
                 reply = {"id": request["id"], "error": f"{type(exc).__name__}: {exc}"}
@@ -360,18 +385,101 @@ def serve() -> None:
     _end_pool()
 
 
-def _reap(children: dict[int, str]) -> None:
-    """Reap the children that exited; the pool's log (our stderr) says how each one ended."""
+def _reap(children: dict[int, str]) -> list[int]:
+    """Reap the children that exited (their pids); the pool's log (our stderr) says how each one ended."""
+    gone = []
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return gone
         if pid == 0:
-            return
+            return gone
+        gone.append(pid)
         role = children.pop(pid, "child")
         print(f"workbench zygote: {role} {pid} {_how_it_ended(status)} at {time.strftime('%H:%M:%S')}",
               file=sys.stderr, flush=True)
+
+
+class Hosts:
+    """The groups of forked engines that stand for hosts, and their hubs (see the module's docstring).
+
+    >>> hosts = Hosts(size=2)
+    >>> [hosts.label_for() for _ in range(1)], hosts.endpoints("/run/p", "h0")["WORKBENCH_HUB_UP"]
+    (['h0'], 'ipc:///run/p/hub-h0-up')
+    >>> hosts.joined("h0", 11); hosts.joined("h0", 12); hosts.label_for()
+    'h1'
+    >>> hosts.ended(11, set()); hosts.label_for()
+    'h0'
+    """
+
+    def __init__(self, size: int | None = None):
+        self.size = size or int(os.environ.get("WORKBENCH_HOST_SIZE", HOST_SIZE))
+        self.groups: dict[str, set[int]] = {}  # label -> its engines' pids
+        self.hubs: dict[str, int] = {}  # label -> its hub's pid
+        self.requests: dict[str, dict] = {}  # label -> the request its hub was forked with
+
+    def label_for(self) -> str:
+        """The group a new engine joins: the first with room, else a new one."""
+        for label, pids in self.groups.items():
+            if len(pids) < self.size:
+                return label
+        return f"h{len(self.groups)}"
+
+    @staticmethod
+    def endpoints(folder: str, label: str) -> dict[str, str]:
+        """A hub's sockets (unix sockets in the pool's private folder) as its engines' environment."""
+        return {"WORKBENCH_HUB": label, "WORKBENCH_HUB_UP": f"ipc://{folder}/hub-{label}-up",
+                "WORKBENCH_HUB_OUT": f"ipc://{folder}/hub-{label}-out"}
+
+    def place(self, request: dict, keep: set[int], children: dict[int, str]) -> str | None:
+        """Put the engine of ``request`` in a group (its hub forked first if it has none): its label, with the
+        group's hub in its environment; None where the pool has no hubs (or their paths would be too long)."""
+        hub = request.get("hub")
+        if not hub:
+            return None
+        label = self.label_for()
+        env = self.endpoints(hub["folder"], label)
+        if max(len(v) for v in env.values()) - len("ipc://") >= 107:  # a unix socket's path: the relay then
+            return None  # is on TCP and the engines talk to it directly
+        self.groups.setdefault(label, set())
+        self.requests[label] = {"role": "hub", "env": dict(request["env"]), "cwd": request.get("cwd"),
+                                "log": request.get("log"),
+                                "settings": {"label": label, "up": env["WORKBENCH_HUB_UP"],
+                                             "out": env["WORKBENCH_HUB_OUT"], "relay": hub["relay"],
+                                             "pool": hub.get("pool")}}
+        if label not in self.hubs:
+            self._fork_hub(label, keep, children)
+        request["env"] = {**request["env"], **env}
+        return label
+
+    def _fork_hub(self, label: str, keep: set[int], children: dict[int, str]) -> None:
+        _preload_once("hub")
+        pid = os.fork()
+        if pid == 0:
+            _child("hub", self.requests[label], keep)
+        children[pid] = "hub"
+        self.hubs[label] = pid
+
+    def joined(self, label: str, pid: int) -> None:
+        self.groups.setdefault(label, set()).add(pid)
+
+    def ended(self, pid: int, keep: set[int], children: dict[int, str] | None = None) -> None:
+        """A child exited: an engine leaves its group; a hub is forked again while its group has engines."""
+        for pids in self.groups.values():
+            pids.discard(pid)
+        for label, hub_pid in list(self.hubs.items()):
+            if hub_pid == pid:
+                del self.hubs[label]
+                if self.groups.get(label) and children is not None:
+                    self._fork_hub(label, keep, children)
+
+
+def _preload_once(role: str) -> None:
+    import importlib
+
+    for module in PRELOAD[role]:
+        importlib.import_module(module)
 
 
 def _how_it_ended(status: int) -> str:

@@ -1,7 +1,9 @@
 """Kernel side of the beacons: the latest state of every rank, and who went silent.
 
 Every session of a pool (the one that started it, attached ones) subscribes to the pool's relay and
-keeps what the ranks last said. Beacons not signed with the pool's key are dropped and counted.
+keeps what the ranks last said. Beacons not signed with the pool's key are dropped and counted. A host with a
+hub (:mod:`workbench.pool.processes.host_hub`) sends its ranks' beacons as one table: the beacons that said
+something new, and which ranks were heard (their silence clocks start again).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ class BeaconReceiver:
     def __init__(self, channel: dict, on_fenced: Callable[[str, int], None] = lambda host, pid: None):
         self._signer = wire.Signer(channel["key"])
         self._ctx = zmq.Context()
-        self._sock = wire.subscriber(self._ctx, channel["out"], wire.BEACON)
+        self._sock = wire.subscriber(self._ctx, channel["out"], wire.BEACON, wire.HOST_BEACONS)
+        self.tables = 0  # hosts' tables taken (each stands for many beacons)
         self.latest: dict[int, dict] = {}
         self.seen: dict[int, float] = {}  # kernel clock, so skew across nodes does not matter
         self.trainers: set[int] = set()  # ranks whose latest beacon shows a Trainer running (O(1) to ask)
@@ -47,25 +50,36 @@ class BeaconReceiver:
         self._thread.start()
 
     def _loop(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        try:
-            while not self._stop.is_set():
-                if poller.poll(100):
-                    while self._sock.poll(0):
-                        self.take(self._sock.recv_multipart())
-        finally:
-            self._sock.close(0)
-            self._ctx.term()
+        wire.receive(self._ctx, self._sock, self._stop, self.take)
 
     def take(self, frames: list[bytes]) -> bool:
-        """Keep one beacon message if it is signed and newer than the rank's last; never raises."""
+        """Keep one beacon message (or a host's table of them) if it is signed and newer than the rank's
+        last; never raises."""
         try:
-            _, body = self._signer.unpack(frames)
-            beat = json.loads(body)
+            topic, body = self._signer.unpack(frames)
+            found = json.loads(body)
+            if topic == wire.HOST_BEACONS:
+                return self._take_table(found)
+        except (wire.BadMessage, ValueError, KeyError, TypeError, AttributeError):
+            self.bad += 1
+            return False
+        return self._take_beat(found)
+
+    def _take_table(self, table: dict) -> bool:
+        self.tables += 1
+        kept = [self._take_beat(beat) for beat in table["beats"]]
+        now = time.monotonic()
+        for rank, pub in table["heard"]:  # heard, saying nothing new: alive (the engine whose beats we keep)
+            last = self._last.get(int(rank))
+            if last is not None and last[0] == pub:
+                self.seen[int(rank)] = now
+        return any(kept)
+
+    def _take_beat(self, beat: dict) -> bool:
+        try:
             rank, pub, seq = int(beat["rank"]), str(beat["pub"]), int(beat["seq"])
             generation = int(beat.get("generation", 0))
-        except (wire.BadMessage, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             self.bad += 1
             return False
         engine = (str(beat.get("host")), int(beat.get("pid", -1)))

@@ -1,8 +1,9 @@
-"""A cell's output in the kernel, bounded: the first and last lines of each rank, the whole of it in a log.
+"""A cell's output, bounded: the first and last lines of each rank, the whole of it in a log.
 
 ipyparallel keeps every rank's whole output of a cell in memory as one string it extends with each message
 (200,000 lines per rank grew the kernel by 370 MB and put 12 MB into the notebook). Here each message's
-text is taken from ipyparallel as it comes (its copy is emptied) into a :class:`CellOutput`: a rank's
+text is taken as it comes into a :class:`CellOutput` (in the kernel from ipyparallel, its copy emptied; on a
+host with a hub, in the hub, :mod:`workbench.pool.processes.host_hub`, which keeps its ranks'): a rank's
 stream is kept whole while it is short; past :data:`HEAD_LINES` lines the rest is not shown live, only
 its last :data:`TAIL_LINES` lines are kept (shown when the cell ends), and once lines would be dropped the
 whole output of the cell, every rank's, goes to a log file (``output-<pool>-<time>.log`` beside the

@@ -1,0 +1,257 @@
+"""A seeded schedule of combined faults over one elastic run (issue 38), shared by the tests and the bench.
+
+:func:`run_chaos` starts ``steps`` steps of an elastic Trainer (``replace=True``) in the background on a local
+pool and, at seeded random times, does one of :data:`KINDS` to a rank chosen at random (no rank spared: the
+victims include the ranks that joined meanwhile); it never takes the last rank alive. It samples the pool's
+membership meanwhile, waits for the run's end, and returns what happened: the schedule, the result, the
+largest world size seen, every step record of every rank (each rank writes its own file, so the records of
+killed ranks survive them) and the time the run took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+N, G, LR = 960, 48, 0.05  # as tests/faults/test_elastic.py: 20 steps an epoch at any world size
+
+KINDS = ("kill", "stop", "two_kills", "kill_joining", "scale")
+
+SETUP = """
+import json, os, time
+import torch, torch.distributed as dist
+import workbench as wb
+from torch.utils.data import TensorDataset
+torch.manual_seed(0)
+x, y = wb.regression_data({n}, d_in=8, d_out=2)
+cfg = wb.MLPConfig(d_in=8, d_hidden=32, d_out=2, n_layers=2)
+model = wb.shard(wb.MLP(cfg).double(), "ddp")
+data = wb.make_loader(TensorDataset(x.double(), y.double()), batch_size={g} // world_size, model=model)
+
+class FileLog(wb.Callback):
+    def __init__(self, folder):
+        self.folder = folder
+    def on_step_end(self, trainer, stats):
+        s = trainer.elastic.last_step
+        record = [trainer.step, list(s["position"]), s["size"], s["world_size"], list(s["indices"]),
+                  time.time()]
+        with open(os.path.join(self.folder, f"steps-{{os.getpid()}}.jsonl"), "a") as f:
+            f.write(json.dumps(record) + "\\n")
+        time.sleep({pause})
+
+trainer = wb.Trainer(model, data, lr={lr}, optim="sgd", clip=None, callbacks=[FileLog({folder!r})],
+                     elastic=wb.ElasticConfig(hang_timeout=3, replace=True,
+                                              rebuild=lambda: wb.MLP(cfg).double()))
+"""
+
+
+def setup_code(folder: str, pause: float = 0.02) -> str:
+    return SETUP.format(n=N, g=G, lr=LR, folder=folder, pause=pause)
+
+
+@dataclass
+class Chaos:
+    seed: int
+    schedule: list = field(default_factory=list)  # (seconds into the run, kind, what was done)
+    result: object = None
+    error: BaseException | None = None
+    largest: int = 0  # the largest world size the kernel's rank map ever held
+    sizes: list = field(default_factory=list)  # (t, world size) samples
+    seconds: float = 0.0
+    records: list = field(default_factory=list)  # every rank's step records, one list per process
+    killed: list = field(default_factory=list)  # pids of the ranks killed (members, joining ones too)
+    doubled: list = field(default_factory=list)  # samples of the rank map naming one engine twice
+    faults_before: int = 0  # how many fault records the session held when the run began
+    watch: object = None  # the run's ElasticWatch (what the kernel decided)
+
+    @property
+    def done(self) -> list:
+        """The faults that happened (a fault with nothing to do it to is not counted)."""
+        return [f for f in self.schedule if not f[2].startswith("none")]
+
+    def said(self) -> str:
+        return "\n".join(f"  {t:7.2f} s {kind:12s} {did}" for t, kind, did in self.schedule)
+
+
+def engines_outside(s) -> list[int]:
+    """The pool's engine processes that are not ranks now (replacements starting or replaying the setup,
+    or leaving)."""
+    zygote = s.pool.zygote
+    if zygote is None or not zygote.alive():
+        return []
+    ranks = {r.pid for r in s.ranks}
+    controller = s.pool.cluster.controller if s.pool.cluster is not None else None
+    if controller is not None:
+        ranks.add(controller.pid)  # forked by the zygote too
+    try:
+        kids = psutil.Process(zygote.pid).children()
+    except psutil.Error:
+        return []
+    out = []
+    for p in kids:
+        try:
+            if p.pid not in ranks and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+def trained(s, watch) -> list[int]:
+    """Pids of the ranks that hold the run's state: members that are not joining."""
+    joining = set(watch.joining) if watch is not None else set()
+    return [r.pid for r in s.ranks if r.engine_id not in joining]
+
+
+def _kill(pid: int, sig=signal.SIGKILL) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def trainer_step(s) -> int:
+    """The furthest step a rank's beacon shows."""
+    latest = s.rooms.beacons.latest
+    return max([((b or {}).get("trainer") or {}).get("step", 0) for b in latest.values()] or [0])
+
+
+def run_chaos(s, folder: str, seed: int, faults: int, steps: int, gap=(1.0, 3.0), size: int = 4,
+              kinds=KINDS, wait_s: float = 600.0, until: float = 0.9) -> Chaos:
+    """``faults`` faults of ``kinds`` at seeded random gaps (seconds) over a run of ``steps`` steps on ``s``
+    (a pool of ``size`` ranks, the setup of :func:`setup_code` already run), none after ``until`` of the
+    steps (the run's end is not a fault's). Never the last rank that holds the run's state; any other,
+    joining ones too."""
+    rng = random.Random(seed)
+    out = Chaos(seed, faults_before=len(s.faults))
+    stopped: list[int] = []
+    sampling = threading.Event()
+
+    def sample():
+        while not sampling.wait(0.05):
+            ranks = s.ranks
+            n = len(ranks)
+            out.largest = max(out.largest, n)
+            out.sizes.append((time.monotonic() - t0, n))
+            if len({r.pid for r in ranks}) != n:
+                out.doubled.append([r.pid for r in ranks])
+
+    t0 = time.monotonic()
+    handle = s.submit(f"result = trainer.run(steps={steps})")
+    out.watch = handle.cell.elastic
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+
+    def kill(pid: int) -> None:
+        if _kill(pid):
+            out.killed.append(pid)
+
+    try:
+        while len(out.done) < faults:
+            time.sleep(rng.uniform(*gap))
+            if handle.done() or trainer_step(s) >= until * steps:
+                break
+            members = [r.pid for r in s.ranks]
+            keep = trained(s, out.watch)  # at least one of them stays
+            kind = rng.choice(kinds)
+            at = round(time.monotonic() - t0, 2)
+
+            def spare(victims: list[int], keep=keep) -> bool:
+                return bool(set(keep) - set(victims))
+
+            if kind == "scale":
+                target = size - 1 if len(members) >= size else size
+                try:
+                    s.scale(target)
+                    did = f"scale {target}"
+                except Exception as exc:  # noqa: BLE001 (said in the schedule; the test judges it)
+                    did = f"scale {target} refused: {type(exc).__name__}: {exc}"
+            elif kind == "stop" and len(members) > 1:
+                victim = rng.choice(members)
+                _kill(victim, signal.SIGSTOP)
+                stopped.append(victim)
+                pause = rng.uniform(2.0, 5.0)
+                threading.Timer(pause, _kill, (victim, signal.SIGCONT)).start()
+                did = f"SIGSTOP {victim} for {pause:.1f} s"
+            elif kind == "two_kills" and len(members) > 2:
+                a, b = rng.sample(members, 2)
+                if not spare([a, b]):
+                    out.schedule.append((at, kind, "none (the last trained ranks)"))
+                    continue
+                kill(a)
+                time.sleep(rng.uniform(0.0, 1.0))
+                kill(b)
+                did = f"kill {a}, then {b}"
+            elif kind == "kill_joining":
+                deadline = time.monotonic() + 10
+                while not engines_outside(s) and not out.watch.joining and time.monotonic() < deadline \
+                        and not handle.done():
+                    time.sleep(0.02)
+                if handle.done() or trainer_step(s) >= until * steps:  # the run neared its end meanwhile
+                    break
+                joining = engines_outside(s) + [r.pid for r in s.ranks if r.engine_id in out.watch.joining]
+                members = [r.pid for r in s.ranks]
+                if joining and rng.random() < 0.5:
+                    victim = rng.choice(joining)
+                    did = f"kill joining engine {victim}"
+                else:
+                    choice = [p for p in members if spare([p])]
+                    victim = rng.choice(choice) if choice else None
+                    did = f"kill member {victim} while {len(joining)} joining" if victim else "none (1 rank)"
+                if victim:
+                    kill(victim)
+            elif len(members) > 1:
+                choice = [p for p in members if spare([p])]
+                victim = rng.choice(choice)
+                kill(victim)
+                did = f"kill {victim}"
+            else:
+                did = "none (1 rank)"
+            out.schedule.append((at, kind, did))
+        if len(s.ranks) != size and not handle.done():  # back to the size asked (a scale down was last)
+            try:
+                s.scale(size)
+                out.schedule.append((round(time.monotonic() - t0, 2), "scale", f"scale {size} (back)"))
+            except Exception as exc:  # noqa: BLE001 (the test judges it)
+                out.schedule.append((round(time.monotonic() - t0, 2), "scale",
+                                     f"scale {size} (back) refused: {type(exc).__name__}: {exc}"))
+        try:
+            out.result = handle.wait(wait_s)
+        except BaseException as exc:  # noqa: BLE001 (the test says what went wrong)
+            out.error = exc
+    finally:
+        sampling.set()
+        for pid in stopped:
+            _kill(pid, signal.SIGCONT)
+        out.seconds = time.monotonic() - t0
+    out.records = read_records(folder)
+    return out
+
+
+def read_records(folder: str) -> list[list]:
+    """The step records every rank wrote into ``folder``, one list per process."""
+    return [[json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            for path in sorted(Path(folder).glob("steps-*.jsonl"))]
+
+
+def committed(records: list[list]) -> dict[int, list]:
+    """The committed attempt of every step: of all ranks' records of a step, those of its latest attempt
+    (a step cut off by a loss is taken again in the new group)."""
+    attempts: dict[int, dict[tuple, list]] = {}
+    for rank_records in records:
+        for step, position, size, world, indices, t in rank_records:
+            attempts.setdefault(step, {}).setdefault((tuple(position), size, world), []).append((t, indices))
+    out = {}
+    for step, tries in attempts.items():
+        key = max(tries, key=lambda k: max(t for t, _ in tries[k]))
+        out[step] = [(key[0], key[1], key[2], indices) for _, indices in tries[key]]
+    return out

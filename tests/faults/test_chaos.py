@@ -1,0 +1,416 @@
+"""Faults that keep coming (issue 38): an elastic run with ``replace=True`` survives any sequence of losses.
+
+Reproducers of the findings first (each failed on the code before its fix), then seeded random schedules
+of combined faults over one run (:mod:`tests.faults.chaos`): every step done, every sample taken once, the
+fault-free run's parameters, the asked size restored and never exceeded, one fault record per lost engine
+naming each of its ranks once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from tests.conftest import PidsLimit, alive, until
+from tests.faults import chaos
+from tests.faults.test_elastic import permutation, reference, step_reached
+from workbench import Session
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture
+def pool(request):
+    n = getattr(request, "param", 4)
+    with PidsLimit(900):
+        s = Session(n=n, timeout=60).start()
+        started = set(s.pids())
+        try:
+            yield s
+        finally:
+            started |= set(s.pids()) | set(chaos.engines_outside(s))
+            s.stop()
+        assert until(lambda: alive(sorted(started)) == [], 10), "processes of the pool survived its stop"
+
+
+def start_run(s: Session, folder, steps: int, pause: float = 0.02) -> chaos.Chaos:
+    """The chaos setup, then ``steps`` steps in the background, past their third step."""
+    s.run(chaos.setup_code(str(folder), pause=pause))
+    run = chaos.Chaos(seed=-1, faults_before=len(s.faults))
+    run.result = s.submit(f"result = trainer.run(steps={steps})")  # the handle until the run ends
+    run.watch = run.result.cell.elastic
+    assert step_reached(s, 3)
+    return run
+
+
+def ended(s: Session, run: chaos.Chaos, folder, timeout: float = 300) -> chaos.Chaos:
+    """``run``'s handle waited for: its result (or error) and every rank's step records."""
+    handle, run.result = run.result, None
+    try:
+        run.result = handle.wait(timeout)
+    except BaseException as exc:  # noqa: BLE001 (finished_as_asked says it)
+        run.error = exc
+    run.records = chaos.read_records(str(folder))
+    return run
+
+
+def new_engine(s: Session, known: set[int], timeout: float = 60) -> int:
+    """The pid of the next engine process of the pool that is not a rank and not in ``known``."""
+    found: list[int] = []
+
+    def there() -> bool:
+        found[:] = [p for p in chaos.engines_outside(s) if p not in known]
+        return bool(found)
+
+    assert until(there, timeout, every=0.002), "no new engine started"
+    return found[0]
+
+
+def joined_pid(s: Session, first: list[int], timeout: float = 120) -> int:
+    """The pid of a rank (in the rank map) that is not one of ``first``, once there is one."""
+    found: list[int] = []
+
+    def there() -> bool:
+        found[:] = [r.pid for r in s.ranks if r.pid not in first]
+        return bool(found)
+
+    assert until(there, timeout, every=0.002), "no new rank joined"
+    return found[0]
+
+
+def check_once(records: list[list], steps: int) -> None:
+    """Every committed step's slice of its epoch taken once; the steps of an epoch tile it."""
+    by_step = chaos.committed(records)
+    assert sorted(by_step) == list(range(1, steps + 1)), \
+        f"steps missing: {sorted(set(range(1, steps + 1)) - set(by_step))[:20]}"
+    covered: dict[int, list[int]] = {}
+    for step, recs in sorted(by_step.items()):
+        (epoch, offset), size, world = recs[0][0], recs[0][1], recs[0][2]
+        covered.setdefault(epoch, []).append(offset)
+        window = permutation(epoch)[offset:offset + size]
+        mine = [i for r in recs for i in r[3]]
+        assert len(mine) == len(set(mine)) and set(mine) <= set(window), f"step {step}: foreign samples"
+        if len(recs) == world:
+            assert sorted(mine) == sorted(window), f"step {step} skipped samples"
+    for epoch, offsets in covered.items():
+        assert sorted(offsets) == list(range(0, chaos.G * len(offsets), chaos.G)), f"epoch {epoch}: {offsets}"
+
+
+def rank_lists(text: str) -> list[list[int]]:
+    """The rank numbers a fault text names, per list ("ranks 1-2, 4 died" -> [[1, 2, 4]])."""
+    lists = []
+    for found in re.finditer(r"\branks? ((?:\d+(?:-\d+)?)(?:,\s?\d+(?:-\d+)?)*)", text):
+        numbers = []
+        for part in re.split(r",\s?", found.group(1)):
+            a, _, b = part.partition("-")
+            numbers += list(range(int(a), int(b or a) + 1))
+        lists.append(numbers)
+    return lists
+
+
+def faults_true(s: Session, run: chaos.Chaos) -> None:
+    """Every engine the run lost is in exactly one fault record, and no record names a rank twice."""
+    records = s.faults[run.faults_before:]
+    for event in records:
+        for numbers in rank_lists(event.first_failure):
+            assert len(numbers) == len(set(numbers)), f"a rank named twice: {event.first_failure!r}"
+    watch = run.watch
+    killed = set(run.killed)
+    lost = {r.pid: r.engine_id for r, _ in watch.children if r.engine_id in watch.dropped}
+    for pid, engine in lost.items():
+        assert watch.how_lost(engine) is not None, f"engine {pid} was lost without a fault record"
+    events = {id(watch._lost_in[e]) for e in lost.values()}
+    assert events <= {id(e) for e in records}, "a lost engine's fault record is not in the session's faults"
+    members = {r.pid for r, _ in watch.children}
+    missing = (killed & members) - set(lost) - {r.pid for r in s.ranks}
+    assert not missing or run.error is not None, f"killed ranks the run never routed around: {missing}"
+
+
+def finished_as_asked(s: Session, run: chaos.Chaos, steps: int, size: int) -> None:
+    """The run did every step, each sample once, on ``size`` ranks at the end (never more meanwhile), with
+    the fault-free run's parameters; the fault records are true."""
+    said = run.said()
+    assert run.error is None, f"seed {run.seed}: the run failed: {run.error!r}\n{said}"
+    assert run.largest <= size, \
+        f"seed {run.seed}: the pool grew to {run.largest} ranks (asked {size})\n{said}"
+    assert not run.doubled, f"seed {run.seed}: the rank map named an engine twice: {run.doubled[:3]}"
+    now = {r.engine_id: r.rank for r in s.ranks}
+    # the ranks that ran the run to its end (a scale that ended after the run adds ranks that did not)
+    finished = sorted(now[r.rank.engine_id] for r in run.result.ranks
+                      if r.outcome == "ok" and r.rank.engine_id in now)
+    assert len(finished) == size, \
+        f"seed {run.seed}: the run ended on {len(finished)} ranks, not {size}\n{said}\n{run.result}"
+    assert s.world_size == size, f"seed {run.seed}: the pool is at {s.world_size} ranks, not {size}\n{said}"
+    assert [s.pull("trainer.step", rank=r) for r in finished] == [steps] * size, said
+    check_once(run.records, steps)
+    s.run("from workbench.train import full_state_dict\nfull = full_state_dict(trainer.model)",
+          ranks=finished)
+    want = reference(steps)
+    for r in finished:
+        torch.testing.assert_close(s.pull("full", rank=r), want)
+    rows = s.status()
+    assert sorted(row["rank"] for row in rows if row["rank"] != "-") == list(range(size)), rows
+    assert all(row["state"] in ("idle", "busy") for row in rows if row["rank"] != "-"), rows
+    pids = [row["pid"] for row in rows if row["rank"] != "-"]
+    assert sorted(alive(pids)) == sorted(pids), rows
+    faults_true(s, run)
+
+
+# -- the findings, one by one -----------------------------------------------------------------------------
+@pytest.mark.parametrize("pool", [2], indirect=True)
+def test_a_rank_that_joined_mid_run_is_a_member_like_any_other(pool, tmp_path):
+    """F1: kill rank 0, its replacement joins, then kill the last rank the run started with: the run
+    failed with a bare ``KeyError: <engine id>`` (a joined rank's standby store was never recorded, so it
+    could not host the regroup)."""
+    steps = 400
+    first = [r.pid for r in pool.ranks]
+    run = start_run(pool, tmp_path, steps)
+    os.kill(first[0], signal.SIGKILL)
+    assert until(lambda: pool.world_size == 2 and first[0] not in [r.pid for r in pool.ranks]
+                 and not run.watch.joining and run.watch.recovering is None, 120), \
+        "the replacement of rank 0 never joined"
+    os.kill(first[1], signal.SIGKILL)
+    run.killed = first
+    ended(pool, run, tmp_path)
+    finished_as_asked(pool, run, steps, 2)
+    assert not set(first) & {r.pid for r in pool.ranks}
+
+
+@pytest.mark.parametrize("pool", [3], indirect=True)
+def test_a_loss_while_a_rank_joins_is_one_re_plan_that_takes_the_joiner_along(pool, tmp_path):
+    """F2: a member lost while a replacement joins. The joiner, which had no agent until it formed the
+    group, never heard the re-plan: it waited in the old group, the others in the new one, until the
+    kernel killed it 5 s later ("did not answer the regroup for 5 s") and started another."""
+    steps = 400
+    first = [r.pid for r in pool.ranks]
+    run = start_run(pool, tmp_path, steps)
+    os.kill(first[2], signal.SIGKILL)
+    joiner = joined_pid(pool, first)  # listed in the rank map: its join plan is out
+    os.kill(joiner, signal.SIGSTOP)  # held before it forms the group...
+    os.kill(first[1], signal.SIGKILL)  # ...while a member is lost
+    time.sleep(0.3)
+    os.kill(joiner, signal.SIGCONT)
+    run.killed = [first[2], first[1]]
+    ended(pool, run, tmp_path)
+    texts = [f.first_failure for f in pool.faults[run.faults_before:]]
+    assert not [t for t in texts if "did not answer" in t], texts
+    assert joiner in [r.pid for r in pool.ranks], "the joiner was not taken along"
+    finished_as_asked(pool, run, steps, 3)
+
+
+@pytest.mark.parametrize("pool", [3], indirect=True)
+def test_a_scale_down_while_a_replacement_starts_is_not_undone_by_it(pool, tmp_path):
+    """F3: the pool over-replaced (5 ranks of 4 asked, once 8): a replacement was one per loss, not the
+    size asked for, so a ``%dist scale 2`` while the replacement of a lost rank started was undone when
+    it joined. The size asked is what the run aims at, and it is never above it."""
+    steps = 300
+    first = [r.pid for r in pool.ranks]
+    run = start_run(pool, tmp_path, steps)
+    sizes: list[int] = []
+    sampling = threading.Event()
+
+    def sample():
+        while not sampling.wait(0.02):
+            sizes.append(pool.world_size)
+
+    os.kill(first[2], signal.SIGKILL)
+    new_engine(pool, set())  # the replacement is starting
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    pool.scale(2)
+    time.sleep(3)  # a replacement started before the scale had joined by now
+    sampling.set()
+    watcher.join()
+    run.killed = [first[2]]
+    ended(pool, run, tmp_path)
+    assert max(sizes) <= 2, f"the run went above the 2 ranks asked for: {sizes}"
+    finished_as_asked(pool, run, steps, 2)
+
+
+@pytest.mark.parametrize("pool", [2], indirect=True)
+def test_a_replacement_killed_while_it_starts_is_started_again_at_once(pool, tmp_path):
+    """F4: a replacement killed while it started blocked every later one for the pool's 60 s registration
+    wait, and was then given up on ("`%dist restart` tries again"): the run stayed below its size. It is
+    one fault record and is started again at once."""
+    steps = 400
+    first = [r.pid for r in pool.ranks]
+    run = start_run(pool, tmp_path, steps)
+    os.kill(first[1], signal.SIGKILL)
+    doomed = new_engine(pool, set())
+    os.kill(doomed, signal.SIGKILL)  # before it registered
+    again = new_engine(pool, {doomed})
+    os.kill(again, signal.SIGKILL)  # and the next one too, wherever it is by now
+    run.killed = [first[1]]
+    assert until(lambda: pool.world_size == 2 and not run.watch.joining, 120), "the run stayed below 2 ranks"
+    ended(pool, run, tmp_path)
+    texts = [f.first_failure for f in pool.faults[run.faults_before:]]
+    assert len([t for t in texts if "died before it joined" in t]) == 2, texts
+    finished_as_asked(pool, run, steps, 2)
+
+
+@pytest.mark.parametrize("pool", [2], indirect=True)
+def test_replacements_that_keep_dying_stop_at_a_bound_with_one_sentence(pool, tmp_path, capsys):
+    """F4 (the bound) and F12: replacements that die before they join are retried a few times in a row,
+    then the keeper says why in one sentence and the run goes on with the ranks it has; ``%dist restart``
+    then brings the pool back to its size."""
+    from workbench.session.target_size import TRIES
+
+    steps = 300
+    first = [r.pid for r in pool.ranks]
+    run = start_run(pool, tmp_path, steps, pause=0.05)
+    os.kill(first[1], signal.SIGKILL)
+    seen: set[int] = set()
+    for _ in range(TRIES):
+        doomed = new_engine(pool, seen)
+        seen.add(doomed)
+        os.kill(doomed, signal.SIGKILL)
+    run.killed = [first[1]]
+    ended(pool, run, tmp_path)
+    assert run.error is None, run.error
+    out = capsys.readouterr().out
+    assert f"{TRIES} new engines in a row died before they joined the run" in out, out
+    assert "`%dist restart` tries again" in out
+    check_once(run.records, steps)
+    assert pool.world_size == 1
+    pool.restart()
+    assert pool.world_size == 2
+    assert pool.run("result = trainer.run(steps=5)").ranks[1].outcome == "ok"
+    assert pool.pull("trainer.step") == [steps + 5] * 2
+
+
+@pytest.mark.parametrize("pool", [2], indirect=True)
+def test_the_end_of_a_run_is_heard_at_once_while_a_replacement_hangs_in_its_start(pool, tmp_path):
+    """F5: the cell's result waited for the replacement's thread (up to 60 s each, behind the registration
+    wait): a run that ended, or failed, reached the notebook up to 120 s late. The run's end stops the
+    new engines on their way."""
+    steps = 60
+    first = [r.pid for r in pool.ranks]
+    run = start_run(pool, tmp_path, steps, pause=0.05)
+    os.kill(first[1], signal.SIGKILL)
+    hung = new_engine(pool, set())
+    os.kill(hung, signal.SIGSTOP)  # it never registers
+    try:
+        run.result.wait(300)
+        heard = time.time()
+        last = max(t for records in chaos.read_records(str(tmp_path)) for *_, t in records)
+        assert heard - last < 20, f"the run's end was heard {heard - last:.0f} s after its last step"
+        assert until(lambda: alive([hung]) == [], 10), "the hung new engine was left behind"
+    finally:
+        chaos._kill(hung, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("pool", [2], indirect=True)
+def test_a_joiner_that_stops_answering_is_routed_around_in_seconds(pool, tmp_path):
+    """F6, F7: a replacement listed in the rank map that stops before it formed the group: the members
+    waited for it the pool's whole timeout (60 s, no step meanwhile, `%dist status` listing it busy), then
+    gave up with ``RegroupAbandoned`` and the run failed. It is listed as joining, killed once it has been
+    silent a few seconds, and replaced."""
+    steps = 300
+    first = [r.pid for r in pool.ranks]
+    run = start_run(pool, tmp_path, steps)
+    os.kill(first[1], signal.SIGKILL)
+    joiner = joined_pid(pool, first)
+    os.kill(joiner, signal.SIGSTOP)
+    try:
+        rows = pool.status()
+        assert [row["state"] for row in rows if row["pid"] == joiner] == ["joining"], rows
+        assert until(lambda: alive([joiner]) == [], 30), "the silent joiner was waited for"
+    finally:
+        chaos._kill(joiner, signal.SIGCONT)
+    run.killed = [first[1], joiner]
+    ended(pool, run, tmp_path)
+    texts = [f.first_failure for f in pool.faults[run.faults_before:]]
+    assert [t for t in texts if "did not answer the regroup" in t and "joining" in t], texts
+    steps_at = sorted(t for records in run.records for *_, t in records)
+    still = max(b - a for a, b in zip(steps_at, steps_at[1:], strict=False))
+    assert still < 20, f"the run stood still for {still:.0f} s"
+    finished_as_asked(pool, run, steps, 2)
+
+
+@pytest.mark.parametrize("pool", [2], indirect=True)
+def test_a_scale_during_the_run_survives_its_new_engine_dying(pool, tmp_path):
+    """F8: ``%dist scale 3`` during the run raised raw internal errors (``EngineError``, ``KeyError``) when
+    its new engine died while it started. It starts another, and scale returns the grown rank map."""
+    steps = 400
+    run = start_run(pool, tmp_path, steps)
+    grown: list = []
+    scaling = threading.Thread(target=lambda: grown.append(pool.scale(3)), daemon=True)
+    scaling.start()
+    os.kill(new_engine(pool, set()), signal.SIGKILL)
+    scaling.join(150)
+    assert len(grown) == 1 and len(grown[0]) == 3, "the scale did not return the grown rank map"
+    pool.scale(2)
+    ended(pool, run, tmp_path)
+    finished_as_asked(pool, run, steps, 2)
+
+
+@pytest.mark.parametrize("pool", [3], indirect=True)
+def test_fault_records_name_each_lost_rank_once(pool, tmp_path):
+    """Smaller finding: merged fault texts like "ranks 2,2 died": a rank that left kept its old number in
+    the cell, so the death of the rank that later took that number named both."""
+    steps = 300
+    run = start_run(pool, tmp_path, steps)
+    pool.scale(2)  # rank 2 leaves
+    pool.scale(3)  # a new rank 2 joins
+    newest = pool.ranks[2].pid
+    os.kill(newest, signal.SIGKILL)
+    run.killed = [newest]
+    ended(pool, run, tmp_path)
+    texts = [f.first_failure for f in pool.faults[run.faults_before:]]
+    assert [t for t in texts if t.startswith("rank 2 died")], texts
+    finished_as_asked(pool, run, steps, 3)
+
+
+UNEVEN = """
+import torch, workbench as wb
+from torch.utils.data import TensorDataset
+torch.manual_seed(0)
+x, y = wb.regression_data(960, d_in=8, d_out=2)
+cfg = wb.MLPConfig(d_in=8, d_hidden=32, d_out=2, n_layers=2)
+model = wb.shard(wb.MLP(cfg).double(), "ddp")
+data = wb.ElasticLoader(TensorDataset(x.double(), y.double()), global_batch=50)
+trainer = wb.Trainer(model, data, lr=0.05, optim="sgd", clip=None, elastic=True)
+losses = [s.loss for s in trainer.run(steps=4).history]
+"""
+
+
+@pytest.mark.parametrize("pool", [3], indirect=True)
+def test_the_loss_reported_at_an_uneven_world_size_is_the_whole_batch_s(pool):
+    """Smaller finding: at world sizes 3 and 5 the reported loss differed from the reference by up to
+    1.6 % (the parameters did not): the ranks' shares of a global batch that does not split evenly were
+    averaged as if equal. 50 samples over 3 ranks are 17, 17 and 16."""
+    from workbench import MLP, MLPConfig, regression_data
+
+    pool.run(UNEVEN)
+    got = pool.pull("losses", rank=0)
+    torch.manual_seed(0)
+    x, y = regression_data(960, d_in=8, d_out=2)
+    x, y = x.double(), y.double()
+    model = MLP(MLPConfig(d_in=8, d_hidden=32, d_out=2, n_layers=2)).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    want = []
+    for k in range(4):
+        idx = permutation(0)[k * 50:(k + 1) * 50]
+        loss = MLP.loss_fn(model(x[idx]), y[idx])
+        want.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+
+
+# -- seeded random schedules of every fault kind ------------------------------------------------------------
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_combined_random_faults_every_step_every_sample_once(pool, tmp_path, seed):
+    steps = 3000
+    pool.run(chaos.setup_code(str(tmp_path)))
+    run = chaos.run_chaos(pool, str(tmp_path), seed, faults=20, steps=steps, gap=(0.5, 2.5))
+    print(f"seed {seed}: {run.seconds:.1f} s, largest {run.largest}, {len(run.done)} faults\n{run.said()}")
+    finished_as_asked(pool, run, steps, 4)
+    assert len(run.done) >= 20, f"seed {seed}: only {len(run.done)} faults before the run neared its end"

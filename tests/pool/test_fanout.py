@@ -1,0 +1,71 @@
+"""Fan-out per host on a real local pool (issue 42): four engines as two hosts of two
+(``WORKBENCH_HOST_SIZE``), each with its hub. A cell leaves the kernel as one request, and comes back as one
+message per host; a rank's output, value and error still name that rank; with ``WORKBENCH_FANOUT=0`` the same
+pool has no hubs and a cell is one request per rank, as before."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import alive
+from workbench import RankError, Session
+from workbench.remote.host_replies import HostCell
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _cell(s: Session, code: str):
+    """Run ``code`` on every rank; the cell run (its ``replies``: what the door started) and its result."""
+    out: list = []
+    cell = s._cell(None, 60, lambda who, kind, payload: out.append((who, kind, payload)))
+    return cell, cell.rooms.run_cell(cell, code), out
+
+
+def test_a_cell_goes_once_and_comes_back_once_per_host(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_FANOUT", "1")
+    monkeypatch.setenv("WORKBENCH_HOST_SIZE", "2")
+    monkeypatch.setenv("WORKBENCH_HUB_DONE_HOLD_S", "30")  # the ends of a host wait for each other: counted
+    s = Session(n=4, timeout=90).start()
+    pids = s.pids()
+    try:
+        assert s.hubs() == {"h0": (0, 1), "h1": (2, 3)}
+        sent = len(s.client.history)
+        cell, result, _ = _cell(s, "x = rank * 10")
+        assert isinstance(cell.replies, HostCell)
+        # the cell is one request for the four ranks; with the one call on every rank that follows a cell, two
+        assert len(cell.replies.ar.msg_ids) == 1 and len(s.client.history) - sent == 2
+        assert s.rooms.door.cell_counts(cell.replies) == {"h0": 1, "h1": 1}  # one message per host
+        assert s.pull("x") == [0, 10, 20, 30]
+
+        cell, result, out = _cell(s, "print('same'); print(f'rank {rank} here')")
+        assert [r.stdout for r in result.ranks] == [f"same\nrank {r} here\n" for r in range(4)]
+        hubs = {who for who, kind, _ in out if kind == "lines"}
+        assert hubs == {"h0", "h1"}  # the lines came merged per host
+
+        with pytest.raises(RankError) as raised:
+            _cell(s, "if rank == 3:\n    raise ValueError(f'bad {rank}')")
+        assert raised.value.rank == 3 and "ValueError" in str(raised.value) and "bad 3" in str(raised.value)
+        err = raised.value.failures[0][1]
+        assert "ValueError" in err.traceback and "bad 3" in err.traceback  # IPython's traceback, of rank 3
+
+        _, result, _ = _cell(s, "rank + 100")
+        assert [r.result["text/plain"] for r in result.ranks] == ["100", "101", "102", "103"]
+    finally:
+        s.stop()
+    assert alive(pids) == []
+
+
+def test_without_fanout_a_cell_is_a_request_per_rank(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_FANOUT", "0")
+    s = Session(n=2, timeout=90).start()
+    pids = s.pids()
+    try:
+        assert s.hubs() is None
+        sent = len(s.client.history)
+        cell, result, _ = _cell(s, "x = rank")
+        # the cell and the call that follows it, each once a rank
+        assert not isinstance(cell.replies, HostCell) and len(s.client.history) - sent == 2 * 2
+        assert s.pull("x") == [0, 1]
+    finally:
+        s.stop()
+    assert alive(pids) == []
