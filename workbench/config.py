@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import MISSING, dataclass, field, fields
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-LAUNCHERS = ("local", "slurm", "mpi", "ssh", "kubernetes")
+LAUNCHERS = ("local", "slurm", "mpi", "ssh", "kubernetes", "allocation")
 BACKENDS = ("auto", "gloo", "nccl")
 # Slurm's accepted time formats: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
 # "days-hours:minutes", "days-hours:minutes:seconds".
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")  # a pool's name: it is typed in `%dist attach NAME`
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")
+# A Slurm job's time limit: the notebook is warned (and running Trainers checkpoint) this long before it ends.
+WALLTIME_WARNING_S = 600.0
+
+
+def default_launcher() -> str:
+    """The launcher of a pool whose launcher is not named: ``allocation`` when this process runs inside a
+    Slurm job (Open OnDemand, batchspawner, ``salloc``, ``sbatch``: the job's nodes are the pool), else
+    ``local``.
+
+    >>> default_launcher() == ("allocation" if os.environ.get("SLURM_JOB_ID") else "local")
+    True
+    """
+    return "allocation" if os.environ.get("SLURM_JOB_ID") else "local"
 
 
 def _about(help: str, *, flag: str | None = None, words: str | None = None, choices: tuple = (),
@@ -50,12 +64,17 @@ class PoolConfig:
     acts long before. ``share_gpus``: let more ranks than GPUs share them (over gloo, with a warning)
     instead of refusing to start.
 
-    Launchers: ``local`` (this machine, the default), ``slurm`` (one sbatch job: ``nodes``,
-    ``gpus_per_node``, ``partition``, ``time``, ``account``), ``mpi`` (``mpiexec``, optionally over
-    ``hosts``), ``ssh`` (engines started over ssh on each of ``hosts``) and ``kubernetes`` (one pod per
-    engine, or per ``gpus_per_pod`` engines, in ``namespace``: ``image``, ``node_selector``, ``pod_template``;
-    or the engines started inside pods that already run, chosen by the label selector ``pods``; see
-    :mod:`workbench.pool.launch.kubernetes`). ``launcher_options`` are
+    Launchers: ``local`` (this machine, the default outside a Slurm job), ``allocation`` (the default inside
+    one: one engine per allocated GPU, else per allocated task, on every node of the Slurm job this kernel
+    runs in, as steps of that job; ``nodes`` and ``gpus_per_node`` use part of it), ``slurm`` (one sbatch
+    job: ``nodes``, ``gpus_per_node``, ``partition``, ``time``, ``account``; inside a Slurm job the same as
+    ``allocation`` unless ``new_job``), ``mpi`` (``mpiexec``, optionally over ``hosts``), ``ssh`` (engines
+    started over ssh on each of ``hosts``) and ``kubernetes`` (one pod per engine, or per ``gpus_per_pod``
+    engines, in ``namespace``: ``image``, ``node_selector``, ``pod_template``; or the engines started inside
+    pods that already run, chosen by the label selector ``pods``; see
+    :mod:`workbench.pool.launch.kubernetes`). ``walltime_warning``: seconds before a Slurm job's time limit
+    at which the notebook is warned once and a running Trainer with a ``Checkpoint`` callback saves at its
+    next step (default 600). ``launcher_options`` are
     passed as they are to ipyparallel's engine launcher (e.g. ``{"ssh_args": [...]}``,
     ``{"options": "--qos=high"}``).
 
@@ -91,7 +110,9 @@ class PoolConfig:
     n: int | None = field(default=None, metadata=_about(
         "number of ranks (default: GPUs, else 2)", flag="-n", words="engines", unit="ranks",
         hint="default: {default_n} here, one per GPU on a cluster", dialog=2))
-    launcher: str = field(default="local", metadata=_about("how engines start", choices=LAUNCHERS, dialog=1))
+    launcher: str = field(default_factory=default_launcher, metadata=_about(
+        "how engines start (default: allocation inside a Slurm job, else local)", choices=LAUNCHERS,
+        dialog=1))
     backend: str = field(default="auto", metadata=_about("collective backend", choices=BACKENDS, dialog=10))
     timeout: float = field(default=60.0, metadata=_about(
         "seconds for engines to register and the group to form", label="Start timeout", unit="s",
@@ -100,15 +121,17 @@ class PoolConfig:
         "IP address to listen on instead of an interface name", group="network"))
     interface: str | None = field(default=None, metadata=_about(
         "network interface the engines reach this kernel on (default: loopback)", group="network",
-        hint="none: loopback, this machine only", offered_for=("slurm", "mpi", "ssh"), dialog=6))
+        hint="none: loopback, this machine only", offered_for=("slurm", "mpi", "ssh", "allocation"),
+        dialog=6))
     nodes: int | None = field(default=None, metadata=_about(
-        "Slurm: nodes to run engines on", hint="1", launchers=("slurm",), dialog=4))
+        "Slurm: nodes to run engines on (inside a job: the first of its nodes)", hint="1",
+        launchers=("slurm", "allocation"), dialog=4))
     gpus_per_node: int | None = field(default=None, metadata=_about(
         "one engine per GPU on every node or host, each pinned to its GPU", words="GPUs per node",
-        launchers=("slurm", "mpi", "ssh"),
+        launchers=("slurm", "mpi", "ssh", "allocation"),
         refused="gpus-per-node is for cluster launchers; a local pool takes -n (default: one engine per "
                 "visible GPU).",
-        hint="none: CPU engines", offered_for=("slurm", "ssh"), dialog=5))
+        hint="none: CPU engines", offered_for=("slurm", "ssh", "allocation"), dialog=5))
     partition: str | None = field(default=None, metadata=_about(
         "Slurm partition", hint="the cluster's default", launchers=("slurm",), dialog=7))
     time: str | None = field(default=None, metadata=_about(
@@ -153,6 +176,12 @@ class PoolConfig:
         "let more ranks than GPUs share them (over gloo) instead of refusing", label="Share GPUs"))
     keep: bool = field(default=False, metadata=_about(
         "hand the pool to the Jupyter server: it outlives this kernel (`%dist attach` takes it back)"))
+    new_job: bool = field(default=False, metadata=_about(
+        "Slurm: submit a job of its own even inside a Slurm job (by default its allocation is the pool)",
+        launchers=("slurm",)))
+    walltime_warning: float | None = field(default=None, metadata=_about(
+        "seconds before the Slurm job's time limit to warn and checkpoint a running Trainer (default 600)",
+        launchers=("slurm", "allocation")))
     launcher_options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False, metadata=_about(
         "JSON object passed as it is to ipyparallel's engine launcher, e.g. '{\"ssh_args\": [\"-q\"]}'"))
 
@@ -186,6 +215,9 @@ class PoolConfig:
         if self.time is not None and not _SLURM_TIME.match(self.time):
             raise ValueError(f"time {self.time!r} is not a Slurm time limit: write minutes ('30'), "
                              "'HH:MM:SS' or 'D-HH:MM'.")
+        if self.walltime_warning is not None and not self.walltime_warning > 0:
+            raise ValueError(f"walltime_warning must be a positive number of seconds (got "
+                             f"{self.walltime_warning}).")
         if self.idle_release is not None and not self.idle_release > 0:
             raise ValueError(f"idle_release must be a positive number of seconds (got {self.idle_release}).")
         if self.engines is not None and self.n is not None and self.n != self.engines:

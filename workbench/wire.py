@@ -78,6 +78,7 @@ class Command(enum.StrEnum):
     STACKS = "stacks"  # every thread's stack, sent up under :data:`STACKS` (``request``, ``native``)
     INTERRUPT = "interrupt"  # SIGINT the main thread
     SIGNAL = "signal"  # this process gets signal ``sig`` (ranks the kernel cannot signal by pid)
+    CHECKPOINT = "checkpoint"  # a running Trainer's Checkpoint callback saves at its next step (``reason``)
 
 
 # How long a rank's py-spy may take for its native frames (it reads libtorch's symbols: seconds on a

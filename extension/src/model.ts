@@ -31,6 +31,8 @@ export interface IPool {
   log: string[];
   launcher: string;
   backend: string | null;
+  /** The Slurm job it runs in and its time left (`inside Slurm job 12 (2 nodes, 8 GPUs) · 23 min left`). */
+  slurm?: string | null;
   created: number;
   owner: { kind: 'server' | 'kernel' | 'process'; label: string };
   /** Handed to this server by a notebook (`%dist start --keep`): it outlives that notebook's kernel. */

@@ -303,6 +303,11 @@ function PoolCard(props: {
           <span className="wb-Card-kept">{kept.text}</span>
         )}
       </div>
+      {pool.slurm && (
+        <div className="wb-Card-meta wb-Card-slurm" title={pool.slurm}>
+          {pool.slurm}
+        </div>
+      )}
       {attachedText(pool) && (
         <div className="wb-Card-meta wb-Card-notebooks" title={attachedText(pool)}>
           {attachedText(pool)}

@@ -84,14 +84,15 @@ def allocation(slurm_two, workdir):
     """A kernel inside a Slurm allocation on the two-node Slurm, as Open OnDemand and batchspawner give
     one: ``allocation(SCENARIO, SPEC, nodes=1|2, how="salloc"|"batch", timeout=S)`` runs
     ``tests/cluster/driver.py SCENARIO`` (a real IPython shell with the magics) inside an allocation of
-    that many whole nodes and returns what it saw (see :func:`infra.run_in_allocation`).
+    that many whole nodes (for ``minutes``, 30 unless given) and returns what it saw (see
+    :func:`infra.run_in_allocation`).
     ``allocation.cluster`` is the :class:`infra.SlurmCluster`. After the test no job is left and nothing
     but the daemons runs on the cluster's hosts."""
 
     def inside(scenario: str, spec: dict | None = None, *, nodes: int, how: str = "salloc",
-               timeout: float = 120, partition: str | None = None) -> dict:
+               timeout: float = 120, partition: str | None = None, minutes: int = 30) -> dict:
         return infra.run_in_allocation(slurm_two, scenario, spec or {}, nodes=nodes, how=how, timeout=timeout,
-                                       workdir=workdir, partition=partition)
+                                       workdir=workdir, partition=partition, minutes=minutes)
 
     inside.cluster = slurm_two
     yield inside

@@ -17,6 +17,7 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 
 import psutil
 
@@ -252,16 +253,33 @@ def second_cut_when_planned(s, port: str, timeout: float = 30) -> float | None:
     return time.time()
 
 
+def restart_and_reduce(ip, s, out: dict, said: str, ranks: str, sums: str, error: str) -> None:
+    """``%dist restart``, then an all_reduce across the pool: what it said, the ranks and the sums go into
+    ``out`` under those keys, or what it raised under ``error``."""
+    try:
+        out[said] = run(ip, "%dist restart")
+        out[ranks] = [[r.rank, r.host, r.pid] for r in s.ranks]
+        s.run("t = torch.ones(1)\ndist.all_reduce(t)")
+        out[sums] = [t.item() for t in s.pull("t")]
+    except Exception as exc:
+        out[error] = f"{type(exc).__name__}: {exc}"
+
+
 def scenario_ssh_cut(ip, spec: dict) -> dict:
     """Ranks on several hosts over ssh (``plain_cell``: an all_reduce cell first), an elastic run, and one
     host's link cut mid-run (``kill_host``: its engines killed instead; ``second``: another host's link cut
     once the regroup is planned); then ``%dist restart`` (unless ``restart`` is false) and the
-    links restored: the cut-off engines fence themselves."""
+    links restored: the cut-off engines fence themselves (``restart_after_up``: then ``%dist restart``
+    again). ``allocation``: the ranks are steps of the Slurm job the driver runs in, not ssh engines."""
     from workbench import PoolConfig, Session
 
-    opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"], "remote_python": spec["python"]}
-    config = PoolConfig(launcher="ssh", hosts=spec["hosts"], n=spec["n"], interface=spec["interface"],
-                        timeout=spec.get("timeout", 60), launcher_options=opts)
+    if spec.get("allocation"):  # the Slurm job this driver runs in: every slot of its nodes, as its steps
+        config = PoolConfig(launcher="allocation", interface=spec["interface"],
+                            timeout=spec.get("timeout", 60))
+    else:
+        opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"], "remote_python": spec["python"]}
+        config = PoolConfig(launcher="ssh", hosts=spec["hosts"], n=spec["n"], interface=spec["interface"],
+                            timeout=spec.get("timeout", 60), launcher_options=opts)
     t0 = time.perf_counter()
     s = Session(config).start(progress=lambda m: print(m, flush=True))
     out: dict = {"ranks": [[r.rank, r.host, r.pid] for r in s.ranks], "start_s": time.perf_counter() - t0}
@@ -305,13 +323,8 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
         out["after_error"] = f"{type(exc).__name__}: {exc}"
     # the cut host does not answer: the lost ranks come back on the other host, set up by the replay
     if spec.get("restart", True):
-        try:
-            out["restart_output"] = run(ip, "%dist restart")
-            out["ranks_restarted"] = [[r.rank, r.host, r.pid] for r in s.ranks]
-            s.run("t = torch.ones(1)\ndist.all_reduce(t)")
-            out["all_reduce_restarted"] = [t.item() for t in s.pull("t")]
-        except Exception as exc:
-            out["restart_error"] = f"{type(exc).__name__}: {exc}"
+        restart_and_reduce(ip, s, out, "restart_output", "ranks_restarted", "all_reduce_restarted",
+                           "restart_error")
     for port, _ in cut.values():
         link(port, "up")
     t_up = time.monotonic()
@@ -326,6 +339,9 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
     out["fence_ssh"] = dict(fencer.fenced) if fencer is not None else {}
     out["left_on_cut_host"] = [p for pids in left.values() for p in pids]
     out["status_after"] = s.status()
+    if spec.get("restart_after_up"):  # the link back: the lost ranks come back where they were
+        restart_and_reduce(ip, s, out, "restart_up_output", "ranks_restarted_up", "all_reduce_restarted_up",
+                           "restart_up_error")
     printed = io.StringIO()
     with contextlib.redirect_stderr(printed), contextlib.redirect_stdout(printed):
         s.stop()
@@ -524,24 +540,12 @@ def scenario_allocation_env(ip, spec: dict) -> dict:
 def scenario_allocation_slurm_start(ip, spec: dict) -> dict:
     """Issue 37's first finding: ``%dist start -n 2 --launcher slurm`` from a kernel inside an allocation
     that holds every CPU of a partition that is not oversubscribed. Every job squeue shows while the start
-    runs is recorded; the start's error, if it fails, is kept (today: a second job pends behind ours)."""
-    import threading
-
+    runs is recorded; the start's error, if it fails, is kept (before part 1: a second job pended behind
+    ours)."""
     from workbench import session
 
     own = os.environ["SLURM_JOB_ID"]
-    seen: dict[str, set] = {}
-    done = threading.Event()
-
-    def watch():
-        while not done.is_set():
-            for line in squeue("-o", "%i %T %r").splitlines():
-                job, state, reason = line.split(" ", 2)
-                seen.setdefault(job, set()).add(f"{state} ({reason})")
-            done.wait(0.1)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    _, jobs_seen = jobs_watch()
     out: dict = {"own_job": own}
     t0 = time.perf_counter()
     try:
@@ -557,10 +561,150 @@ def scenario_allocation_slurm_start(ip, spec: dict) -> dict:
         pids = s.pids()
         run(ip, "%dist stop")
         out["left"] = [p for p in pids if psutil.pid_exists(p)]
-    done.set()
-    watcher.join(5)
-    out["jobs_seen"] = {job: sorted(states) for job, states in seen.items()}
+    out["jobs_seen"] = jobs_seen()
     out["squeue_after"] = squeue("-o", "%i %T")
+    return out
+
+
+def jobs_watch() -> tuple[dict[str, set], Callable[[], dict]]:
+    """Every job squeue shows from now on, with its states (the allocation's own, and any other): returns
+    what was seen so far, and the function that stops watching and returns it as lists."""
+    import threading
+
+    seen: dict[str, set] = {}
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            for line in squeue("-o", "%i %T %r").splitlines():
+                job, state, reason = line.split(" ", 2)
+                seen.setdefault(job, set()).add(f"{state} ({reason})")
+            done.wait(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+
+    def stop() -> dict:
+        done.set()
+        watcher.join(5)
+        return {job: sorted(states) for job, states in seen.items()}
+
+    return seen, stop
+
+
+def own_steps(job: str) -> list[str]:
+    """The numbered steps of ``job`` squeue shows (not its batch or extern step): ``["12.3 n2", ...]``."""
+    lines = squeue("-s", "-j", job, "-o", "%i %N").splitlines()
+    return [line for line in lines if line.split()[0].split(".")[-1].isdigit()]
+
+
+def scenario_allocation_pool(ip, spec: dict) -> dict:
+    """Issue 37 part 1, inside an allocation: ``-n`` above the job refused with the numbers; ``-n`` below it
+    uses part of it and says so; ``%dist start`` with no launcher takes every slot of every node as steps of
+    the job (no second job at any point); status, ``workbench pools``; a killed rank back as a new step on its
+    node; scaled down and up inside the job; stopped with no step left."""
+    from workbench import session
+
+    own = os.environ["SLURM_JOB_ID"]
+    _, jobs_seen = jobs_watch()
+    out: dict = {"own_job": own}
+    out["too_many"] = cell_error(ip, f"%dist start -n {spec['too_many']}")
+    out["part"] = run(ip, f"%dist start -n {spec['part']}")
+    s = session.current()
+    out["part_ranks"] = [[r.rank, r.host] for r in s.ranks]
+    run(ip, "%dist stop")
+    t0 = time.perf_counter()
+    out["started"] = run(ip, "%dist start")
+    out["start_s"] = time.perf_counter() - t0
+    s = session.current()
+    out["steps_running"] = own_steps(own)
+    out["ranks"] = [r.__dict__ for r in s.ranks]
+    out["status"] = run(ip, "%dist status")
+    out["pools_cli"] = subprocess.run([sys.executable, "-m", "workbench.cli", "pools"], capture_output=True,
+                                      text=True, timeout=60).stdout
+    run(ip, ALL_REDUCE)
+    out["where"] = s.pull("where")
+    run(ip, STEP)
+    out["steps"] = s.pull("step")
+    victim = s.ranks[-1]
+    os.kill(victim.pid, 9)
+    out["seen_dead"] = until_dead(s, victim.rank)
+    out["restart"] = run(ip, "%dist restart")
+    out["ranks_restarted"] = [r.__dict__ for r in s.ranks]
+    run(ip, STEP)
+    out["steps_restarted"] = s.pull("step")
+    n = len(s.ranks)
+    out["scale_down"] = run(ip, f"%dist scale {n - 1}")
+    out["scale_up"] = run(ip, f"%dist scale {n}")
+    out["too_many_scale"] = cell_error(ip, f"%dist scale {n + 1}")
+    out["ranks_scaled"] = [[r.rank, r.host, r.slurm_job] for r in s.ranks]
+    run(ip, ALL_REDUCE)
+    out["sums_scaled"] = [w["sum"] for w in s.pull("where")]
+    pids = s.pids()
+    run(ip, "%dist stop")
+    until(lambda: not own_steps(own), 30, every=0.2)
+    out["steps_after_stop"] = own_steps(own)
+    out["left"] = [p for p in pids if psutil.pid_exists(p)]
+    out["jobs_seen"] = jobs_seen()
+    out["squeue_after"] = squeue("-o", "%i %T")
+    return out
+
+
+WALLTIME_TRAIN = """%%distributed
+import time, torch
+import workbench as wb
+from torch.utils.data import TensorDataset
+torch.manual_seed(0)
+model = wb.shard(wb.MLP(wb.MLPConfig(n_layers=2)), "ddp")
+data = wb.make_loader(TensorDataset(*wb.regression_data(4096)), 8, model=model)
+saver = wb.Checkpoint(CKPT, every=100_000)  # saves only where the notebook asks it to
+trainer = wb.Trainer(model, data, optim="sgd", lr=0.05, clip=None, callbacks=[saver])
+t0 = time.time()
+while not saver.asked and time.time() - t0 < LIMIT:  # every rank sees the same asked steps: they agree
+    trainer.run(steps=1)
+    time.sleep(0.1)
+asked = [list(saver.asked), trainer.step]
+"""
+
+
+def scenario_walltime(ip, spec: dict) -> dict:
+    """Issue 37 part 2, inside an allocation with a short time limit: the pool's state, ``%dist status`` and
+    ``workbench pools`` give the time left; ``walltime_warning`` s before the end the notebook is warned once
+    and a running Trainer with a ``wb.Checkpoint`` callback saves at its next step; when Slurm ends the job
+    (its steps with it) the pool stops by itself and says so, nothing of it left (the kernel, started by
+    ``salloc`` without ``--kill-command``, outlives its job as a notebook on a login node does). The same
+    outside an allocation for a pool's own job (``spec["start"]``: ``--launcher slurm --time 1 ...``)."""
+    from workbench import session
+
+    told: list[list] = []
+    run(ip, f"%dist start --walltime-warning {spec['warning']} {spec.get('start', '')}")
+    s = session.current()
+    t_ready = time.time()
+    own = os.environ.get("SLURM_JOB_ID") or s.pool.jobs()[0]  # the allocation, else the pool's own job
+    out: dict = {"own_job": own}
+
+    def notify(text: str) -> None:
+        told.append([time.time(), text])
+        print(text, flush=True)
+
+    s.notify = notify
+    out["ends"] = s.pool.state.ends
+    out["ready"] = t_ready
+    out["status"] = run(ip, "%dist status")
+    out["pools_cli"] = subprocess.run([sys.executable, "-m", "workbench.cli", "pools"], capture_output=True,
+                                      text=True, timeout=60).stdout
+    s.push({"CKPT": spec["ckpt"], "LIMIT": spec["limit"]})
+    out["train"] = run(ip, WALLTIME_TRAIN)
+    out["asked"] = s.pull("asked")
+    out["told_at_save"] = list(told)
+    pids = s.pids()
+    out["stopped_by_itself"] = until(lambda: not s.running and len(told) >= 2, spec["limit"] + 120,
+                                     every=0.2)
+    out["told"] = told
+    out["stopped_at"] = time.time()
+    out["steps_after"] = own_steps(own) if squeue("-j", own) else []
+    out["left"] = [p for p in pids if psutil.pid_exists(p)]
+    out["job_state"] = squeue("-j", own, "-o", "%T") or "gone"
     return out
 
 
@@ -568,7 +712,9 @@ SCENARIOS = {"slurm": scenario_slurm, "slurm_restart": scenario_slurm_restart,
              "slurm_replace": scenario_slurm_replace, "mpi": scenario_mpi, "ssh": scenario_ssh,
              "ssh_cut": scenario_ssh_cut, "ssh_plain": scenario_ssh_plain,
              "allocation_env": scenario_allocation_env,
-             "allocation_slurm_start": scenario_allocation_slurm_start}
+             "allocation_slurm_start": scenario_allocation_slurm_start,
+             "allocation_pool": scenario_allocation_pool,
+             "walltime": scenario_walltime}
 
 
 def main() -> None:

@@ -15,11 +15,18 @@ import time
 import traceback
 from pathlib import Path
 
+from tests.conftest import until
 from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, open_notebook
 from tests.ui.test_dashboard_browser import _run, _start_training
 
 WHERE = ("%%distributed\nimport os, socket\n"
-         "print('WHERE', rank, socket.gethostname(), os.environ.get('SLURM_JOB_ID'))")
+         "print('WHERE', rank, socket.gethostname(), os.environ.get('SLURM_JOB_ID'),\n"
+         "      os.environ.get('SLURM_STEP_ID'))")
+
+
+def _numbered(steps: str) -> list[str]:
+    """The numbered steps among squeue's ``JOB.STEP`` ids (not a job's batch or extern step)."""
+    return [s for s in steps.split() if s.split(".")[-1].isdigit()]
 
 
 def squeue(*args: str) -> str:
@@ -45,7 +52,7 @@ def session(page, spec: dict, out: dict) -> None:
         _run(page, cells, i)
     out["start_cell"] = cells.nth(1).locator(".jp-OutputArea").inner_text()
     where = _run(page, cells, 3).locator(".jp-OutputArea").inner_text()
-    out["where"] = sorted(re.findall(r"WHERE (\d) (\S+) (\S+)", where))
+    out["where"] = sorted(re.findall(r"WHERE (\d) (\S+) (\S+) (\S+)", where))
 
     cell, dash = _start_training(page, cells, 4, points=20)  # the live dashboard in the cell
     expect(dash.locator(".workbench-dashboard-header")).to_contain_text("training")
@@ -73,6 +80,10 @@ def session(page, spec: dict, out: dict) -> None:
     stop = _run(page, cells, 5)  # %dist stop
     out["stop_cell"] = stop.locator(".jp-OutputArea").inner_text()
     expect(page.locator("#workbench-pools .wb-Card")).to_have_count(0, timeout=60_000)
+    # the pool's steps end as Slurm completes them (slurmstepd reaps the tasks): awaited, bounded
+    t_stop = time.monotonic()
+    until(lambda: not _numbered(squeue("-s", "-o", "%i")), 30, every=0.2)
+    out["steps_gone_s"] = time.monotonic() - t_stop
     out["steps_after_stop"] = squeue("-s", "-o", "%i")
 
     # the hub's own page: Stop My Server

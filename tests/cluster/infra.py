@@ -532,9 +532,10 @@ ALLOCATION_SHAPES = ("salloc", "batch")
 
 def run_in_allocation(cluster: SlurmCluster, scenario: str, spec: dict, *, nodes: int, timeout: float,
                       workdir: Path, how: str = "salloc", partition: str | None = None,
-                      env: dict | None = None) -> dict:
+                      env: dict | None = None, minutes: int = 30) -> dict:
     """Run ``tests/cluster/driver.py SCENARIO`` as a kernel inside a Slurm allocation of ``nodes`` whole
-    nodes (``--exclusive``: every CPU of them is the job's) for 30 minutes, and return the JSON it wrote.
+    nodes (``--exclusive``: every CPU of them is the job's) for ``minutes`` (30), and return the JSON it
+    wrote.
 
     ``how``: ``"salloc"``, the notebook's shell started by ``salloc`` on the login node (head), with
     ``SLURM_JOB_ID``, ``SLURM_JOB_NODELIST``... set; ``"batch"``, the shape of Open OnDemand's and
@@ -552,7 +553,7 @@ def run_in_allocation(cluster: SlurmCluster, scenario: str, spec: dict, *, nodes
     driver = REPO / "tests" / "cluster" / "driver.py"
     cmd = [sys.executable, str(driver), scenario, json.dumps(spec), str(out)]
     asked = [f"--nodes={nodes}", "--exclusive", f"--partition={partition}", f"--job-name=wb-{scenario}",
-             "--time=30"]
+             f"--time={minutes}"]
     if how == "salloc":
         argv = ["salloc", *asked, "--", *cmd]
     else:  # the kernel as the batch script; sbatch --wait returns when the job has ended

@@ -2,8 +2,8 @@
 Slurm, configured by docs/jupyterhub_config.py, its proxy from npm.
 
 Chromium logs in through the hub's login page; the hub spawns the single-user server as a Slurm job (its
-batch script on n1, holding n1 and n2); in a notebook there a pool starts (local engines on the job's node
-for now: part 1 of issue 37 makes them steps of the job), trains with the live dashboard in the cell, the
+batch script on n1, holding n1 and n2); in a notebook there a pool starts (`-n 2`: part of the job, its
+engines a step of the job on its first node, issue 37 part 1), trains with the live dashboard in the cell, the
 sidebar's card shows it, its Stacks and its docked dashboard open; `%dist stop` ends it; no step of the job
 is left. The hub's "Stop My Server" ends the job, and nothing is left on any node.
 Screenshots under build/ui/: hub-live-dashboard.png, hub-card-and-docked-dashboard.png.
@@ -72,18 +72,20 @@ def test_hub_spawns_the_server_as_a_slurm_job_and_the_workbench_works_there(hub_
         print(f"hub: login to JupyterLab {seen['login_to_lab_s']:.1f} s (the server's Slurm job started and "
               f"answered); Stop My Server {seen['hub_stop_s']:.1f} s")
 
-        # the server is a Slurm job on n1 holding both nodes; the pool's engines run in that job's node
+        # the server is a Slurm job on n1 holding both nodes; the pool's engines are a step of that job on n1
         [job_line] = seen["job_at_login"].splitlines()
         job, state, nodes, nodelist = job_line.split()
         assert (state, nodes, nodelist) == ("RUNNING", "2", "n[1-2]"), job_line
-        assert seen["where"] == [["0", "n1", job], ["1", "n1", job]], seen["where"]
+        assert [w[:3] for w in seen["where"]] == [["0", "n1", job], ["1", "n1", job]], seen["where"]
+        assert all(w[3].isdigit() for w in seen["where"]), seen["where"]  # a numbered step, not the batch
         assert "2 ranks" in seen["start_cell"], seen["start_cell"]
         assert "running" in seen["card"].lower(), seen["card"]
         assert "stacks of 2 ranks" in seen["stacks"]
         assert "stopped pool" in seen["stop_cell"] and "no process of it is left" in seen["stop_cell"]
-        # no step of the job (a local pool starts none; part 1's steps must be gone after %dist stop too)
+        # no step of the pool left after %dist stop
         assert [s for s in seen["steps_after_stop"].split() if s.split(".")[-1].isdigit()] == [], \
             seen["steps_after_stop"]
+        print(f"hub: the pool's step left squeue {seen['steps_gone_s']:.1f} s after %dist stop")
         assert seen["page_errors"] == [], seen["page_errors"]
 
         # Stop My Server: the hub cancelled the job; nothing of the server or its kernel is left

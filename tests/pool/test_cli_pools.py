@@ -97,9 +97,11 @@ def _list_refuse_stop(proc: subprocess.Popen, pool: dict, env: dict, here: Path)
     listed = cli("pools", env=env, cwd=here)
     assert listed.returncode == 0, listed.stderr
     header, row = listed.stdout.splitlines()[:2]
-    assert header.split() == ["name", "id", "launcher", "ranks", "where", "state", "owner", "notebooks",
-                              "age", "log"]
-    assert row.split()[:6] == [pool["name"], pool["id"], "local", "2/2", socket.gethostname(), "running"], row
+    assert header.split() == ["name", "id", "launcher", "ranks", "where", "state", "slurm", "owner",
+                              "notebooks", "age", "log"]
+    # "slurm": the Slurm job it runs in and its time left (issue 37), "-" for a local pool
+    assert row.split()[:7] == [pool["name"], pool["id"], "local", "2/2", socket.gethostname(), "running",
+                               "-"], row
     assert f"train.ipynb (pid {proc.pid})" in row and f"pool-{pool['id']}.log" in row
     as_json = json.loads(cli("pools", "--json", env=env, cwd=here).stdout)
     assert [p["id"] for p in as_json] == [pool["id"]]

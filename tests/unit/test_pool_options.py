@@ -42,6 +42,8 @@ SAMPLES = {
     "collective_timeout": (20.0, {}),
     "share_gpus": (True, {}),
     "keep": (True, {}),
+    "new_job": (True, SLURM),
+    "walltime_warning": (300.0, SLURM),
     "launcher_options": ({"delay": 0}, {"launcher": "mpi"}),
 }
 

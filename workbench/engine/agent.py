@@ -9,6 +9,9 @@ session of the pool:
 
 - ``stop``: ask a running :class:`~workbench.train.Trainer` to stop at the next step boundary (every
   rank agrees on the step through the all-reduce the Trainer does anyway);
+- ``checkpoint``: ask a running Trainer's ``Checkpoint`` callback to save at the next step boundary (the
+  pool's Slurm job ends soon; every rank agrees on the step the same way, and a rank that hears the
+  command after the others saved does not save again: :func:`checkpoint_requested`);
 - ``abort``: abort this rank's process group from this thread, so the main thread, blocked in a
   collective with a rank that failed or stalled, is released and keeps its Python state;
 - ``stacks``: every thread's stack, taken here (:mod:`workbench.engine.stacks`), sent up under the
@@ -66,6 +69,9 @@ trainer_status: dict = {}
 # re-plans without members that do not answer.
 regroup_status: dict = {}
 _stop = threading.Event()
+# checkpoint commands heard, and checkpoint steps taken (every rank takes them at the same steps): a rank has
+# one to take while it heard more than were taken
+_checkpoints = {"asked": 0, "taken": 0, "reason": ""}
 _agent: Agent | None = None
 _plans: collections.deque = collections.deque()  # regroup plans (None: the kernel gave up on regrouping)
 _plan_posted = threading.Condition()
@@ -79,6 +85,25 @@ def stop_requested() -> bool:
 def clear_stop() -> None:
     """Forget a stop request (a new run begins)."""
     _stop.clear()
+
+
+def checkpoint_requested() -> bool:
+    """Whether this rank heard a checkpoint command the ranks have not yet saved for.
+
+    >>> checkpoint_requested(); _checkpoints["asked"] += 1; checkpoint_requested()
+    False
+    True
+    >>> _ = checkpoint_taken(); checkpoint_requested()
+    False
+    """
+    return _checkpoints["asked"] > _checkpoints["taken"]
+
+
+def checkpoint_taken() -> str:
+    """Every rank saved at this step because some rank had heard a checkpoint command: one command served
+    (a rank that hears it only now does not save again). Returns why it was asked for."""
+    _checkpoints["taken"] += 1
+    return _checkpoints["reason"]
 
 
 def plan_pending() -> bool:
@@ -228,6 +253,9 @@ class Agent:
         done = str(what)
         if what is wire.Command.STOP:
             _stop.set()
+        elif what is wire.Command.CHECKPOINT:
+            _checkpoints["asked"] += 1
+            _checkpoints["reason"] = str(cmd.get("reason", ""))
         elif what is wire.Command.ABORT:  # peers: where the group's ranks listen, [ip, port] each
             _post(None)  # an elastic Trainer waiting for a regroup plan: none will come
             cut = guard.abort(cmd.get("peers", []))

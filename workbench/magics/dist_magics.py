@@ -19,6 +19,7 @@ from workbench.errors import CellInterrupted, CellTimeout, NoPoolError, PoolGone
 from workbench.magics import rank_tabs, spread
 from workbench.magics.args import parse_cell, parse_dist, pool_config_options
 from workbench.magics.output import LineMerger, hold_for, print_stream
+from workbench.pool.launch import allocation
 from workbench.session import Session, format_ranks, ranks_text
 from workbench.session.stack_report import started_lines
 from workbench.tables import format_table
@@ -90,6 +91,9 @@ class DistributedMagics(Magics):
         if s.config.keep:  # once, in short lines: a long one wrapped, leaving a lone "`)" on a line
             print("kept by the Jupyter server: it outlives this kernel.\n"
                   f"after a kernel restart: `%dist attach {s.name}`")
+        for line in [_where(s), *s.pool.notes]:  # inside a Slurm job: which, its time left; part of it
+            if line:
+                print(line)
         print(format_table(s.status(), STATUS_COLUMNS))
 
     def _dist_attach(self, args):
@@ -126,6 +130,8 @@ class DistributedMagics(Magics):
         rows = s.status()
         print(f"pool {s.name} ({s.pool_id}): {ranks_text(s.world_size)}, backend {s.backend}, launcher "
               f"{s.config.launcher}; {_notebooks(s)}")
+        if _where(s):
+            print(_where(s))
         print(format_table(rows, STATUS_COLUMNS))
         for line in started_lines({r["rank"]: r.get("started") for r in rows if r["rank"] != "-"}):
             print(line)
@@ -410,6 +416,13 @@ def _show_results(result) -> None:
         else:
             print(f"[rank {rank}]")
             publish_display_data(bundle)
+
+
+def _where(s: Session) -> str:
+    """The Slurm job the pool runs in and its time left ('' for none): ``inside Slurm job 12 (2 nodes, 8
+    GPUs) · 1 h 23 min left``."""
+    state = s.pool.state if s.pool is not None else None
+    return allocation.words(state.allocation, state.ends) if state is not None else ""
 
 
 def _sidebar_note() -> None:

@@ -26,7 +26,7 @@ import psutil
 from ipyparallel.cluster.launcher import BatchSystemLauncher, LocalProcessLauncher, SSHLauncher
 
 from workbench import wire
-from workbench.config import PoolConfig
+from workbench.config import WALLTIME_WARNING_S, PoolConfig
 from workbench.errors import PoolStartError
 from workbench.pool.launch import Launcher, launcher_for, spawn, start_errors
 from workbench.pool.machine import exposure
@@ -36,6 +36,7 @@ from workbench.pool.records import sharing
 from workbench.pool.records import state as pool_state
 from workbench.pool.records.state import PoolState
 from workbench.pool.watch.relay import Relay
+from workbench.pool.watch.walltime import Walltime
 
 # The controller counts newly registered engines only at its next heartbeat round:
 # the default 3 s period makes a local start wait seconds for nothing. This is the pace while engines
@@ -126,6 +127,9 @@ class EnginePool:
         self.channel: dict | None = None  # how to reach it: {"up": url, "out": url, "key": hex}
         self.zygote: Zygote | None = None  # local pools: forks the controller and the engines
         self._id_given = pool_id is not None
+        self.notes: list[str] = []  # what its start said besides its progress (it uses part of a Slurm job)
+        self.ends: float | None = None  # when its Slurm job's time limit ends it (None: none known)
+        self._walltime: Walltime | None = None
 
     @property
     def forks(self) -> bool:
@@ -203,7 +207,8 @@ class EnginePool:
             exposure.check(self._controller_pids(), [self.relay.up, self.relay.out], self.address,
                            self.config.interface)
             progress(f"starting {self.n} engines{self.launcher.via}")
-            self.start_engine_set(self.n)
+            self.notes = self.launcher.notes(self.n)
+            self.launcher.start_engines(self, self.n)
             # ipyparallel's serializer imports numpy at the first call sent to the engines: now, while they
             # register (not before: the import would hold up this thread's own)
             threading.Thread(target=importlib.import_module, args=("numpy",), name="workbench-numpy",
@@ -211,6 +216,8 @@ class EnginePool:
             with quiet.curve_client():  # CurveZMQ: "signing is disabled" is wrong here
                 self.client = self.cluster.connect_client_sync()
             self._wait_for_engines(progress)
+            _, self.ends = self.launcher.ends(self)  # its Slurm job runs now: when it ends
+            self._record()
         except BaseException as exc:
             with interrupts_held():  # a second Ctrl-C must not cut the clean-up short
                 try:
@@ -356,6 +363,32 @@ class EnginePool:
         wait for them; without, one that is stopped ends when it runs again)."""
         if engine_ids:
             self.client.shutdown(targets=list(engine_ids), block=block)
+
+    def watch_walltime(self, warn: Callable[[str], None], end: Callable[[str], None]) -> None:
+        """Watch the end of the pool's Slurm job, if it runs in one (:mod:`workbench.pool.watch.walltime`):
+        ``warn(text)`` once, ``walltime_warning`` seconds before it (default 600), ``end(text)`` once the job
+        is over. The pool's state records the job and its end (``workbench pools``, the card, ``%dist
+        status``). Stopping the pool stops the watch."""
+        record = self.launcher.allocation_record(self)
+        if record is None or self._walltime is not None:
+            return
+        from workbench.pool.launch import allocation
+
+        def ends() -> tuple[bool, float | None]:
+            holding, when = self.launcher.ends(self)
+            if when != self.ends and holding:  # a time limit changed (scontrol update): the state says so
+                self.ends = when
+                with contextlib.suppress(Exception):
+                    self._record()
+            return holding, when
+
+        job = allocation.words(record).removeprefix("inside ").removeprefix("in ")
+        self._walltime = Walltime(ends, job=job, before=self.config.walltime_warning or WALLTIME_WARNING_S,
+                                  warn=warn, ended=end, steps_ended=self._local_ended)
+
+    def _local_ended(self) -> int:
+        """How many of the pool's processes here that start engines (``srun`` steps) have ended."""
+        return sum(1 for el in self.local_launchers() if el.state == "after")
 
     def fence(self, pids: list[int]) -> None:
         """End these engines (an elastic run declared them lost) where they run, if the launcher can (an ssh
@@ -552,6 +585,8 @@ class EnginePool:
             log=str(self.log_file) if self.log_file else None,
             places=self.launcher.places(self),  # a Kubernetes pool: each pod's node
             created=time.time(),
+            allocation=self.launcher.allocation_record(self),  # the Slurm job its engines run in
+            ends=self.ends,
             **extra,
         )
         self.state_file = pool_state.write_state(self.pool_id, self.state)
@@ -615,6 +650,9 @@ class EnginePool:
         # show as failed ranks on the card of every server that lists it (issue 40, point 9)
         pool_state.state_path(self.pool_id).unlink(missing_ok=True)
         self._forget_controller()
+        if self._walltime is not None:
+            self._walltime.close()
+            self._walltime = None
         if self.cluster is not None:
             spawn.cancel(self.cluster.cluster_id)
             spawn.zygotes.pop(self.cluster.cluster_id, None)

@@ -17,10 +17,12 @@ from __future__ import annotations
 import socket
 import time
 
+from workbench.pool.launch import allocation
 from workbench.pool.records import sharing
 from workbench.pool.records import state as pool_state
 
-COLUMNS = ["name", "id", "launcher", "ranks", "where", "state", "owner", "notebooks", "age", "log"]
+COLUMNS = ["name", "id", "launcher", "ranks", "where", "state", "slurm", "owner", "notebooks", "age",
+           "log"]
 
 
 def age(seconds: float) -> str:
@@ -75,8 +77,14 @@ def where(state: pool_state.PoolState) -> str:
 
 
 def describe(state: pool_state.PoolState, now: float | None = None) -> dict:
-    """One pool as a row: name, id, launcher, ranks, where they run, state, owner, attached notebooks, age,
-    log."""
+    """One pool as a row: name, id, launcher, ranks, where they run, state, the Slurm job it runs in with its
+    time left, owner, attached notebooks, age, log.
+
+    >>> job = {"job": "12", "nodes": ["n1", "n2"], "gpus": 8, "inside": True}
+    >>> describe(pool_state.PoolState(id="1a2b3c4d", n=2, owner={"pid": 1}, ends=3600.0, allocation=job),
+    ...          now=0.0)["slurm"]
+    'inside Slurm job 12 (2 nodes, 8 GPUs) · 1 h 0 min left'
+    """
     clients = sharing.clients(state.id)
     owner_pid = state.owner.get("pid")
     starter = next((c for c in clients if c["pid"] == owner_pid), None)
@@ -92,6 +100,7 @@ def describe(state: pool_state.PoolState, now: float | None = None) -> dict:
         "ranks": f"{len(ranks)}/{state.n or len(ranks)}",
         "where": where(state),
         "state": _state_word(state),
+        "slurm": allocation.words(state.allocation, state.ends, now) or "-",
         "owner": owner,
         "notebooks": ", ".join(attached) or "-",
         "age": age((now if now is not None else time.time()) - state.created),

@@ -7,6 +7,7 @@ when engines restart. Pure functions only: no ipyparallel, no torch.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 
@@ -44,9 +45,11 @@ class RankInfo:
         return f"rank {self.rank} ({self.host}, {self.device})"
 
 
-def build_rank_map(engines: list[EngineInfo], *, share_gpus: bool = False) -> list[RankInfo]:
+def build_rank_map(engines: list[EngineInfo], *, share_gpus: bool = False, order: Sequence[str] = ()
+                   ) -> list[RankInfo]:
     """Give ranks to engines: contiguous per host (and per hub within a host: a local pool's groups of forks
-    that stand for hosts), hosts in order of their first engine.
+    that stand for hosts), hosts in ``order`` (Slurm node names or hosts: the nodes of a Slurm job in the
+    job's order), the others in order of their first engine.
 
     Each engine on a host gets the next local rank and a GPU of its own: its only one when it sees one
     (Slurm's per-task binding), else the GPU of its local rank. More ranks than GPUs on a host is refused
@@ -55,12 +58,19 @@ def build_rank_map(engines: list[EngineInfo], *, share_gpus: bool = False) -> li
     >>> m = build_rank_map([EngineInfo(5, "b", 10, 2), EngineInfo(3, "a", 11), EngineInfo(4, "b", 12, 2)])
     >>> [(r.rank, r.host, r.local_rank, r.device, r.engine_id) for r in m]
     [(0, 'a', 0, 'cpu', 3), (1, 'b', 0, 'cuda:0', 4), (2, 'b', 1, 'cuda:1', 5)]
+    >>> [r.host for r in build_rank_map([EngineInfo(1, "b", 10), EngineInfo(2, "a", 11)], order=["a", "b"])]
+    ['a', 'b']
     """
-    return extend_rank_map([], engines, share_gpus=share_gpus)
+    place = {name: i for i, name in enumerate(order)}
+    ordered = sorted(engines, key=lambda e: (place.get(e.slurm_node or e.host, len(place)), e.engine_id))
+    first = {}
+    for i, e in enumerate(ordered):
+        first.setdefault(e.host, i)
+    return extend_rank_map([], engines, share_gpus=share_gpus, first=first)
 
 
 def extend_rank_map(ranks: list[RankInfo], engines: list[EngineInfo], *,
-                    share_gpus: bool = False) -> list[RankInfo]:
+                    share_gpus: bool = False, first: dict[str, int] | None = None) -> list[RankInfo]:
     """``ranks`` as they are, then ``engines`` appended as new ranks (``%dist scale`` growing the pool).
 
     The existing ranks keep rank, engine and device (their Python state lives there); a new engine
@@ -72,9 +82,9 @@ def extend_rank_map(ranks: list[RankInfo], engines: list[EngineInfo], *,
     """
     out = list(ranks)
     nodes = {r.host: r.node_rank for r in ranks}
-    for e in sorted(engines, key=lambda e: e.engine_id):
+    for e in sorted(engines, key=lambda e: ((first or {}).get(e.host, 0), e.engine_id)):
         nodes.setdefault(e.host, len(nodes))
-    for host in nodes:  # hosts in order of their first engine, new engines in engine-id order
+    for host in nodes:  # hosts in order (``first``: their place), new engines in engine-id order
         members = sorted((e for e in engines if e.host == host), key=lambda e: (e.hub, e.engine_id))
         for e in members:
             here = [r for r in out if r.host == host]

@@ -178,6 +178,7 @@ class Session:
         if self.config.keep and not self._kept_here:
             return self._start_kept(progress)
         t0 = time.perf_counter()
+        self.config = launcher_for(self.config).configured(self.config)  # in a Slurm job: its nodes' route
         launcher = launcher_for(self.config)
         n = launcher.default_engines(launcher.visible_gpus())
         launcher.check_gpu_fit(n, backend=self.config.backend)  # refused before anything starts
@@ -193,7 +194,8 @@ class Session:
             progress("forming the process group")
             rooms = self._build(pool, "started")
             engines = rooms.group.describe(client.ids)
-            rooms.group.seat(build_rank_map(engines, share_gpus=self.config.share_gpus))
+            rooms.group.seat(build_rank_map(engines, share_gpus=self.config.share_gpus,
+                                            order=launcher.node_order()))  # a Slurm job: in its node order
             rooms.form()
         except BaseException as exc:  # one short error naming the log, and nothing left running
             error = pool.explain(exc)
@@ -202,6 +204,7 @@ class Session:
             raise error from None
         self.start_seconds = time.perf_counter() - t0
         progress(f"ready: {ranks_text(n)}, backend {self.backend}, {self.start_seconds:.1f} s")
+        pool.watch_walltime(warn=self._walltime_warning, end=self._walltime_end)  # in a Slurm job: its end
         if self.config.idle_release:
             self._idle = IdleRelease(self.config.idle_release, warn=self._idle_warning,
                                      release=self._idle_stop, busy=rooms.in_use)
@@ -302,6 +305,24 @@ class Session:
         self.notify(f"workbench: stopped the idle pool ({ranks_text(n)}) after "
                     f"{self.config.idle_release:g} s without a cell; its nodes are released. "
                     "`%dist start` starts a new one.")
+
+    def _walltime_warning(self, text: str) -> None:
+        """The pool's Slurm job ends soon (its walltime watch says so, once): say it, and ask every rank's
+        running Trainer to checkpoint at its next step (its ``wb.Checkpoint`` callback saves there)."""
+        self.notify(text)
+        rooms = self._rooms
+        if rooms is not None and not rooms.closed:
+            reason = text.removeprefix("workbench: ").split(": a running")[0]  # "Slurm job 12 ends in ..."
+            rooms.group.command(Command.CHECKPOINT, rooms.group.ranks, reason=reason)
+
+    def _walltime_end(self, text: str) -> None:
+        """The pool's Slurm job is over (Slurm ended its steps): once a running cell has ended (its ranks are
+        gone, it fails within seconds), the pool stops, nothing of it left running here."""
+        rooms, deadline = self._rooms, time.monotonic() + 30
+        while rooms is not None and rooms.busy.locked() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.stop(everyone=True, by="the end of its Slurm job")
+        self.notify(text)
 
     def _live(self, what: str | None = None) -> Rooms:
         """The rooms of the running pool, checked (a pool stopped elsewhere ends this session in one line);

@@ -156,9 +156,13 @@ def resume(directory, trainer, *, fallback: bool = False) -> int:
 
 class Checkpoint(Callback):
     """Save the trainer every ``every`` steps, keeping the last ``keep``; ``stalls``: seconds each save took.
+    Also at the step where the notebook asked every rank to checkpoint (the pool's Slurm job ends soon:
+    ``trainer.checkpoint_asked``); ``asked``: the steps saved so.
 
     >>> trainer = Trainer(model, data, callbacks=[Checkpoint("ckpt", every=20)])   # doctest: +SKIP
     """
+
+    saves_when_asked = True  # the Trainer says so when none of its callbacks does
 
     def __init__(self, directory, every: int, keep: int = KEEP):
         if every < 1:
@@ -167,12 +171,19 @@ class Checkpoint(Callback):
             raise ValueError(f"keep must be at least 1 checkpoint (got {keep}).")
         self.directory, self.every, self.keep = Path(directory), every, keep
         self.stalls: list[float] = []
+        self.asked: list[int] = []
 
     def on_step_end(self, trainer, stats) -> None:
-        if trainer.step % self.every == 0:
+        asked = getattr(trainer, "checkpoint_asked", False)
+        if trainer.step % self.every == 0 or asked:
             t0 = time.perf_counter()
-            save_trainer(self.directory, trainer, keep=self.keep)
+            path = save_trainer(self.directory, trainer, keep=self.keep)
             self.stalls.append(time.perf_counter() - t0)
+            if asked:
+                self.asked.append(trainer.step)
+                if _rank() == 0:
+                    print(f"workbench: saved {path} at step {trainer.step}, as the notebook asked (the "
+                          "pool's Slurm job ends soon); wb.resume() continues from it.", flush=True)
 
 
 # -- one folder ---------------------------------------------------------------------------------------

@@ -114,7 +114,7 @@ class StepFlags:
 
     >>> mine = StepFlags(loss=0.5, holders=1, stop=1)
     >>> StepFlags.of(mine.tensor(torch.device("cpu")) * 2)       # as two such ranks sum
-    StepFlags(loss=1.0, holders=2.0, nonfinite=0.0, out_of_data=0.0, stop=2.0)
+    StepFlags(loss=1.0, holders=2.0, nonfinite=0.0, out_of_data=0.0, stop=2.0, checkpoint=0.0)
     >>> _.mean_loss
     0.5
     """
@@ -124,6 +124,7 @@ class StepFlags:
     nonfinite: float = 0.0  # 1 where that loss is NaN or Inf
     out_of_data: float = 0.0  # 1 where this rank has no next step (its data ran out)
     stop: float = 0.0  # 1 where someone asked this rank to stop (Ctrl-C in the notebook)
+    checkpoint: float = 0.0  # 1 where the notebook asked for a checkpoint (the Slurm job ends soon)
 
     def tensor(self, device: torch.device) -> torch.Tensor:
         return torch.tensor([float(getattr(self, f.name)) for f in fields(self)], dtype=torch.float64,
@@ -180,6 +181,9 @@ class Trainer:
         self._pending, self._exhausted = None, False  # the next step's batches, fetched one step ahead
         self._autocast = _autocast(self.config.precision, self.device)
         self.stopped_at: int | None = None  # the step the last run was interrupted at (Ctrl-C)
+        # during the callbacks of a step at which every rank was asked to checkpoint (its Slurm job ends
+        # soon): a wb.Checkpoint callback saves there, whatever its ``every``
+        self.checkpoint_asked = False
         self.run_error: BaseException | None = None  # what ended the current run early, for on_run_end
         self._cut_mid_step = False  # an error or a hard interrupt left a step half done
         self._generation = rendezvous.generation()  # the process group the wrappers were made on
@@ -432,7 +436,8 @@ class Trainer:
         holds_loss = self.layout.is_last_stage
         flags = self._flags(loss=share * holds_loss, holders=float(holds_loss),
                             nonfinite=float(holds_loss and not math.isfinite(loss)),
-                            out_of_data=float(self._pending is None), stop=float(agent.stop_requested()))
+                            out_of_data=float(self._pending is None), stop=float(agent.stop_requested()),
+                            checkpoint=float(agent.checkpoint_requested()))
         total = self._vote(flags)  # one all-reduce, and its wait: NCCL returns once it is enqueued
         comm = time.perf_counter() - t_comm
         mean_loss = total.mean_loss
@@ -472,13 +477,28 @@ class Trainer:
         self.history.append(stats)
         if self.config.log_every and self.step % self.config.log_every == 0 and _rank() == 0:
             print(f"step {self.step:5d}  loss {mean_loss:.4f}  {samples / step_time:.0f} samples/s")
-        for cb in self.callbacks:
-            cb.on_step_end(self, stats)
+        self.checkpoint_asked = bool(total.checkpoint)
+        try:
+            for cb in self.callbacks:
+                cb.on_step_end(self, stats)
+        finally:
+            if self.checkpoint_asked:
+                self._checkpoint_served()
         agent.trainer_status.update(step=self.step, step_time=step_time)
         self._cut_mid_step = False
         if total.stop:  # someone asked to stop: every rank saw the same sum, so every rank stops here
             self.stopped_at = self.step
         return stats
+
+    def _checkpoint_served(self) -> None:
+        """Every rank was asked to checkpoint at this step (its callbacks saw ``checkpoint_asked``): the
+        request is served; without a callback that saves, rank 0 says nothing was saved."""
+        self.checkpoint_asked = False
+        reason = agent.checkpoint_taken()
+        if _rank() == 0 and not any(getattr(cb, "saves_when_asked", False) for cb in self.callbacks):
+            why = reason or "by the notebook"
+            print(f"workbench: a checkpoint was asked for at step {self.step} ({why}), and this Trainer has "
+                  "no wb.Checkpoint callback: nothing was saved.", flush=True)
 
     def _flags(self, **facts) -> StepFlags:
         """This rank's flags at the end of a step."""

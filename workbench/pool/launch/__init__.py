@@ -4,7 +4,7 @@
 launchers is a method or an attribute of :class:`~workbench.pool.launch.base.Launcher` (see there), which
 the pool, the session and the server ask.
 
->>> launcher_for(PoolConfig(launcher="slurm"))
+>>> launcher_for(PoolConfig(launcher="slurm", new_job=True))
 Slurm('slurm')
 >>> sorted(KINDS) == sorted(LAUNCHERS)
 True
@@ -12,23 +12,38 @@ True
 
 from __future__ import annotations
 
+import os
+
 from workbench.config import LAUNCHERS, PoolConfig
 from workbench.pool.launch.base import Launcher
 from workbench.pool.launch.kubernetes import Kubernetes
 from workbench.pool.launch.local import Local
 from workbench.pool.launch.mpi import MPI
 from workbench.pool.launch.slurm import Slurm
+from workbench.pool.launch.slurm_allocation import SlurmAllocation
 from workbench.pool.launch.ssh import SSH
 
 # every launcher, by the name the config gives it
-KINDS: dict[str, type[Launcher]] = {kind.name: kind for kind in (Local, SSH, Slurm, MPI, Kubernetes)}
+KINDS: dict[str, type[Launcher]] = {kind.name: kind for kind in (Local, SSH, Slurm, MPI, Kubernetes,
+                                                                  SlurmAllocation)}
 
-__all__ = ["KINDS", "LAUNCHERS", "MPI", "SSH", "Kubernetes", "Launcher", "Local", "Slurm", "default_engines",
-           "launcher_for"]
+__all__ = ["KINDS", "LAUNCHERS", "MPI", "SSH", "Kubernetes", "Launcher", "Local", "Slurm", "SlurmAllocation",
+           "default_engines", "launcher_for"]
 
 
 def launcher_for(config: PoolConfig) -> Launcher:
-    """The launcher object of a pool started with ``config``."""
+    """The launcher object of a pool started with ``config``. ``--launcher slurm`` from inside a Slurm job
+    is that job's allocation (:class:`SlurmAllocation`: no second job that waits behind the user's own)
+    unless ``new_job`` asks for a job of its own.
+
+    >>> env = dict(os.environ)
+    >>> os.environ["SLURM_JOB_ID"] = "12"
+    >>> launcher_for(PoolConfig(launcher="slurm")), launcher_for(PoolConfig(launcher="slurm", new_job=True))
+    (SlurmAllocation('allocation'), Slurm('slurm'))
+    >>> os.environ.clear(); os.environ.update(env)
+    """
+    if config.launcher == "slurm" and not config.new_job and os.environ.get("SLURM_JOB_ID"):
+        return SlurmAllocation(config)
     return KINDS[config.launcher](config)
 
 

@@ -32,12 +32,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from workbench.config import PoolConfig
 from workbench.errors import PoolStartError
 from workbench.pool.machine import netif
 from workbench.pool.rankmap import ranks_text
+
+if TYPE_CHECKING:
+    from workbench.pool.records.state import PoolState
 
 # the engines' entry point (workbench.pool.processes.engine_main), for launchers that start a command
 ENGINE_MAIN = [sys.executable, "-m", "workbench.pool.processes.engine_main"]
@@ -50,6 +53,7 @@ class Pool(Protocol):
     pool_id: str
     env: dict[str, str]  # what every engine of the pool gets (its tag among it)
     log_file: Path | None
+    state: PoolState  # what its state file says (its ranks, as the sessions published them)
 
     @property
     def engine_args(self) -> list[str]: ...
@@ -108,6 +112,10 @@ class Launcher:
     def _default_count(self, local_gpus: int) -> int:
         return len(self.config.hosts) or 2
 
+    def node_order(self) -> list[str]:
+        """The nodes (Slurm names or hosts) in the order their ranks take (empty: as the engines came)."""
+        return []
+
     def visible_gpus(self) -> int:
         """The GPUs the engines see, as far as this machine knows (0: they run elsewhere)."""
         return 0
@@ -129,6 +137,15 @@ class Launcher:
     def where(self) -> str:
         """Where the engines run, in a sentence."""
         return ", ".join(self.config.hosts)
+
+    def configured(self, config: PoolConfig) -> PoolConfig:
+        """The config a pool of this launcher starts with: ``config`` as it is, or (a launcher that knows
+        where its engines run) with the address they reach this kernel on when none was named."""
+        return config
+
+    def notes(self, n: int) -> list[str]:
+        """Sentences a start of ``n`` engines says besides its progress (it uses part of an allocation...)."""
+        return []
 
     def check_address(self, address: str) -> None:
         """Refuse loopback where engines are elsewhere, naming the interfaces a person can choose from."""
@@ -181,6 +198,10 @@ class Launcher:
     def environment(self, env: dict[str, str]) -> dict[str, str]:
         """The environment the engine set is started with: ``env``, plus what the launcher itself needs."""
         return dict(env)
+
+    def start_engines(self, pool: Pool, n: int) -> None:
+        """Start a pool's ``n`` engines (one engine set here; a launcher with one per node starts several)."""
+        pool.start_engine_set(n)
 
     # -- replacements ---------------------------------------------------------------------------
     def where_to_start(self, pool: Pool | None, lost: list, ranks: list,
@@ -239,6 +260,17 @@ class Launcher:
         """The launcher's own word that a start in progress cannot succeed (a pod no node fits), as the
         start's one error; None while it may."""
         return None
+
+    # -- the Slurm job the pool runs in, and its time limit -------------------------------------------
+    def allocation_record(self, pool: Pool | None = None) -> dict | None:
+        """The Slurm job the pool's engines run in, as its state records it (``{job, nodes, gpus, tasks,
+        inside}``; None: no such job, or not yet)."""
+        return None
+
+    def ends(self, pool: Pool | None = None) -> tuple[bool, float | None]:
+        """Whether the pool's Slurm job still holds its nodes, and when its time limit ends it (None: no
+        limit, or no job): what :class:`~workbench.pool.watch.walltime.Walltime` asks."""
+        return True, None
 
     # -- a start that waits or fails ------------------------------------------------------------
     @property

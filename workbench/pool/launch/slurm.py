@@ -25,7 +25,7 @@ from pathlib import Path
 from ipyparallel.cluster.launcher import BatchSystemLauncher
 
 from workbench.config import PoolConfig
-from workbench.pool.launch import slurm_steps
+from workbench.pool.launch import allocation, slurm_steps
 from workbench.pool.launch.base import Launcher, Pool, ranks_left
 from workbench.pool.launch.spawn import CancellableEngineSetLauncher, PoolSlurmEngineSetLauncher
 
@@ -44,6 +44,7 @@ class Slurm(Launcher):
     def __init__(self, config: PoolConfig):
         super().__init__(config)
         self._job_cache: tuple[float, dict[str, str]] = (0.0, {})
+        self._record: dict | None = None  # the pool's job once it ran (allocation_record)
 
     def _default_count(self, local_gpus: int) -> int:
         return self.config.nodes or 1
@@ -92,6 +93,38 @@ class Slurm(Launcher):
         """What Slurm says of the pool's jobs (``; Slurm job 12: PENDING (Resources)``)."""
         states = self.job_states(pool.engine_sets())
         return "".join(f"; Slurm job {job}: {how}" for job, how in states.items())
+
+    def allocation_record(self, pool: Pool | None = None) -> dict | None:
+        """The pool's own job once it runs: its nodes, GPUs and tasks (``workbench pools``, the card)."""
+        job = self._job_of(pool)
+        if job is None or (self._record is not None and self._record["job"] == job):
+            return self._record if job is not None else None
+        try:
+            out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T|%N"], capture_output=True, text=True,
+                                 timeout=SQUEUE_TIMEOUT_S).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        state, _, nodelist = out.partition("|")
+        if state != "RUNNING" or not nodelist:
+            return None
+        nodes = allocation.expand_hostlist(nodelist)
+        self._record = {"job": job, "nodes": nodes, "gpus": len(nodes) * (self.config.gpus_per_node or 0),
+                        "tasks": self.default_engines(), "inside": False}
+        return self._record
+
+    def ends(self, pool: Pool | None = None) -> tuple[bool, float | None]:
+        """Whether the pool's job still holds its nodes, and when its ``--time`` ends it."""
+        job = self._job_of(pool)
+        if job is None:
+            return True, None
+        state, end = allocation.state_and_end(job)
+        return state in allocation.HOLDING or state == "UNKNOWN", end
+
+    @staticmethod
+    def _job_of(pool: Pool | None) -> str | None:
+        """The pool's first batch job (its engines' job), if it was submitted."""
+        sets = pool.engine_sets() if pool is not None else []
+        return next((es.job_id for es in sets if isinstance(es, BatchSystemLauncher) and es.job_id), None)
 
     def job_states(self, engine_sets: list) -> dict[str, str]:
         """Each Slurm job of the pool with its state and reason, e.g. ``{"12": "PENDING (Resources)"}``."""

@@ -122,6 +122,28 @@ class PoolSlurmEngineSetLauncher(_KeepsLog, SlurmEngineSetLauncher):
             raise
 
 
+class PoolSrunEngineSetLauncher(_KeepsLog, MPIEngineSetLauncher):
+    """One ``srun`` step of the Slurm job this kernel runs in, starting every engine of one node (its tasks),
+    writing to the pool's log: ipyparallel's MPI engine-set launcher (one local process for the set: the
+    ``srun``), with ``srun ... --ntasks=N`` instead of ``mpiexec -n N`` and no ``--mpi``.
+
+    >>> launcher = PoolSrunEngineSetLauncher(mpi_cmd=["srun", "--jobid=12"], mpi_args=["--nodelist=n1"],
+    ...                                      engine_cmd=["python", "-m", "e"], engine_args=["--x"])
+    >>> launcher.n = 2
+    >>> launcher.find_args()[:4], launcher.find_args()[-1]
+    (['srun', '--jobid=12', '--ntasks=2', '--nodelist=n1'], '--x')
+    """
+
+    entrypoint_name = "workbench.pool.launch.spawn.PoolSrunEngineSetLauncher"
+
+    @property
+    def program(self):
+        return list(self.engine_cmd)
+
+    def find_args(self):
+        return [*self.mpi_cmd, f"--ntasks={self.n}", *self.mpi_args, *self.program, *self.program_args]
+
+
 class _StopsWhenCancelled(_KeepsLog):
     def start(self, *args, **kwargs):
         with _spawning:

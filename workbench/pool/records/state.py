@@ -124,6 +124,10 @@ class PoolState:
     log: str | None = None  # the pool's log
     places: dict[str, str] = field(default_factory=dict)  # host -> the machine it is on (a pod: its node)
     created: float = 0.0
+    # the Slurm job its engines run in ({job, nodes, gpus, tasks, inside}: the kernel's own allocation, or the
+    # pool's own job), and when its time limit ends it (epoch seconds; None: no job, or no limit)
+    allocation: dict | None = None
+    ends: float | None = None
     # -- the sessions' (Shared.publish)
     ranks: list[dict] = field(default_factory=list)  # RankInfo fields, one dict per rank
     backend: str | None = None
@@ -243,8 +247,8 @@ def config_of(state: PoolState) -> PoolConfig:
     PoolConfig(n=4, launcher='mpi', backend='auto', timeout=60.0, address='127.0.0.1', interface=None, \
 nodes=None, gpus_per_node=None, partition=None, time=None, account=None, hosts=(), namespace=None, \
 image=None, gpus_per_pod=None, node_selector={}, pod_template=None, pods=None, idle_release=None, \
-oversubscribe=False, name='team-a', collective_timeout=None, share_gpus=False, keep=False, \
-launcher_options={})
+oversubscribe=False, name='team-a', collective_timeout=None, share_gpus=False, keep=False, new_job=False, \
+walltime_warning=None, launcher_options={})
     """
     config = state.config
     if config.engines is None and state.n:
