@@ -35,14 +35,14 @@ _LAZY: dict[str, str] = {
     "TinyGPT": "workbench.train", "GPTConfig": "workbench.train", "make_loader": "workbench.train",
     "char_dataset": "workbench.train", "char_vocab": "workbench.train", "regression_data": "workbench.train",
     # export from its own module: an import of workbench.train.export binds that module to the package's
-    # name ``export``, which then is no longer the function (tests/unit/test_public_face.py)
+    # name ``export``, which then is no longer the function (tests/unit/house/test_public_face.py)
     "export": "workbench.train.export", "load_model": "workbench.train", "predict": "workbench.train",
     "generate": "workbench.train", "ElasticConfig": "workbench.train", "ElasticLoader": "workbench.train",
     "dashboard": "workbench.widgets",
     "Checkpoint": "workbench.train.checkpoint", "save_trainer": "workbench.train.checkpoint",
     "resume": "workbench.train.checkpoint",
 }
-# The public face: every lazy name, and the IPython hook (tests/unit/test_public_face.py holds them as one).
+# The public face: every lazy name, and the IPython hook (tests/unit/house/test_public_face.py holds them as one).
 __all__ = ["load_ipython_extension", *_LAZY]
 
 

@@ -17,7 +17,7 @@ DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 pytestmark = pytest.mark.timeout(60)
 
-# a path into the repository, as a page names it (in backticks, a link or prose): tests/unit/test_layers.py
+# a path into the repository, as a page names it (in backticks, a link or prose): tests/docs/test_pages.py
 REPO_PATH = re.compile(r"(?<![\w./-])((?:tests|bench|notebooks|workbench|docs|extension|kernels)"
                        r"/[\w./-]*[\w/])")
 TEST_FILE = re.compile(r"tests/[\w/]+\.py")
@@ -41,7 +41,7 @@ def test_every_repository_path_a_page_names_exists():
 
 
 def test_a_path_that_is_not_there_is_found():
-    text = "see `tests/unit/test_layers.py` and `tests/unit/test_no_such_thing.py`, [x](docs/nowhere.md)"
+    text = "see `tests/docs/test_pages.py` and `tests/unit/test_no_such_thing.py`, [x](docs/nowhere.md)"
     assert missing_paths(text) == ["docs/nowhere.md", "tests/unit/test_no_such_thing.py"]
 
 
@@ -61,7 +61,7 @@ def test_every_security_claim_names_the_tests_that_attack_it():
 
 
 def test_a_claim_without_its_test_is_found():
-    page = "# x\n\n- **Holds.** Attacked by `tests/unit/test_stores.py`.\n- **Also holds.** Trust us.\n"
+    page = "# x\n\n- **Holds.** Attacked by `tests/docs/test_pages.py`.\n- **Also holds.** Trust us.\n"
     assert claims_without_tests(page) == ["**Also holds.** Trust us."]
     assert claims_without_tests(page.replace("Trust us", "`tests/unit/test_gone.py`")) == [
         "**Also holds.** `tests/unit/test_gone.py`."]

@@ -8,7 +8,7 @@ torch, which would cost the kernel a second or more at its first start (and the 
 torch); each function here imports its module only where it runs, on the engines, and this module imports
 nothing of the package at its top (an engine imports it at the first call). A reader finds every remote
 entry point in this file; the kernel sends no code string that imports a project module (a test in
-``tests/unit/test_layers.py`` holds both).
+``tests/unit/house/test_layers.py`` holds both).
 
 How each is called is declared with it (:func:`endpoint`), as Monarch declares an actor's endpoints; the
 one transport, :class:`workbench.remote.door.Door`, calls each only in its declared way:

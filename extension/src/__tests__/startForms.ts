@@ -1,5 +1,5 @@
 import { IStartForm, IStartOption } from '../model';
-// the server's answer to GET /workbench/options (tests/unit/test_pool_options.py keeps it so)
+// the server's answer to GET /workbench/options (tests/unit/house/test_pool_options.py keeps it so)
 import FORM_JSON from './start-form.json';
 
 /** The start dialog as this package's server describes it (its interfaces fixed: lo and eth0). */

@@ -3,7 +3,7 @@
 A pool's :class:`~workbench.config.PoolConfig` names its launcher; :func:`workbench.pool.launch.launcher_for`
 makes the one object for it, once. The pool (:class:`~workbench.pool.cluster.EnginePool`), the session and
 the server ask that object whatever differs between launchers; no code elsewhere compares a launcher's
-name (``tests/unit/test_layers.py`` holds that).
+name (``tests/unit/house/test_layers.py`` holds that).
 
 The object is a thin layer over ipyparallel's own launcher family (``ipyparallel.cluster.launcher``): an
 ipyparallel engine-set launcher starts, watches and stops the engine processes (:attr:`Launcher.engine_set`,

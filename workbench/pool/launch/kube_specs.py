@@ -1,7 +1,7 @@
 """What the Kubernetes launcher asks the API server for, as plain dicts: the pool's Secret and its pods.
 
 Pure functions (no client, no cluster): the fast tier validates them against the API's own models
-(``tests/unit/test_kube_specs.py``) and the cluster tier creates them.
+(``tests/unit/pool/test_kube_specs.py``) and the cluster tier creates them.
 
 Every object carries the pool's labels (:func:`labels`); the Secret that holds the controller's connection
 file is the pool's **parent**: each pod names it in ``ownerReferences``, so deleting the Secret makes the

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import tomllib
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_environment_yml_pip_section_equals_pyproject_dependencies():

@@ -399,10 +399,10 @@ def in_a_fresh_interpreter(rule) -> list:
     per interpreter, not per thread (python/cpython#106905): a parse in this test process while one of its
     other threads compiled raised "SystemError: AST constructor recursion depth mismatch" once in make test.
     """
-    code = ("import json; from tests.unit import test_layers as t; "
+    code = ("import json; from tests.unit.house import test_layers as t; "
             f"print(json.dumps(t.{rule.__name__}(t.package_sources())))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50,
-                          cwd=Path(__file__).parents[2])
+                          cwd=Path(__file__).parents[3])
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 

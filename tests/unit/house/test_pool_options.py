@@ -90,8 +90,8 @@ def test_a_start_line_without_options_is_the_default_config():
 
 # The browser's tests (extension/src/__tests__) render the start dialog from this copy of the server's
 # answer to GET /workbench/options, this machine's interfaces replaced by two fixed ones. Written again by
-# `python -m tests.unit.test_pool_options` when PoolConfig's fields change.
-FORM_FIXTURE = Path(__file__).resolve().parents[2] / "extension" / "src" / "__tests__" / "start-form.json"
+# `python -m tests.unit.house.test_pool_options` when PoolConfig's fields change.
+FORM_FIXTURE = Path(__file__).resolve().parents[3] / "extension" / "src" / "__tests__" / "start-form.json"
 FIXED_INTERFACES = [{"value": "lo", "label": "lo (127.0.0.1)"}, {"value": "eth0", "label": "eth0 (10.0.0.5)"}]
 
 
@@ -106,7 +106,7 @@ def browser_form() -> dict:
 def test_the_browsers_tests_render_the_servers_start_form():
     assert json.loads(FORM_FIXTURE.read_text()) == browser_form(), (
         f"{FORM_FIXTURE} is not what the server answers: write it again with "
-        "`python -m tests.unit.test_pool_options`")
+        "`python -m tests.unit.house.test_pool_options`")
 
 
 if __name__ == "__main__":

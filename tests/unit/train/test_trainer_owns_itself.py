@@ -9,7 +9,8 @@ a store, augmented store or ``del`` of ``<trainer>.<field>``, or a ``setattr(<tr
 
 Count them on any tree (the figure in the issue's closing note)::
 
-    python -c "from tests.unit import test_trainer_owns_itself as t, test_layers as l; \\
+    python -c "from tests.unit.train import test_trainer_owns_itself as t; \\
+               from tests.unit.house import test_layers as l; \\
                print(len(t.trainer_fields_from_outside(l.package_sources())))"
 """
 
@@ -19,7 +20,7 @@ import ast
 
 import pytest
 
-from tests.unit.test_layers import package_sources
+from tests.unit.house.test_layers import package_sources
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -68,14 +68,14 @@ def test_each_public_name_resolves_after_every_submodule_was_imported():
     ``workbench.train.export`` binds that module to ``workbench.train.export``, the function's own name)."""
     code = (
         "import importlib, json, pkgutil, workbench\n"
-        "from tests.unit.test_public_face import unresolved\n"
+        "from tests.unit.house.test_public_face import unresolved\n"
         "for module in sorted(set(workbench._LAZY.values())):\n"
         "    package = importlib.import_module(module)\n"
         "    for sub in pkgutil.iter_modules(getattr(package, '__path__', [])):\n"
         "        importlib.import_module(f'{module}.{sub.name}')\n"
         "print(json.dumps(unresolved(list(workbench.__all__), workbench._LAZY)))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50,
-                          cwd=Path(__file__).parents[2])
+                          cwd=Path(__file__).parents[3])
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1]) == []
 
