@@ -59,7 +59,7 @@ def test_mpi_and_ssh():
 
 @pytest.mark.parametrize("options, message", [
     ({"launcher": "ssh"}, "needs the hosts"),
-    ({"launcher": "local", "nodes": 2}, "only apply to --launcher slurm"),
+    ({"launcher": "local", "nodes": 2}, "nodes apply to --launcher slurm or allocation"),
     ({"launcher": "local", "hosts": "a"}, "hosts apply to"),
     ({"launcher": "slurm", "time": "soon"}, "not a Slurm time limit"),
     ({"launcher": "slurm", "nodes": 2, "gpus_per_node": 2, "n": 3}, "does not match"),
