@@ -42,7 +42,8 @@ _LAZY: dict[str, str] = {
     "Checkpoint": "workbench.train.checkpoint", "save_trainer": "workbench.train.checkpoint",
     "resume": "workbench.train.checkpoint",
 }
-# The public face: every lazy name, and the IPython hook (tests/unit/house/test_public_face.py holds them as one).
+# The public face: every lazy name, and the IPython hook (tests/unit/house/test_public_face.py holds them
+# as one).
 __all__ = ["load_ipython_extension", *_LAZY]
 
 

@@ -105,6 +105,14 @@ class ElasticWatch:
         return [r for r, c in self.children if r.engine_id not in self.dropped
                 and r.engine_id not in self.leaving and not c.done() and r.rank not in dead]
 
+    def _loss_unplanned(self) -> bool:
+        """A member died or ended but no regroup has planned without it yet: the keeper waits for that
+        plan, which records the lost rank, so its replacement starts where the launcher puts a lost rank's
+        (a Slurm pool: a new step of its job, not a new job)."""
+        dead = self.rooms.health.dead
+        return any(r.engine_id not in self.dropped and r.engine_id not in self.leaving
+                   and (c.done() or r.rank in dead) for r, c in self.children)
+
     def active(self) -> dict | None:
         """The elastic Trainer's settings while one runs on every member (kept through a regroup, when
         some beacons are not yet those of the new group)."""
@@ -126,7 +134,7 @@ class ElasticWatch:
             self._check_recovered()
         elif self.active() is not None:
             self._check_hang()
-        if self.settings is not None:
+        if self.settings is not None and not self._loss_unplanned():
             self.keeper().consider(len(self.members()))
         if self.recovering is None and self.settings is not None:
             while self.requests and self.recovering is None:
