@@ -30,8 +30,10 @@ def torchrun(script: str, args: list[str], cwd: Path, timeout: float = 240) -> s
     logs = cwd / "torchrun-logs"
     command = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "--log-dir", str(logs),
                "--redirects", "1", str(SCRIPTS / script), *args]
+    before = set(cwd.iterdir())
     for _ in range(3):
-        shutil.rmtree(logs, ignore_errors=True)
+        for made in set(cwd.iterdir()) - before:  # a retry starts afresh: no snapshot to resume
+            shutil.rmtree(made) if made.is_dir() else made.unlink()
         done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
         # torch 2.13's gloo sometimes aborts a rank in its teardown, after the script's last line (2 of 20
         # plain torchrun runs of nanogpt_style.py here): the reference is run again, never our side

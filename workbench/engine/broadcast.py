@@ -36,12 +36,14 @@ def _traceback(exc: BaseException) -> str:
     """IPython's traceback of ``exc``, as ipyparallel sends an apply's (``shell.showtraceback``: it also keeps
     the frames for ``%dist debug``); plain Python's outside an engine."""
     try:
+        from ipykernel.zmqshell import ZMQInteractiveShell
         from IPython import get_ipython
 
         shell = get_ipython()
     except ImportError:
         shell = None
-    if shell is not None and hasattr(shell, "showtraceback"):
+    # an engine's (kernel) shell only: a terminal IPython's showtraceback would print it, keeping nothing
+    if shell is not None and isinstance(shell, ZMQInteractiveShell):
         try:
             before = getattr(shell, "_last_traceback", None)  # ipykernel keeps the one it showed last
             shell.showtraceback()
