@@ -39,9 +39,10 @@ def pool(request):
         assert until(lambda: alive(sorted(started)) == [], 10), "processes of the pool survived its stop"
 
 
-def start_run(s: Session, folder, steps: int, pause: float = 0.02) -> chaos.Chaos:
-    """The chaos setup, then ``steps`` steps in the background, past their third step."""
-    s.run(chaos.setup_code(str(folder), pause=pause))
+def start_run(s: Session, folder, steps: int, pause: float = 0.02, extra: str = "") -> chaos.Chaos:
+    """The chaos setup (and ``extra`` code after it), then ``steps`` steps in the background, past their
+    third step."""
+    s.run(chaos.setup_code(str(folder), pause=pause) + extra)
     run = chaos.Chaos(seed=-1, faults_before=len(s.faults))
     run.result = s.submit(f"result = trainer.run(steps={steps})")  # the handle until the run ends
     run.watch = run.result.cell.elastic
@@ -346,6 +347,61 @@ def test_a_scale_during_the_run_survives_its_new_engine_dying(pool, tmp_path):
     scaling.join(150)
     assert len(grown) == 1 and len(grown[0]) == 3, "the scale did not return the grown rank map"
     pool.scale(2)
+    ended(pool, run, tmp_path)
+    finished_as_asked(pool, run, steps, 2)
+
+
+# While the flag file is there a rank holds in its backward (past the last layer's gradients, before the
+# first's, so before DDP's gradient hook) until its group is aborted; the model and its numbers are unchanged.
+# Meanwhile it holds the agent's plan box too, so the plan that comes with the abort is posted only once
+# this thread waits for it: the order the suite's load made (the step raised before the plan was there),
+# every time. The next step lets the box go.
+HOLD_IN_BACKWARD = """
+from workbench.engine import agent as _agent
+_holding = []
+
+def _hold(grad):
+    if os.path.exists({flag!r}) and not _holding:
+        _agent._plan_posted.acquire()
+        _holding.append(True)
+        open(os.path.join({folder!r}, f"held-{{os.getpid()}}"), "w").close()
+        deadline = time.monotonic() + 60
+        while dist.is_initialized() and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+def _held_output(module, inputs, output):
+    while _holding:
+        _holding.pop()
+        _agent._plan_posted.release()
+    output.register_hook(_hold)
+
+trainer.module.pre.register_forward_hook(_held_output)
+"""
+
+
+@pytest.mark.parametrize("pool", [2], indirect=True)
+def test_a_loss_while_a_rank_computes_its_gradients_is_routed_around(pool, tmp_path):
+    """Seeded chaos, seed 3: "rank 0 raised AttributeError: 'NoneType' object has no attribute 'size'" and
+    the run failed. The kernel aborts a survivor's group before it posts the regroup plan; a survivor still
+    in its backward then reached DDP's gradient hook, which after a first regroup looks the group up at each
+    call, with no group (``dist.group.WORLD`` is None): an error no collective words, taken for the user's
+    own unless the plan had come already."""
+    steps = 400
+    first = [r.pid for r in pool.ranks]
+    flag = tmp_path / "hold"
+    hold = HOLD_IN_BACKWARD.format(flag=str(flag), folder=str(tmp_path))
+    run = start_run(pool, tmp_path, steps, extra=hold)
+    os.kill(first[1], signal.SIGKILL)  # a first regroup, and its replacement joins
+    assert until(lambda: pool.world_size == 2 and first[1] not in [r.pid for r in pool.ranks]
+                 and not run.watch.joining and run.watch.recovering is None, 120), \
+        "the replacement of rank 1 never joined"
+    replacement = pool.ranks[1].pid
+    flag.touch()
+    held = tmp_path / f"held-{first[0]}"
+    assert until(held.exists, 60), "rank 0 never held in its backward"
+    flag.unlink()  # the steps after the regroup and the next replacement do not hold
+    os.kill(replacement, signal.SIGKILL)  # rank 0 waits in its backward until its group is aborted
+    run.killed = [first[1], replacement]
     ended(pool, run, tmp_path)
     finished_as_asked(pool, run, steps, 2)
 

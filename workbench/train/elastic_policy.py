@@ -38,16 +38,22 @@ def at_run_start(joining: bool, cut_mid_step: bool, group_changed: bool) -> str:
     return "sync" if cut_mid_step or group_changed else "go"
 
 
-def waits_for_plan(error: BaseException, plan_pending: bool) -> bool:
+def waits_for_plan(error: BaseException, plan_pending: bool, aborted: bool = False) -> bool:
     """After a step failed with ``error``: whether it is the echo of a lost rank (wait for the kernel's
     plan and take the step again on the ranks left) rather than the user's own error (raise it).
+    ``aborted``: the group was aborted under this rank (the kernel aborts it before it posts the plan):
+    whatever the step raised then is the abort's echo, even an error no collective words (DDP's gradient
+    hook, run after the abort, finds no group: ``AttributeError: 'NoneType' object has no attribute
+    'size'``).
 
     >>> waits_for_plan(RuntimeError("[pair.cc:553] Connection closed by peer"), plan_pending=False)
     True
     >>> waits_for_plan(ValueError("bad shape"), plan_pending=False)
     False
+    >>> waits_for_plan(AttributeError("'NoneType' object has no attribute 'size'"), False, aborted=True)
+    True
     """
-    return (isinstance(error, GroupLost) or faults.is_secondary(type(error).__name__, str(error))
+    return (aborted or isinstance(error, GroupLost) or faults.is_secondary(type(error).__name__, str(error))
             or plan_pending)
 
 

@@ -138,7 +138,7 @@ class ElasticTrainer(Trainer):
     def _plan_after(self, exc: BaseException) -> dict:
         """The regroup plan after the step failed with ``exc``; ``exc`` again if it was not the echo of a
         lost rank, or the kernel sent no plan (it stopped the cell instead)."""
-        if not policy.waits_for_plan(exc, agent.plan_pending()):
+        if not policy.waits_for_plan(exc, agent.plan_pending(), aborted=not guard.group_ok()):
             raise exc
         plan = agent.take_plan(self.elastic.config.plan_wait)
         if plan is None:

@@ -40,6 +40,12 @@ def test_a_failed_step_waits_for_a_plan_only_when_a_peer_was_lost_or_a_plan_came
     assert policy.waits_for_plan(error, pending) is waits
 
 
+def test_whatever_a_step_raised_once_its_group_was_aborted_under_it_waits_for_the_plan():
+    hook = AttributeError("'NoneType' object has no attribute 'size'")  # DDP's gradient hook, no group
+    assert policy.waits_for_plan(hook, False, aborted=True)
+    assert not policy.waits_for_plan(hook, False, aborted=False)
+
+
 def test_a_plan_that_leaves_this_engine_out_ends_its_run_and_no_other():
     plan = {"members": [["host-b", 7]], "leaving": [ME, ["host-c", 9]], "stay": 1}
     assert policy.leaves(plan, ME)
