@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from workbench import remote
 from workbench.pool.rankmap import RankInfo, format_ranks, ranks_text
 from workbench.session.losses import loss_text
-from workbench.session.target_size import SizeKeeper
+from workbench.session.target_size import RunEnded, SizeKeeper
 from workbench.wire import Command
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ class ElasticWatch:
                 except Exception as exc:
                     done.set_exception(exc)
         while self.requests and self.settings is None:  # the run ended meanwhile
-            self.requests.popleft()[2].set_exception(RuntimeError("the elastic run ended"))
+            self.requests.popleft()[2].set_exception(RunEnded("the elastic run ended"))
 
     def request(self, what: str, argument) -> Future:
         """Ask the cell's thread to let ``argument`` join ("join", new ranks set up) or to keep only the
@@ -152,7 +152,7 @@ class ElasticWatch:
         done: Future = Future()
         with self._lock:
             if self._closed:
-                done.set_exception(RuntimeError("the elastic run ended"))
+                done.set_exception(RunEnded("the elastic run ended"))
                 return done
             self.requests.append((what, argument, done))
         self.wake()
@@ -167,7 +167,7 @@ class ElasticWatch:
         with self._lock:
             self._closed = True
             while self.requests:
-                self.requests.popleft()[2].set_exception(RuntimeError("the elastic run ended"))
+                self.requests.popleft()[2].set_exception(RunEnded("the elastic run ended"))
         if self._keeper is not None:
             self._keeper.close()
 

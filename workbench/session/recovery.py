@@ -283,12 +283,7 @@ def shrink_running(rooms: Rooms, elastic: ElasticWatch, n: int, progress, timeou
                    ) -> list[RankInfo]:
     """The elastic run going on keeps its first ``n`` ranks from the next step boundary; the others end
     their run there and their engines stop. Returns the ranks that left (their old numbers)."""
-    try:
-        leave = elastic.request("leave", n).result(timeout)
-    except RuntimeError as exc:
-        if "the elastic run ended" in str(exc):
-            raise RunEnded(str(exc)) from None
-        raise
+    leave = elastic.request("leave", n).result(timeout)  # RunEnded when the run ends first
     progress(f"rank {format_ranks(r.rank for r in leave)} leave{'s' if len(leave) == 1 else ''} at the next "
              "step boundary")
     gone = {r.engine_id for r in leave}

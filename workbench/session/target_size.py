@@ -175,8 +175,7 @@ class SizeKeeper:
         reason = _reason(exc)
         with self._changed:
             self.batch = None
-            if batch.cancelled or self.closed or isinstance(exc, RunEnded) or \
-                    "the elastic run ended" in str(exc):
+            if batch.cancelled or self.closed or isinstance(exc, RunEnded):
                 pass
             elif isinstance(exc, ValueError):  # the launcher has no room, or cannot place them: said once
                 self.blocked = (self.members, reason)

@@ -95,6 +95,7 @@ def test_a_join_asked_for_after_the_run_ended_fails_at_once_instead_of_waiting()
     """``%dist restart`` (or a replacement) asking a finished elastic run to take a rank: the Future says
     the run ended at once (before, it waited for a tick that never came: 120 s)."""
     from workbench.session.cell_elastic import Children, ElasticWatch
+    from workbench.session.target_size import RunEnded
 
     woken = []
     watch = ElasticWatch(None, Children(), wake=lambda: woken.append(1))  # no regroup: no room is asked
@@ -102,7 +103,8 @@ def test_a_join_asked_for_after_the_run_ended_fails_at_once_instead_of_waiting()
     watch.close()
     late = watch.request("join", [])
     for future in (pending, late):
-        assert future.done() and "the elastic run ended" in str(future.exception())
+        assert future.done() and isinstance(future.exception(), RunEnded), future.exception()
+        assert "the elastic run ended" in str(future.exception())
     assert woken == [1]
 
 
