@@ -122,6 +122,7 @@ class SizeKeeper:
         self.blocked: tuple[int, str] | None = None  # (members then, why): the launcher had no room
         self.closed = False
         self.members = 0  # as the last tick counted them
+        self.counted = False  # a tick counted them since the last aim: :meth:`wait` trusts no older count
         self._changed = threading.Condition()
 
     def say(self, text: str) -> None:
@@ -134,7 +135,7 @@ class SizeKeeper:
         """The run has ``members`` members now: start a batch for what is missing, or cancel one no longer
         needed. Called on every tick of the cell's wait loop."""
         with self._changed:
-            self.members = members
+            self.members, self.counted = members, True
             self._changed.notify_all()
         target, batch = self.target, self.batch
         if self.closed or target is None:
@@ -225,7 +226,7 @@ class SizeKeeper:
         """Aim at ``n`` ranks from now on (``%dist scale N``, ``%dist restart``); the bound on failures
         starts again."""
         with self._changed:
-            self.target = n
+            self.target, self.counted = n, False
             self.failures, self.gave_up, self.blocked = 0, None, None
             self._changed.notify_all()
         self.watch.wake()
@@ -238,7 +239,7 @@ class SizeKeeper:
             while True:
                 if self.closed:
                     raise RunEnded("the elastic run ended")
-                if self.members == n and self.batch is None and self.watch.recovering is None:
+                if self.counted and self.members == n and self.batch is None and self.watch.recovering is None:
                     return
                 if self.gave_up is not None:
                     raise WorkbenchError(self.gave_up)

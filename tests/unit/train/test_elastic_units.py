@@ -108,6 +108,29 @@ def test_a_join_asked_for_after_the_run_ended_fails_at_once_instead_of_waiting()
     assert woken == [1]
 
 
+def test_a_restart_waits_for_a_count_of_the_members_made_after_it_asked():
+    """``%dist restart`` during a run aims at 4 ranks while the keeper's last count, made before a rank
+    died (the watch does not count while a loss is unplanned), still says 4: the wait must not end on that
+    old count (it did: the restart returned at once, with no rank brought back; CI of 90923d2). It ends
+    on the first count made after the aim."""
+    import threading
+
+    from workbench.errors import WorkbenchError
+    from workbench.session.cell_elastic import Children, ElasticWatch
+    from workbench.session.target_size import SizeKeeper
+
+    watch = ElasticWatch(None, Children(), wake=lambda: None)
+    keeper = SizeKeeper(None, watch, target=None, auto=False, report=print)
+    keeper.consider(4)  # a tick before the loss; then none while it is unplanned
+    keeper.aim(4)
+    with pytest.raises(WorkbenchError, match="did not reach 4 ranks within 0.3 s"):
+        keeper.wait(4, 0.3)
+    counted = threading.Timer(0.2, keeper.consider, args=(4,))  # the rank is back, and a tick counts it
+    counted.start()
+    keeper.wait(4, 10)
+    counted.join()
+
+
 def test_loaders_that_would_split_an_epoch_differently_are_told_apart():
     from workbench.train.elastic import data_difference
 
