@@ -469,7 +469,8 @@ def test_the_loss_reported_at_an_uneven_world_size_is_the_whole_batch_s(pool):
 # make test; every single-fault reproducer above runs there.
 @pytest.mark.skipif(os.environ.get("WORKBENCH_CHAOS") != "1",
                     reason="open failures under load (issue 38): run with WORKBENCH_CHAOS=1")
-@pytest.mark.parametrize("seed", [int(x) for x in os.environ.get("WORKBENCH_CHAOS_SEEDS", "1,2,3").split(",")])
+@pytest.mark.parametrize("seed", [int(x) for x in os.environ.get("WORKBENCH_CHAOS_SEEDS", "1,2,3").split(",")
+                                  ])
 def test_combined_random_faults_every_step_every_sample_once(pool, tmp_path, seed):
     steps = 3000
     pool.run(chaos.setup_code(str(tmp_path)))

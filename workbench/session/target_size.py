@@ -239,7 +239,8 @@ class SizeKeeper:
             while True:
                 if self.closed:
                     raise RunEnded("the elastic run ended")
-                if self.counted and self.members == n and self.batch is None and self.watch.recovering is None:
+                settled = self.batch is None and self.watch.recovering is None
+                if self.counted and self.members == n and settled:
                     return
                 if self.gave_up is not None:
                     raise WorkbenchError(self.gave_up)
