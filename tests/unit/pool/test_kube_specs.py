@@ -27,6 +27,9 @@ GPU_TEMPLATE = {
     "spec": {
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "priorityClassName": "training",
+        "serviceAccountName": "trainer",
+        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"team": "a"}}}]}},
         "containers": [
             {
                 "name": "engine",
@@ -81,6 +84,8 @@ def test_a_template_keeps_its_settings_and_gains_the_engines():
     )
     spec, box = sent["spec"], sent["spec"]["containers"][0]
     assert box["image"] == "registry.example.org/wb:1" and spec["priorityClassName"] == "training"
+    assert spec["affinity"] == GPU_TEMPLATE["spec"]["affinity"] and spec["serviceAccountName"] == "trainer"
+    assert spec["tolerations"] == GPU_TEMPLATE["spec"]["tolerations"]
     assert box["resources"]["limits"] == {"memory": "64Gi", "nvidia.com/gpu": "8"}
     assert box["command"][:5] == ["python3", "-m", "workbench.pool.processes.pod_main", "--engines", "8"]
     assert [v["name"] for v in spec["volumes"]] == ["shm", "workbench-connection"]
