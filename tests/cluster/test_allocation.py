@@ -17,8 +17,24 @@ import re
 import pytest
 
 from tests.cluster import infra
+from tests.cluster.conftest import need
+from workbench.pool.launch import allocation as slurm_job
 
 pytestmark = [pytest.mark.slow]
+
+@pytest.mark.timeout(30)
+def test_a_node_list_reads_as_slurm_expands_it(tmp_path, monkeypatch):
+    """The job's nodes are named as Slurm's own ``scontrol show hostnames`` names them (it reads slurm.conf
+    and asks no daemon): two ranges in one name, zero-padding, a name without a range. The hand-written
+    parser this replaced read ``a[1-2]b[3-4]`` as ``a1b, a2b, 3-4]``."""
+    need("scontrol")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=wb\nSlurmctldHost=localhost\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    assert slurm_job.hostnames("a[1-2]b[3-4],gpu[08-10,12],login") == [
+        "a1b3", "a1b4", "a2b3", "a2b4", "gpu08", "gpu09", "gpu10", "gpu12", "login"]
+    assert slurm_job.hostnames("") == []
+
 
 SHAPES = [(1, "salloc"), (2, "salloc"), (1, "batch"), (2, "batch")]
 

@@ -19,7 +19,7 @@ from workbench.errors import CellInterrupted, CellTimeout, NoPoolError, PoolGone
 from workbench.magics import rank_tabs, spread
 from workbench.magics.args import parse_cell, parse_dist, pool_config_options
 from workbench.magics.output import LineMerger, hold_for, print_stream
-from workbench.pool.launch import allocation
+from workbench.pool.records.state import allocation_words
 from workbench.session import Session, format_ranks, ranks_text
 from workbench.session.stack_report import started_lines
 from workbench.tables import format_table
@@ -422,7 +422,7 @@ def _where(s: Session) -> str:
     """The Slurm job the pool runs in and its time left ('' for none): ``inside Slurm job 12 (2 nodes, 8
     GPUs) · 1 h 23 min left``."""
     state = s.pool.state if s.pool is not None else None
-    return allocation.words(state.allocation, state.ends) if state is not None else ""
+    return allocation_words(state.allocation, state.ends) if state is not None else ""
 
 
 def _sidebar_note() -> None:

@@ -372,8 +372,6 @@ class EnginePool:
         record = self.launcher.allocation_record(self)
         if record is None or self._walltime is not None:
             return
-        from workbench.pool.launch import allocation
-
         def ends() -> tuple[bool, float | None]:
             holding, when = self.launcher.ends(self)
             if when != self.ends and holding:  # a time limit changed (scontrol update): the state says so
@@ -382,7 +380,7 @@ class EnginePool:
                     self._record()
             return holding, when
 
-        job = allocation.words(record).removeprefix("inside ").removeprefix("in ")
+        job = pool_state.allocation_words(record).removeprefix("inside ").removeprefix("in ")
         self._walltime = Walltime(ends, job=job, before=self.config.walltime_warning or WALLTIME_WARNING_S,
                                   warn=warn, ended=end, steps_ended=self._local_ended)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import socket
 import time
 
-from workbench.pool.launch import allocation
 from workbench.pool.records import sharing
 from workbench.pool.records import state as pool_state
 
@@ -100,7 +99,7 @@ def describe(state: pool_state.PoolState, now: float | None = None) -> dict:
         "ranks": f"{len(ranks)}/{state.n or len(ranks)}",
         "where": where(state),
         "state": _state_word(state),
-        "slurm": allocation.words(state.allocation, state.ends, now) or "-",
+        "slurm": pool_state.allocation_words(state.allocation, state.ends, now) or "-",
         "owner": owner,
         "notebooks": ", ".join(attached) or "-",
         "age": age((now if now is not None else time.time()) - state.created),

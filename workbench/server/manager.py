@@ -25,7 +25,7 @@ from typing import Any
 
 from workbench.config import BACKENDS, LAUNCHERS, PoolConfig
 from workbench.errors import PoolStartError, WorkbenchError
-from workbench.pool.launch import allocation, launcher_for
+from workbench.pool.launch import launcher_for
 from workbench.pool.records import sharing
 from workbench.pool.records import state as pool_state
 from workbench.pool.records.state import PoolState
@@ -313,7 +313,7 @@ class PoolManager:
             "launcher": state.launcher if state else rec.config.launcher,
             "backend": state.backend if state else None,
             # the Slurm job it runs in and its time left (issue 37): the card says it
-            "slurm": allocation.words(state.allocation, state.ends) if state else None,
+            "slurm": pool_state.allocation_words(state.allocation, state.ends) if state else None,
             # a start's clock runs from the click, not from when the pool wrote its state file
             "created": rec.created if rec is not None else (state.created if state else 0.0) or time.time(),
             "owner": owner,

@@ -318,9 +318,9 @@ class Session:
     def _walltime_end(self, text: str) -> None:
         """The pool's Slurm job is over (Slurm ended its steps): once a running cell has ended (its ranks are
         gone, it fails within seconds), the pool stops, nothing of it left running here."""
-        rooms, deadline = self._rooms, time.monotonic() + 30
-        while rooms is not None and rooms.busy.locked() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        rooms = self._rooms
+        if rooms is not None and rooms.busy.acquire(timeout=30):  # the running cell's end, awaited
+            rooms.busy.release()
         self.stop(everyone=True, by="the end of its Slurm job")
         self.notify(text)
 

@@ -39,3 +39,10 @@ def test_workbench_pools_imports_no_notebook_machinery():
             " if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == [], done.stdout
+
+
+def test_workbench_pools_rows_import_no_launcher():
+    """A row of ``workbench pools`` (and the server's pool list) says the Slurm job a pool runs in from its
+    state file alone: reading it imports no launcher, so neither ipyparallel nor its zmq (0.2-0.3 s here)."""
+    assert imported_by("workbench.pool.overview") == []
+

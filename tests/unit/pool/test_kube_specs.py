@@ -27,6 +27,9 @@ GPU_TEMPLATE = {
     "spec": {
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "priorityClassName": "training",
+        "serviceAccountName": "trainer",
+        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"team": "a"}}}]}},
         "containers": [
             {
                 "name": "engine",
@@ -81,6 +84,8 @@ def test_a_template_keeps_its_settings_and_gains_the_engines():
     )
     spec, box = sent["spec"], sent["spec"]["containers"][0]
     assert box["image"] == "registry.example.org/wb:1" and spec["priorityClassName"] == "training"
+    assert spec["affinity"] == GPU_TEMPLATE["spec"]["affinity"] and spec["serviceAccountName"] == "trainer"
+    assert spec["tolerations"] == GPU_TEMPLATE["spec"]["tolerations"]
     assert box["resources"]["limits"] == {"memory": "64Gi", "nvidia.com/gpu": "8"}
     assert box["command"][:5] == ["python3", "-m", "workbench.pool.processes.pod_main", "--engines", "8"]
     assert [v["name"] for v in spec["volumes"]] == ["shm", "workbench-connection"]
@@ -121,59 +126,33 @@ def test_the_launcher_refuses_what_cannot_work_before_asking_a_cluster(tmp_path)
         PoolConfig(launcher="slurm", namespace="team")
 
 
-def test_the_apis_json_of_a_pod_reads_as_the_pool_says_it():
-    running = {"state": {"running": {"startedAt": "2026-12-04T21:00:00Z"}}, "ready": True}
-    base = {"metadata": {"name": "wb-1a-x"}, "spec": {"nodeName": "n2"}}
-    assert (
-        lost_how(
-            {
-                **base,
-                "status": {
-                    "phase": "Running",
-                    "containerStatuses": [running],
-                    "conditions": [{"type": "Ready", "status": "True"}],
-                },
-            }
-        )
-        is None
-    )
-    assert (
-        lost_how(
-            {
-                **base,
-                "status": {
-                    "phase": "Failed",
-                    "containerStatuses": [{"state": {"terminated": {"reason": "Error", "exitCode": 3}}}],
-                },
-            }
-        )
-        == "ended: its pod failed (Error, exit code 3)"
-    )
-    # a container that stopped being ready by itself is the kubelet's word, not a node gone
-    stopped = {"state": {"terminated": {"reason": "Completed", "exitCode": 0}}, "ready": False}
-    assert (
-        lost_how(
-            {
-                **base,
-                "status": {
-                    "phase": "Running",
-                    "containerStatuses": [stopped],
-                    "conditions": [{"type": "Ready", "status": "False"}],
-                },
-            }
-        )
-        is None
-    )
-    assert blocked_how({**base, "status": {"phase": "Running", "containerStatuses": [running]}}) is None
-    assert (
-        blocked_how(
-            {
-                **base,
-                "status": {
-                    "phase": "Pending",
-                    "containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}],
-                },
-            }
-        )
-        is None
-    )  # it is on its way
+RUNNING = {"state": {"running": {"startedAt": "2026-12-04T21:00:00Z"}}, "ready": True}
+# a container that stopped being ready by itself is the kubelet's word, not a node gone
+STOPPED = {"state": {"terminated": {"reason": "Completed", "exitCode": 0}}, "ready": False}
+FAILED = {"state": {"terminated": {"reason": "Error", "exitCode": 3}}}
+CREATING = {"state": {"waiting": {"reason": "ContainerCreating"}}}
+
+
+def pod_json(phase: str, container: dict, ready: str | None = None) -> dict:
+    """A pod as the API's JSON has it: ``phase``, one container's status, its Ready condition if any."""
+    status = {"phase": phase, "containerStatuses": [container]}
+    if ready is not None:
+        status["conditions"] = [{"type": "Ready", "status": ready}]
+    return {"metadata": {"name": "wb-1a-x"}, "spec": {"nodeName": "n2"}, "status": status}
+
+
+@pytest.mark.parametrize(("pod", "lost"), [
+    (pod_json("Running", RUNNING, "True"), None),
+    (pod_json("Failed", FAILED), "ended: its pod failed (Error, exit code 3)"),
+    (pod_json("Running", STOPPED, "False"), None),
+    (pod_json("Running", RUNNING, "False"),
+     "cut off: its node n2 is NotReady (its kubelet stopped reporting)"),
+], ids=["running", "failed", "container-stopped", "node-notready"])
+def test_the_apis_json_of_a_pod_reads_as_the_pool_says_it(pod, lost):
+    assert lost_how(pod) == lost
+
+
+@pytest.mark.parametrize("pod", [pod_json("Running", RUNNING), pod_json("Pending", CREATING)],
+                         ids=["running", "on-its-way"])
+def test_a_pod_that_runs_or_is_on_its_way_is_not_blocked(pod):
+    assert blocked_how(pod) is None

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -167,24 +166,19 @@ def expand_counts(text: str) -> list[int]:
     return out
 
 
-def expand_hostlist(text: str) -> list[str]:
-    """Slurm's compact node list, one name per node (one bracket per name; zero-padding kept).
-
-    >>> expand_hostlist("n[1-2],gpu[08-10,12],login")
-    ['n1', 'n2', 'gpu08', 'gpu09', 'gpu10', 'gpu12', 'login']
-    """
-    names: list[str] = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?([^,\[]*)", text):
-        prefix, ranges, suffix = m[1], m[2], m[3]
-        if not ranges:
-            names.append(prefix + suffix)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            hi = hi or lo
-            for i in range(int(lo), int(hi) + 1):
-                names.append(f"{prefix}{str(i).zfill(len(lo))}{suffix}")
-    return names
+def hostnames(nodelist: str) -> list[str]:
+    """Slurm's compact node list (``n[1-2],gpu[08-10]``), one name per node, as Slurm itself expands it
+    (``scontrol show hostnames``: it reads slurm.conf and asks no daemon)."""
+    if not nodelist:
+        return []
+    try:
+        done = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                              timeout=SCONTROL_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ValueError(f"scontrol did not answer ({exc}): the nodes of {nodelist} are unknown.") from None
+    if done.returncode != 0:
+        raise ValueError(f"scontrol cannot expand the node list {nodelist}: {done.stderr.strip()}")
+    return done.stdout.split()
 
 
 def parse_gpus(gres: str) -> int:
@@ -211,7 +205,8 @@ def parse_end(text: str, limit: str = "") -> float | None:
 
 
 def parse_job(text: str) -> dict:
-    """What ``scontrol -d show job J`` says of a job: its state, node list, end, and each node's GPUs.
+    """What ``scontrol -d show job J`` says of a job: its state, node list, end, and the GPUs of each of its
+    nodes' groups (a compact node list each, as :func:`hostnames` expands it).
 
     >>> info = parse_job('''JobId=12 JobName=x
     ...    JobState=RUNNING Reason=None
@@ -221,16 +216,14 @@ def parse_job(text: str) -> dict:
     ...      Nodes=n[1-2] CPU_IDs=0-7 Mem=0 GRES=gpu:4(IDX:0-3)
     ... ''')
     >>> info["state"], info["nodelist"], info["gpus"], info["limit"]
-    ('RUNNING', 'n[1-2]', {'n1': 4, 'n2': 4}, '00:30:00')
+    ('RUNNING', 'n[1-2]', {'n[1-2]': 4}, '00:30:00')
     """
     def field(name: str) -> str:
         m = re.search(rf"(?:^|\s){name}=(\S*)", text)
         return m[1] if m else ""
 
-    gpus: dict[str, int] = {}
-    for m in re.finditer(r"^\s*Nodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=(\S*)", text, re.MULTILINE):
-        for name in expand_hostlist(m[1]):
-            gpus[name] = parse_gpus(m[2])
+    gpus = {m[1]: parse_gpus(m[2])
+            for m in re.finditer(r"^\s*Nodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=(\S*)", text, re.MULTILINE)}
     return {"state": field("JobState"), "nodelist": field("NodeList"), "end": field("EndTime"),
             "limit": field("TimeLimit"), "gpus": gpus}
 
@@ -258,11 +251,12 @@ def read(env=None) -> Job:
                         "OnDemand, a JupyterHub with batchspawner, salloc, sbatch), or use --launcher slurm "
                         "to submit a job.")
     info = parse_job(_scontrol_job(job))
-    names = expand_hostlist(env.get("SLURM_JOB_NODELIST") or info["nodelist"])
+    names = hostnames(env.get("SLURM_JOB_NODELIST") or info["nodelist"])
+    gpus = {name: k for group, k in info["gpus"].items() for name in hostnames(group)}
     tasks = expand_counts(env.get("SLURM_TASKS_PER_NODE", "")) or [1] * len(names)
     cpus = expand_counts(env.get("SLURM_JOB_CPUS_PER_NODE", "")) or tasks
     nodes = tuple(Node(name, tasks[min(i, len(tasks) - 1)], cpus[min(i, len(cpus) - 1)],
-                       info["gpus"].get(name, 0)) for i, name in enumerate(names))
+                       gpus.get(name, 0)) for i, name in enumerate(names))
     return Job(job, nodes, parse_end(info["end"], info["limit"]))
 
 
@@ -302,43 +296,3 @@ def slurmd_port() -> int:
         return 6818
     m = re.search(r"^SlurmdPort\s*=\s*(\d+)", out, re.MULTILINE)
     return int(m[1]) if m else 6818
-
-
-def time_left(ends: float | None, now: float | None = None) -> str:
-    """The time left until ``ends``, as a person says it ('' for no limit).
-
-    >>> time_left(1000.0, now=1000.0 - 5000), time_left(100.0, now=130.0), time_left(None)
-    ('1 h 23 min left', 'time limit reached', '')
-    """
-    if ends is None:
-        return ""
-    left = ends - (time.time() if now is None else now)
-    if left <= 0:
-        return "time limit reached"
-    minutes = int(left // 60)
-    if minutes < 1:
-        return f"{int(left)} s left"
-    if minutes < 60:
-        return f"{minutes} min left"
-    return f"{minutes // 60} h {minutes % 60} min left"
-
-
-def words(record: dict | None, ends: float | None = None, now: float | None = None) -> str:
-    """A pool's Slurm job and its time left, from its state (``allocation``, ``ends``), as ``%dist status``,
-    the card and ``workbench pools`` say it ('' for a pool in no Slurm job).
-
-    >>> words({"job": "12", "nodes": ["n1", "n2"], "gpus": 8, "tasks": 8, "inside": True}, 5000.0, now=0.0)
-    'inside Slurm job 12 (2 nodes, 8 GPUs) · 1 h 23 min left'
-    >>> words({"job": "13", "nodes": ["n1"], "gpus": 0, "tasks": 2, "inside": False}, None)
-    'in Slurm job 13 (1 node, 2 tasks, no GPU)'
-    """
-    if not record:
-        return ""
-    count = len(record.get("nodes") or [])
-    nodes = f"{count} node{'s' if count != 1 else ''}"
-    gpus, tasks = int(record.get("gpus") or 0), int(record.get("tasks") or 0)
-    what = f"{gpus} GPU{'s' * (gpus != 1)}" if gpus else f"{tasks} task{'s' * (tasks != 1)}, no GPU"
-    where = "inside" if record.get("inside") else "in"
-    said = f"{where} Slurm job {record.get('job', '?')} ({nodes}, {what})"
-    left = time_left(ends, now)
-    return f"{said} · {left}" if left else said

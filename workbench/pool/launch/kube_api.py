@@ -93,13 +93,11 @@ def connect(namespace: str | None = None, kubeconfig: str | None = None, context
             api_client = client.ApiClient(cfg)
             default_ns = open(IN_CLUSTER_NS).read().strip()
         else:
-            kubeconfig = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
+            # every file KUBECONFIG lists, which the client merges (the lease's command gets the list)
+            kubeconfig = kubeconfig or os.environ.get("KUBECONFIG") or None
             api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
-            _, current = config.list_kube_config_contexts(config_file=kubeconfig)
-            chosen = current
-            if context:
-                contexts, _ = config.list_kube_config_contexts(config_file=kubeconfig)
-                chosen = next((c for c in contexts if c["name"] == context), current)
+            contexts, current = config.list_kube_config_contexts(config_file=kubeconfig)
+            chosen = next((c for c in contexts if c["name"] == context), current) if context else current
             default_ns = (chosen or {}).get("context", {}).get("namespace") or "default"
     except (k8s.config.ConfigException, OSError) as exc:
         raise ValueError(f"--launcher kubernetes found no cluster to talk to: {exc}. Set KUBECONFIG (or "

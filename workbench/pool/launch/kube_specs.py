@@ -236,13 +236,11 @@ def unknown_fields(sent: Any, kept: Any, path: str = "") -> list[str]:
 def check(pod: dict) -> None:
     """``pod`` as the API's own models read it (the official client's): a ValueError naming a field of the
     wrong type or one the API does not have, before anything is sent."""
+    from workbench.pool.launch.kube_api import client_module
+
+    client = client_module().client  # a ValueError saying how to install it
     try:
-        from kubernetes.client import ApiClient, V1Pod
-    except ImportError:
-        raise ValueError("--launcher kubernetes needs the official Kubernetes client: pip install "
-                         "'distributed-workbench[kubernetes]' (or kubernetes==37.0.2).") from None
-    try:
-        kept = ApiClient().sanitize_for_serialization(V1Pod.from_dict(pod))
+        kept = client.ApiClient().sanitize_for_serialization(client.V1Pod.from_dict(pod))
     except Exception as exc:  # pydantic's ValidationError names the field and what it takes
         first = str(exc).strip().splitlines()
         raise ValueError(f"the engine pod is not a valid Pod: {' '.join(first[1:3]) or first[0]} (check the "

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -359,9 +358,7 @@ class Kubernetes(Launcher):
         """Running pods the ``pods`` selector chooses that hold no engine of this pool yet, each with how many
         engines it takes (its GPUs, else one)."""
         api = self.api
-        taken = set()
-        if self._watch is not None or self._pool_id:
-            taken = {name for name in self._taken_pods()}
+        taken = _taken.get(self._pool_id or "", set())
         found = api.core.list_namespaced_pod(api.namespace, label_selector=self.config.pods,
                                              _request_timeout=kube_api.REQUEST_TIMEOUT_S).items
         free = []
@@ -374,9 +371,6 @@ class Kubernetes(Launcher):
                 gpus += int(limits.get(kube_specs.GPU, 0) or 0)
             free.append((pod.metadata.name, gpus or 1))
         return free
-
-    def _taken_pods(self) -> set[str]:
-        return set(_taken.get(self._pool_id or "", set()))
 
     def _choose_pods(self, n: int) -> list[tuple[str, int]]:
         chosen, left = [], n
@@ -526,15 +520,3 @@ class Kubernetes(Launcher):
 
 
 _taken: dict[str, set[str]] = {}  # pool id -> the running pods it started engines in (``pods``)
-
-
-def wait_gone(api: kube_api.Api, pool_id: str, timeout: float) -> bool:
-    """True once no pod of the pool is left (for tests and the lease)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not kube_api.pool_pods(api, pool_id):
-            return True
-        time.sleep(0.2)
-    return False
-
-

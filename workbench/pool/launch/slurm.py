@@ -100,14 +100,11 @@ class Slurm(Launcher):
         if job is None or (self._record is not None and self._record["job"] == job):
             return self._record if job is not None else None
         try:
-            out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T|%N"], capture_output=True, text=True,
-                                 timeout=SQUEUE_TIMEOUT_S).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
+            state, nodes = slurm_steps.held_nodes(job)
+        except ValueError:  # squeue or scontrol did not answer: asked again at the next record
             return None
-        state, _, nodelist = out.partition("|")
-        if state != "RUNNING" or not nodelist:
+        if state != "RUNNING" or not nodes:
             return None
-        nodes = allocation.expand_hostlist(nodelist)
         self._record = {"job": job, "nodes": nodes, "gpus": len(nodes) * (self.config.gpus_per_node or 0),
                         "tasks": self.default_engines(), "inside": False}
         return self._record

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from ipyparallel.cluster.launcher import ipengine_cmd_argv
 
+from workbench.pool.launch import allocation
 from workbench.pool.launch.base import go_on
 
 SQUEUE_TIMEOUT_S = 10
@@ -76,9 +77,7 @@ def held_nodes(job: str) -> tuple[str, list[str]]:
     state, _, nodelist = out.partition("|")
     if not state:
         return "ENDED", []
-    names = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                           timeout=SQUEUE_TIMEOUT_S).stdout.split() if nodelist else []
-    return state, names
+    return state, allocation.hostnames(nodelist)
 
 
 def place(lost: list, left: int, held: Callable[[str], tuple[str, list[str]]] = held_nodes

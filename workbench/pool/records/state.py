@@ -228,6 +228,50 @@ def _check(name: str, value: Any, hint: Any) -> None:
         raise ValueError(f"{name} must be {names}, not {type(value).__name__} ({value!r:.40})")
 
 
+# -- the Slurm job a pool runs in, as people read it (``workbench pools``, the card, ``%dist status``) --
+
+
+def time_left(ends: float | None, now: float | None = None) -> str:
+    """The time left until ``ends``, as a person says it ('' for no limit).
+
+    >>> time_left(1000.0, now=1000.0 - 5000), time_left(100.0, now=130.0), time_left(None)
+    ('1 h 23 min left', 'time limit reached', '')
+    """
+    if ends is None:
+        return ""
+    left = ends - (time.time() if now is None else now)
+    if left <= 0:
+        return "time limit reached"
+    minutes = int(left // 60)
+    if minutes < 1:
+        return f"{int(left)} s left"
+    if minutes < 60:
+        return f"{minutes} min left"
+    return f"{minutes // 60} h {minutes % 60} min left"
+
+
+def allocation_words(record: dict | None, ends: float | None = None, now: float | None = None) -> str:
+    """A pool's Slurm job and its time left, from its state (``allocation``, ``ends``), as ``%dist status``,
+    the card and ``workbench pools`` say it ('' for a pool in no Slurm job).
+
+    >>> job = {"job": "12", "nodes": ["n1", "n2"], "gpus": 8, "tasks": 8, "inside": True}
+    >>> allocation_words(job, 5000.0, now=0.0)
+    'inside Slurm job 12 (2 nodes, 8 GPUs) · 1 h 23 min left'
+    >>> allocation_words({"job": "13", "nodes": ["n1"], "gpus": 0, "tasks": 2, "inside": False}, None)
+    'in Slurm job 13 (1 node, 2 tasks, no GPU)'
+    """
+    if not record:
+        return ""
+    count = len(record.get("nodes") or [])
+    nodes = f"{count} node{'s' if count != 1 else ''}"
+    gpus, tasks = int(record.get("gpus") or 0), int(record.get("tasks") or 0)
+    what = f"{gpus} GPU{'s' * (gpus != 1)}" if gpus else f"{tasks} task{'s' * (tasks != 1)}, no GPU"
+    where = "inside" if record.get("inside") else "in"
+    said = f"{where} Slurm job {record.get('job', '?')} ({nodes}, {what})"
+    left = time_left(ends, now)
+    return f"{said} · {left}" if left else said
+
+
 def write_state(pool_id: str, state: PoolState) -> Path:
     """Write atomically (rename), so a reader never sees half a file; 0600."""
     path = state_path(pool_id)

@@ -8,13 +8,17 @@ the end is near. ``warn(text)`` is called once, ``before`` seconds before the en
 left); ``ended(text)`` once the job no longer holds its nodes. Pure threading: what to do is the caller's
 (the session says it in the notebook and asks the ranks' Trainers to checkpoint; then it stops the pool).
 
->>> said = []
->>> end = time.time() + 0.4
->>> watch = Walltime(lambda: (time.time() < end, end), job="Slurm job 12 (1 node, 2 tasks, no GPU)",
-...                  before=0.2, warn=said.append, ended=said.append, look=0.02, every=0.05)
->>> time.sleep(1.0); len(said), " ends in 0 s (at " in said[0], "has ended" in said[1]
-(2, True, True)
->>> watch.close()
+>>> said, warned, over = [], threading.Event(), threading.Event()
+>>> end = time.time() + 30
+>>> watch = Walltime(lambda: (not over.is_set(), end), job="Slurm job 12 (1 node, 2 tasks, no GPU)",
+...                  before=60, warn=lambda text: (said.append(text), warned.set()), ended=said.append,
+...                  look=0.02, every=0.05)
+>>> warned.wait(10)
+True
+>>> over.set(); watch._thread.join(10)  # Slurm says the job is over: the watch says so and ends
+>>> len(said), said[0].startswith("workbench: Slurm job 12 (1 node, 2 tasks, no GPU) ends in "), said[1]
+(2, True, 'workbench: Slurm job 12 (1 node, 2 tasks, no GPU) has ended (its time limit, or it was \
+cancelled): Slurm ended its steps and the pool was stopped; start a new allocation, then `%dist start`.')
 """
 
 from __future__ import annotations
