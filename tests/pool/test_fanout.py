@@ -11,7 +11,7 @@ import re
 import pytest
 from ipyparallel.error import CompositeError
 
-from tests.conftest import alive
+from tests.conftest import alive, until
 from workbench import RankError, Session
 from workbench.remote.host_replies import HostCell
 
@@ -49,6 +49,11 @@ def test_a_cell_goes_once_and_comes_back_once_per_host(monkeypatch):
     pids = s.pids()
     try:
         assert s.hubs() == {"h0": (0, 1), "h1": (2, 3)}
+        # the ranks' beacons and metrics come through their hubs: the hosts' tables and batches, read as the
+        # ranks' own (every rank's beacon kept, every rank's device samples in the collector)
+        beacons = s.rooms.beacons
+        assert until(lambda: beacons.tables > 0 and set(beacons.latest) == {0, 1, 2, 3}, 30), beacons.latest
+        assert until(lambda: set(s.metrics.devices) == {0, 1, 2, 3}, 30), (s.metrics.devices, s.metrics.stats)
         sent = len(s.client.history)
         cell, result, _ = _cell(s, "x = rank * 10")
         assert isinstance(cell.replies, HostCell)
