@@ -5,13 +5,33 @@ pool has no hubs and a cell is one request per rank, as before."""
 
 from __future__ import annotations
 
-import pytest
+import os
+import re
 
-from tests.conftest import alive
+import pytest
+from ipyparallel.error import CompositeError
+
+from tests.conftest import alive, until
 from workbench import RankError, Session
 from workbench.remote.host_replies import HostCell
 
 pytestmark = pytest.mark.timeout(240)
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _ipython_header(ename: str, traceback: str) -> bool:
+    """Whether ``traceback`` is IPython's (its header: the exception's name, then "Traceback (most recent call
+    last)" on one line; Python's own has neither on the line of the other)."""
+    header = rf"^{ename} +Traceback \(most recent call last\)"
+    return re.search(header, ANSI.sub("", traceback), re.M) is not None
+
+
+def _raise_in(pid: int, text: str) -> int:
+    """On a rank: ``ValueError(text)`` in the engine ``pid``, the engine's pid elsewhere."""
+    if os.getpid() == pid:
+        raise ValueError(text)
+    return os.getpid()
 
 
 def _cell(s: Session, code: str):
@@ -29,6 +49,11 @@ def test_a_cell_goes_once_and_comes_back_once_per_host(monkeypatch):
     pids = s.pids()
     try:
         assert s.hubs() == {"h0": (0, 1), "h1": (2, 3)}
+        # the ranks' beacons and metrics come through their hubs: the hosts' tables and batches, read as the
+        # ranks' own (every rank's beacon kept, every rank's device samples in the collector)
+        beacons = s.rooms.beacons
+        assert until(lambda: beacons.tables > 0 and set(beacons.latest) == {0, 1, 2, 3}, 30), beacons.latest
+        assert until(lambda: set(s.metrics.devices) == {0, 1, 2, 3}, 30), (s.metrics.devices, s.metrics.stats)
         sent = len(s.client.history)
         cell, result, _ = _cell(s, "x = rank * 10")
         assert isinstance(cell.replies, HostCell)
@@ -46,7 +71,17 @@ def test_a_cell_goes_once_and_comes_back_once_per_host(monkeypatch):
             _cell(s, "if rank == 3:\n    raise ValueError(f'bad {rank}')")
         assert raised.value.rank == 3 and "ValueError" in str(raised.value) and "bad 3" in str(raised.value)
         err = raised.value.failures[0][1]
-        assert "ValueError" in err.traceback and "bad 3" in err.traceback  # IPython's traceback, of rank 3
+        # IPython's traceback of rank 3 (its header, and the cell's frame as IPython names it), not Python's
+        assert _ipython_header("ValueError", err.traceback), err.traceback
+        assert "Cell In[" in ANSI.sub("", err.traceback) and "bad 3" in err.traceback, err.traceback
+
+        # a call on every rank (one broadcast request): the failing rank's error with IPython's traceback
+        with pytest.raises(CompositeError) as raised:
+            s.apply(_raise_in, s.ranks[2].pid, "bad call")
+        [(ename, evalue, traceback, info)] = raised.value.elist
+        assert (ename, evalue, info["engine_id"]) == ("ValueError", "bad call", s.ranks[2].engine_id)
+        assert _ipython_header("ValueError", traceback), traceback
+        assert "in _raise_in(pid, text)" in ANSI.sub("", traceback), traceback
 
         _, result, _ = _cell(s, "rank + 100")
         assert [r.result["text/plain"] for r in result.ranks] == ["100", "101", "102", "103"]
@@ -66,6 +101,10 @@ def test_without_fanout_a_cell_is_a_request_per_rank(monkeypatch):
         # the cell and the call that follows it, each once a rank
         assert not isinstance(cell.replies, HostCell) and len(s.client.history) - sent == 2 * 2
         assert s.pull("x") == [0, 1]
+        with pytest.raises(CompositeError) as raised:  # ipyparallel's own apply: IPython's traceback as well
+            s.apply(_raise_in, s.ranks[1].pid, "bad call")
+        [(ename, _, traceback, _)] = raised.value.elist
+        assert ename == "ValueError" and _ipython_header("ValueError", traceback), traceback
     finally:
         s.stop()
     assert alive(pids) == []

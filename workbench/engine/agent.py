@@ -155,8 +155,8 @@ class Agent:
         self.wakeups = 0  # rounds of the loop (between cells about one a second)
         self._seen: collections.deque = collections.deque(maxlen=512)
         self._ctx = zmq.Context()
-        self._push = wire.pusher(self._ctx, channel["up"], hwm=8)  # a slow kernel drops old beats
-        self._sub = wire.subscriber(self._ctx, channel["out"], wire.COMMAND)
+        self._push = wire.pusher(self._ctx, self.channel["up"], hwm=8)  # a slow kernel drops old beats
+        self._sub = wire.subscriber(self._ctx, self.channel["out"], wire.COMMAND)
         self._wake_r, self._wake_w = os.pipe()  # a byte here: a request began (see wake)
         os.set_blocking(self._wake_w, False)
         self._halt = threading.Event()

@@ -13,12 +13,13 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display, publish_display_data
 
+from workbench import lines
 from workbench import session as session_mod
 from workbench.config import PoolConfig
 from workbench.errors import CellInterrupted, CellTimeout, NoPoolError, PoolGone, RankError
-from workbench.magics import rank_tabs, spread
+from workbench.magics import rank_tabs
 from workbench.magics.args import parse_cell, parse_dist, pool_config_options
-from workbench.magics.output import LineMerger, hold_for, print_stream
+from workbench.magics.output import LineMerger, print_stream
 from workbench.pool.records.state import allocation_words
 from workbench.session import Session, format_ranks, ranks_text
 from workbench.session.stack_report import started_lines
@@ -255,7 +256,7 @@ class DistributedMagics(Magics):
         """``%dist run script.py [--ranks R] [--timeout S] [--quiet] -- args``: a torchrun script as it is."""
         s = self._session("%dist run")
         ranks = self._targets(s, args.ranks)
-        spread_numbers = spread.wanted(None, len(ranks))
+        spread_numbers = lines.wanted(None, len(ranks))
         merger = None if args.quiet else _merger(s, ranks, spread_numbers)
         on_output = _rank_output(merger)
 
@@ -296,7 +297,7 @@ class DistributedMagics(Magics):
         args = parse_cell(line)
         s = self._session("%%distributed")
         ranks = self._targets(s, args.ranks)
-        spread_numbers = spread.wanted(args.spread, len(ranks))
+        spread_numbers = lines.wanted(args.spread, len(ranks))
         merger = None if args.quiet else _merger(s, ranks, spread_numbers)
         on_output = _rank_output(merger)
 
@@ -344,7 +345,7 @@ class DistributedMagics(Magics):
 def _merger(s: Session, ranks: list[int], spread_numbers: bool) -> LineMerger:
     """The merger of a cell's lines: over its ranks' text, or over its hosts' lines where each host's hub
     merged its own ranks' (the kernel then merges the hosts')."""
-    return LineMerger(ranks, print_stream, hold=hold_for(len(ranks)), spread_numbers=spread_numbers,
+    return LineMerger(ranks, print_stream, hold=lines.hold_for(len(ranks)), spread_numbers=spread_numbers,
                       units=s.hubs(ranks))
 
 

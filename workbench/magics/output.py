@@ -10,9 +10,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Hashable
 
-from workbench.lines import HOLD_SECONDS, Line, Merger, hold_for
+from workbench.lines import HOLD_SECONDS, Line, Merger
 
-__all__ = ["HOLD_SECONDS", "LineMerger", "hold_for", "print_stream"]
 
 class LineMerger(Merger):
     """Turns per-rank text streams (or the hosts' merged lines) into labelled lines.

@@ -192,24 +192,20 @@ class Collector:
         signer = wire.Signer(self.channel["key"])
         ctx = zmq.Context()
         sock = wire.subscriber(ctx, self.channel["out"], wire.METRICS, wire.HOST_METRICS)
-        try:
-            while not self._closed.is_set():
-                if not sock.poll(100):
-                    continue
-                while sock.poll(0):
-                    try:
-                        topic, data = signer.unpack(sock.recv_multipart())
-                    except wire.BadMessage as exc:
-                        with self._cv:
-                            self.stats["bad_messages"] += 1
-                        log.debug("dropped a message that is not this pool's: %s", exc)
-                        continue
-                    # a host's hub batches its ranks' messages, one a line (JSON holds no raw newline)
-                    for one in data.split(b"\n") if topic == wire.HOST_METRICS else (data,):
-                        self.ingest(one)
-        finally:
-            sock.close(0)
-            ctx.term()
+
+        def take(frames: list[bytes]) -> None:
+            try:
+                topic, data = signer.unpack(frames)
+            except wire.BadMessage as exc:
+                with self._cv:
+                    self.stats["bad_messages"] += 1
+                log.debug("dropped a message that is not this pool's: %s", exc)
+                return
+            # a host's hub batches its ranks' messages, one a line (JSON holds no raw newline)
+            for one in data.split(b"\n") if topic == wire.HOST_METRICS else (data,):
+                self.ingest(one)
+
+        wire.receive(ctx, sock, self._closed, take)
 
     def ingest(self, data: bytes, now: float | None = None) -> list[dict]:
         """Take one wire message; returns its new events. Never raises on a bad message."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from workbench.lines import shape, spread, wanted
 from workbench.magics.output import LineMerger
-from workbench.magics.spread import shape, spread, wanted
 
 pytestmark = pytest.mark.timeout(30)
 
