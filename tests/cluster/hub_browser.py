@@ -16,8 +16,8 @@ import traceback
 from pathlib import Path
 
 from tests.conftest import until
-from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, open_notebook
-from tests.ui.test_dashboard_browser import _run, _start_training
+from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, open_notebook, run_cell
+from tests.ui.test_dashboard_browser import _start_training
 
 WHERE = ("%%distributed\nimport os, socket\n"
          "print('WHERE', rank, socket.gethostname(), os.environ.get('SLURM_JOB_ID'),\n"
@@ -49,9 +49,9 @@ def session(page, spec: dict, out: dict) -> None:
     open_notebook(page, {"base": f"{hub}/user/{user}", "token": ""}, spec["notebook"])
     cells = page.locator(".jp-Notebook .jp-Cell")
     for i in range(3):  # %load_ext, %dist start -n 2, the Trainer's set-up
-        _run(page, cells, i)
+        run_cell(page, cells, i)
     out["start_cell"] = cells.nth(1).locator(".jp-OutputArea").inner_text()
-    where = _run(page, cells, 3).locator(".jp-OutputArea").inner_text()
+    where = run_cell(page, cells, 3).locator(".jp-OutputArea").inner_text()
     out["where"] = sorted(re.findall(r"WHERE (\d) (\S+) (\S+) (\S+)", where))
 
     cell, dash = _start_training(page, cells, 4, points=20)  # the live dashboard in the cell
@@ -77,7 +77,7 @@ def session(page, spec: dict, out: dict) -> None:
     expect(cell.locator(".jp-OutputArea")).to_contain_text("trained", timeout=180_000)
     plot = cell.locator(".jp-RenderedPlotly.js-plotly-plot")  # the run ended: plotly's static figure
     expect(plot.locator(".gtitle")).to_contain_text("finished at step", timeout=60_000)
-    stop = _run(page, cells, 5)  # %dist stop
+    stop = run_cell(page, cells, 5)  # %dist stop
     out["stop_cell"] = stop.locator(".jp-OutputArea").inner_text()
     expect(page.locator("#workbench-pools .wb-Card")).to_have_count(0, timeout=60_000)
     # the pool's steps end as Slurm completes them (slurmstepd reaps the tasks): awaited, bounded

@@ -141,6 +141,53 @@ def open_notebook(page, lab: dict, name: str) -> None:
     expect(idle).to_be_attached(timeout=90_000)
 
 
+DONE = re.compile(r"^\[\d+\]:$")  # the prompt of a cell that ran
+KERNELS = {"python3": "Python 3 (ipykernel)", "workbench-cpu": "Python 3 (workbench, CPU)"}
+
+
+def notebook(*sources: str, kernel: str = "python3") -> dict:
+    """A notebook of code cells, one a source, on ``kernel`` (a name of :data:`KERNELS`): for
+    :func:`run_lab`."""
+    return {
+        "cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": src}
+                  for src in sources],
+        "metadata": {"kernelspec": {"name": kernel, "display_name": KERNELS[kernel], "language": "python"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    }
+
+
+def run_cell(page, cells, i: int, wait: bool = True, timeout: float = 120_000):
+    """Run cell ``i`` of the open notebook (``cells``: its cells' locator) and, with ``wait``, wait until it
+    has run (else only until it started or was queued: the kernel's queue keeps the order); the cell.
+
+    A request sent while the kernel's connection settles can be lost (under load the command was seen to run
+    nothing): it is sent again only while the prompt still says "[ ]:", so a cell never runs twice."""
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import expect
+
+    cell = cells.nth(i)
+    for attempt in range(3):
+        try:
+            cell.scroll_into_view_if_needed()
+            cell.locator(".jp-InputPrompt").click()
+        except PlaywrightError:  # a notebook just opened may render its cells anew: find the cell again
+            if attempt == 2:
+                raise
+            continue
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-cell'); }")
+        try:
+            expect(cell.locator(".jp-InputPrompt")).not_to_have_text("[ ]:", timeout=10_000)
+            break
+        except (AssertionError, PlaywrightTimeout):
+            continue
+    else:
+        raise AssertionError(f"cell {i} never started: its prompt still says '[ ]:' after 3 tries")
+    if wait:
+        expect(cell.locator(".jp-InputPrompt")).to_have_text(DONE, timeout=timeout)
+    return cell
+
+
 def rest(lab: dict, method: str, path: str, body: dict | None = None) -> dict:
     """One authenticated call to the server's REST API; its JSON answer."""
     request = urllib.request.Request(f"{lab['base']}/{path}", method=method,

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ui.lab import needs_chromium, run_lab
+from tests.ui.lab import DONE, needs_chromium, notebook, run_cell, run_lab
 from tests.ui.test_dashboard_browser import (  # browser: the fixture
-    DONE,
     SHOTS,
     _open,
     _page,
-    _run,
     browser,  # noqa: F401
 )
 
@@ -46,24 +44,14 @@ dash"""
 END = "dash.finish(); print('ended')"
 
 
-def _notebook() -> dict:
-    return {
-        "cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": src}
-                  for src in (FEED, END)],
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
-                                    "language": "python"}},
-        "nbformat": 4, "nbformat_minor": 5,
-    }
-
-
 @pytest.mark.timeout(300)
 def test_sixteen_ranks_show_the_median_band_the_slowest_rank_and_a_rank_on_demand(tmp_path, browser):  # noqa: F811
     from playwright.sync_api import expect
 
-    with run_lab(tmp_path, {"ranks16.ipynb": _notebook()}) as lab:
+    with run_lab(tmp_path, {"ranks16.ipynb": notebook(FEED, END)}) as lab:
         with _page(browser, lab, "25-aggregate") as page:
             cells = _open(page, lab, "ranks16.ipynb")
-            cell = _run(page, cells, 0)
+            cell = run_cell(page, cells, 0)
             dash = cell.locator(".workbench-dashboard")
             expect(dash.locator(".main-svg").first).to_be_visible(timeout=90_000)
             plot = dash.locator(".js-plotly-plot").first
@@ -77,7 +65,7 @@ def test_sixteen_ranks_show_the_median_band_the_slowest_rank_and_a_rank_on_deman
             dash.screenshot(path=str(SHOTS / "25-aggregate-live.png"))
 
             # the run ends: its figure has every rank's line, hidden until asked for
-            _run(page, cells, 1)
+            run_cell(page, cells, 1)
             expect(cells.nth(1).locator(".jp-InputPrompt")).to_have_text(DONE)
             static = cell.locator(".jp-RenderedPlotly.js-plotly-plot")
             expect(static.locator(".gtitle")).to_contain_text("slowest rank 7", timeout=60_000)

@@ -19,13 +19,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, open_notebook, run_lab
+from tests.ui.lab import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    DONE,
+    needs_chromium,
+    notebook,
+    open_notebook,
+    run_cell,
+    run_lab,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "build" / "ui"
 STEPS = 300
 PLOTLY = "application/vnd.plotly.v1+json"
-DONE = re.compile(r"^\[\d+\]:$")  # the prompt of a cell that ran
 
 pytestmark = [pytest.mark.slow, needs_chromium]
 
@@ -60,13 +68,7 @@ FAIL = "%%distributed\ntrainer(Boom()).run(steps=200)"
 
 
 def _notebook(*cells: str) -> dict:
-    return {
-        "cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": src}
-                  for src in ("%load_ext workbench", "%dist start -n 2", SETUP, *cells, "%dist stop")],
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
-                                    "language": "python"}},
-        "nbformat": 4, "nbformat_minor": 5,
-    }
+    return notebook("%load_ext workbench", "%dist start -n 2", SETUP, *cells, "%dist stop")
 
 
 @pytest.fixture
@@ -89,36 +91,8 @@ def _open(page, lab, name: str, set_up: int = 0):
     open_notebook(page, lab, name)
     cells = page.locator(".jp-Notebook .jp-Cell")
     for i in range(set_up):
-        _run(page, cells, i)
+        run_cell(page, cells, i)
     return cells
-
-
-def _run(page, cells, i: int, wait: bool = True, timeout: float = 120_000):
-    """Run cell ``i`` (and wait until it has run)."""
-    from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    from playwright.sync_api import expect
-
-    cell = cells.nth(i)
-    for attempt in range(3):  # a request sent while the connection settles can be lost: send it again
-        try:
-            cell.scroll_into_view_if_needed()
-            cell.locator(".jp-InputPrompt").click()
-        except PlaywrightError:  # a notebook just opened may render its cells anew: find the cell again
-            if attempt == 2:
-                raise
-            continue
-        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-cell'); }")
-        try:
-            expect(cell.locator(".jp-InputPrompt")).not_to_have_text("[ ]:", timeout=10_000)
-            break
-        except (AssertionError, PlaywrightTimeout):
-            continue
-    else:
-        raise AssertionError(f"cell {i} never started: its prompt still says '[ ]:' after 3 tries")
-    if wait:
-        expect(cell.locator(".jp-InputPrompt")).to_have_text(DONE, timeout=timeout)
-    return cell
 
 
 def _start_training(page, cells, i: int, points: int):
@@ -126,7 +100,7 @@ def _start_training(page, cells, i: int, points: int):
     the dashboard."""
     from playwright.sync_api import expect
 
-    cell = _run(page, cells, i, wait=False)
+    cell = run_cell(page, cells, i, wait=False)
     dash = cell.locator(".workbench-dashboard")
     expect(dash).to_be_visible(timeout=90_000)
     page.wait_for_function(  # the loss lines of both ranks in the page's plotly figure
@@ -208,7 +182,7 @@ def test_dashboard_is_live_then_static_and_survives_save_restart_reload(tmp_path
             points = _static_figure(cell, f"finished at step {STEPS}")
             assert points[:2] == [["rank 0", STEPS], ["rank 1", STEPS]], points
             cell.screenshot(path=str(SHOTS / "dashboard-finished.png"))
-            _run(page, cells, 4)  # %dist stop
+            run_cell(page, cells, 4)  # %dist stop
             expect(cells.nth(4)).to_contain_text("stopped")
 
             # save, restart the kernel, reload the page: the figure is still there
@@ -253,12 +227,12 @@ def test_dashboard_after_an_interrupt_and_after_a_failure(tmp_path, browser):
 
             # rank 1 raises at its 20th step: "failed: rank 1: ValueError: bad batch", its points kept (19:
             # its callback raised before the publisher, a later callback, saw step 20)
-            cell = _run(page, cells, 4)
+            cell = run_cell(page, cells, 4)
             points = _static_figure(cell, "failed: rank 1: ValueError: bad batch")
             assert points[1] == ["rank 1", 19] and points[0][1] >= 19, points
             expect(cell.locator(".jp-OutputArea")).to_contain_text("ValueError")  # the cell's own error
             cell.screenshot(path=str(SHOTS / "dashboard-failed.png"))
-            _run(page, cells, 5)
+            run_cell(page, cells, 5)
             expect(cells.nth(5)).to_contain_text("stopped")
 
 
@@ -272,9 +246,9 @@ def test_after_dist_restart_the_next_runs_dashboard_shows_every_rank(tmp_path, b
         with _page(browser, lab, "dashboard-restart") as page:
             cells = _open(page, lab, "again.ipynb", set_up=4)  # the first run went to its end
             _static_figure(cells.nth(3), f"finished at step {STEPS}")
-            restarted = _run(page, cells, 4)
+            restarted = run_cell(page, cells, 4)
             expect(restarted.locator(".jp-OutputArea")).to_contain_text("the process group is re-formed")
-            _run(page, cells, 5)
+            run_cell(page, cells, 5)
             # live: both ranks' lines drawn and a device row each
             cell, dash = _start_training(page, cells, 6, points=20)
             rows = dash.locator(".workbench-device-panel tr[data-rank]")
@@ -290,5 +264,5 @@ def test_after_dist_restart_the_next_runs_dashboard_shows_every_rank(tmp_path, b
                 "el => el._fullData[0].y.some((v, i) => v !== el._fullData[1].y[i])")
             assert apart, "rank 0's and rank 1's loss lines are one line"
             cell.screenshot(path=str(SHOTS / "24-5-dashboard-after-restart.png"))
-            _run(page, cells, 7)
+            run_cell(page, cells, 7)
             expect(cells.nth(7)).to_contain_text("stopped")

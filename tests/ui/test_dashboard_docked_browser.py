@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import alive
 from tests.server.test_dashboard_route import TRAINS
-from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, open_notebook, run_lab
+from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, notebook, open_notebook, run_lab
 from workbench.pool.records.sharing import name_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,13 +33,7 @@ STEP = re.compile(r"run 1 training · step \d+")
 
 pytestmark = [pytest.mark.slow, needs_chromium]
 
-IDLE_NOTEBOOK = {
-    "cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
-               "source": "# this notebook trains nothing: the pool is another notebook's"}],
-    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
-                                "language": "python"}},
-    "nbformat": 4, "nbformat_minor": 5,
-}
+IDLE_NOTEBOOK = notebook("# this notebook trains nothing: the pool is another notebook's")
 
 
 @pytest.mark.timeout(420)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, open_notebook, run_lab
-from tests.ui.test_dashboard_browser import DONE, TRAIN, _notebook, _run
+from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, DONE, needs_chromium, open_notebook, run_cell, run_lab
+from tests.ui.test_dashboard_browser import TRAIN, _notebook
 
 SHOTS = Path(__file__).resolve().parents[2] / "build" / "ui"
 pytestmark = [pytest.mark.slow, needs_chromium]
@@ -44,8 +44,8 @@ def test_a_page_without_the_widget_extensions_sees_the_html_dashboard(tmp_path):
                 assert page.locator('li.lm-TabBar-tab[data-id="workbench-pools"]').count() == 0  # no sidebar
                 cells = page.locator(".jp-Notebook .jp-Cell")
                 for i in range(3):
-                    _run(page, cells, i)
-                cell = _run(page, cells, 3, wait=False)
+                    run_cell(page, cells, i)
+                cell = run_cell(page, cells, 3, wait=False)
                 dash = cell.locator(".workbench-dashboard-html")
                 expect(dash.locator("svg polyline").first).to_be_visible(timeout=90_000)
                 title = dash.locator(".workbench-dash-title")
@@ -56,7 +56,7 @@ def test_a_page_without_the_widget_extensions_sees_the_html_dashboard(tmp_path):
                 cell.screenshot(path=str(SHOTS / "dashboard-html-fallback.png"))
                 expect(cell.locator(".jp-InputPrompt")).to_have_text(DONE, timeout=180_000)
                 expect(cell.locator(".jp-OutputArea")).to_contain_text("finished at step 300", timeout=60_000)
-                _run(page, cells, 4)  # %dist stop
+                run_cell(page, cells, 4)  # %dist stop
                 expect(cells.nth(4)).to_contain_text("stopped")
             except Exception:
                 page.screenshot(path=str(SHOTS / "dashboard-html-fallback-failure.png"), full_page=True)

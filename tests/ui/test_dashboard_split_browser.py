@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.conftest import alive
-from tests.ui.lab import needs_chromium, run_lab
+from tests.ui.lab import needs_chromium, run_cell, run_lab
 from tests.ui.test_dashboard_browser import (  # browser: the fixture
     SHOTS,
     STEPS,
@@ -26,7 +26,6 @@ from tests.ui.test_dashboard_browser import (  # browser: the fixture
     _open,
     _page,
     _reload_to_image,
-    _run,
     _static_figure,
     browser,  # noqa: F401
 )
@@ -76,8 +75,8 @@ def test_the_dashboards_fit_the_split_view_and_a_reload_keeps_them_whole(tmp_pat
             docked = page.locator(".wb-DashboardPanel")
             header = docked.locator(".workbench-dashboard-header")
             expect(header).to_contain_text("no training run yet", timeout=60_000)
-            _run(page, cells, 2)
-            cell = _run(page, cells, 3, timeout=240_000)
+            run_cell(page, cells, 2)
+            cell = run_cell(page, cells, 3, timeout=240_000)
             _static_figure(cell, f"finished at step {STEPS}")
             expect(header).to_contain_text(f"finished at step {STEPS}", timeout=60_000)
             expect(docked.locator(".main-svg").first).to_be_visible()
@@ -105,7 +104,7 @@ def test_the_dashboards_fit_the_split_view_and_a_reload_keeps_them_whole(tmp_pat
             _laid_out(docked.locator(".js-plotly-plot").first, "docked")
             assert header.evaluate("(h) => h.scrollWidth <= h.clientWidth + 1"), header.inner_text()
             page.screenshot(path=str(SHOTS / "24-3-dashboard-split.png"))
-            _run(page, cells, 4)  # %dist stop
+            run_cell(page, cells, 4)  # %dist stop
 
             # save and reload: the docked panel comes back; the PNG fits the half-width cell
             with page.expect_response(lambda r: "/api/contents/train.ipynb" in r.url

@@ -16,13 +16,21 @@ Screenshots: build/ui/40-10-keep-output.png, 40-8-status-after-restart.png,
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import alive, until
-from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, open_notebook, rest, run_lab
+from tests.ui.lab import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    needs_chromium,
+    notebook,
+    open_notebook,
+    rest,
+    run_cell,
+    run_lab,
+)
 
 SHOTS = Path(__file__).resolve().parents[2] / "build" / "ui"
 NAME = "team-kept"
@@ -30,17 +38,8 @@ NAME = "team-kept"
 pytestmark = [pytest.mark.slow, needs_chromium]
 
 
-def _cell(source: str) -> dict:
-    return {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": source}
-
-
-NOTEBOOK = {
-    "cells": [_cell(f"%load_ext workbench\n%dist start -n 2 --timeout 90 --keep --name {NAME}"),
-              _cell("%load_ext workbench\n%dist status")],
-    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
-                                "language": "python"}},
-    "nbformat": 4, "nbformat_minor": 5,
-}
+NOTEBOOK = notebook(f"%load_ext workbench\n%dist start -n 2 --timeout 90 --keep --name {NAME}",
+                    "%load_ext workbench\n%dist status")
 
 
 @pytest.mark.timeout(600)
@@ -57,20 +56,7 @@ def test_keep_restart_and_attach_again_say_what_is_true(tmp_path):
         cells = page.locator(".jp-Notebook .jp-Cell")
 
         def run(index: int) -> None:
-            """Run cell ``index`` in the page and wait until it ran. A request sent while the kernel's
-            connection settles can be lost: sent again while the prompt still says "[ ]:"."""
-            prompt = cells.nth(index).locator(".jp-InputPrompt")
-            for _ in range(3):
-                prompt.click()
-                page.evaluate("() => { void window.jupyterapp.commands.execute('notebook:run-cell'); }")
-                try:
-                    expect(prompt).not_to_have_text("[ ]:", timeout=10_000)
-                    break
-                except AssertionError:
-                    continue
-            else:
-                raise AssertionError(f"cell {index} never started: its prompt still says '[ ]:'")
-            expect(prompt).to_have_text(re.compile(r"\[\d+\]"), timeout=180_000)
+            run_cell(page, cells, index, timeout=180_000)
 
         def output(index: int) -> str:
             return cells.nth(index).locator(".jp-OutputArea").inner_text()

@@ -228,33 +228,13 @@ def test_start_use_and_stop_a_pool_from_the_sidebar(lab, tmp_path):
     shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)
 
 
-def _run_cell(page, index: int) -> None:
-    """Select cell ``index`` of the open notebook and run it (the kernel's queue keeps the order). Under
-    load the first command was seen to run nothing (the prompt stayed "[ ]:"): it is sent again only then,
-    so a cell never runs twice."""
-    from playwright.sync_api import TimeoutError as NotYet
-
-    prompt = page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-InputPrompt")
-    before = prompt.inner_text()
-    for _ in range(3):
-        prompt.click()
-        page.evaluate("window.jupyterapp.commands.execute('notebook:run-cell')")
-        try:
-            page.wait_for_function("([el, before]) => el.innerText !== before",
-                                   arg=[prompt.element_handle(), before], timeout=10_000)
-            return
-        except NotYet:  # the run was not taken
-            continue
-    raise AssertionError(f"cell {index} did not start after three tries (its prompt stayed {before!r})")
-
-
 @pytest.mark.timeout(420)
 def test_the_sidebar_follows_a_notebook_that_starts_loses_a_rank_and_stops(lab, tmp_path):
     """Issue 24 items 2, 8 and 9 in the notebook: the card follows the notebook's start and stop, the
     lost rank is named after the step the ranks counted, its tab says how and when it went, "1 rank"."""
     from playwright.sync_api import expect, sync_playwright
 
-    from tests.ui.lab import open_notebook
+    from tests.ui.lab import open_notebook, run_cell
 
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
@@ -270,7 +250,7 @@ def test_the_sidebar_follows_a_notebook_that_starts_loses_a_rank_and_stops(lab, 
             cells = page.locator(".jp-Notebook .jp-Cell")
 
             # %dist start: the card runs once the notebook says the pool is ready
-            _run_cell(page, 0)
+            run_cell(page, cells, 0, wait=False)
             expect(cells.nth(0).locator(".jp-OutputArea")).to_contain_text("2 ranks, backend gloo",
                                                                            timeout=150_000)
             card = panel.locator(".wb-Card")
@@ -288,8 +268,8 @@ def test_the_sidebar_follows_a_notebook_that_starts_loses_a_rank_and_stops(lab, 
             pids = [rec["pid"] for rec in state.processes] + [r["pid"] for r in state.ranks]
 
             # the elastic run: rank 1 is killed after step 100, rank 0 goes on alone
-            _run_cell(page, 1)
-            _run_cell(page, 2)
+            run_cell(page, cells, 1, wait=False)
+            run_cell(page, cells, 2, wait=False)
             run = cells.nth(2).locator(".jp-OutputArea")
             expect(run).to_contain_text("rank 0: at step 300, world size 1", timeout=240_000)
             expect(run).to_contain_text("continuing on 1 rank after step 100")
@@ -300,14 +280,14 @@ def test_the_sidebar_follows_a_notebook_that_starts_loses_a_rank_and_stops(lab, 
                 r"rank 1 died after step 100 \(\d\d:\d\d:\d\d\); the run went on without it"))
             run.scroll_into_view_if_needed()
             page.screenshot(path=str(SHOTS / "24-9-lost-rank-tab.png"))
-            _run_cell(page, 3)
+            run_cell(page, cells, 3, wait=False)
             fault = cells.nth(3).locator(".jp-OutputArea")
             expect(fault).to_contain_text("rank 1 died after step 100; continuing on 1 rank", timeout=30_000)
             fault.scroll_into_view_if_needed()
             page.screenshot(path=str(SHOTS / "24-2-lost-rank-step.png"))
 
             # %dist stop: the card goes as the cell ends
-            _run_cell(page, 4)
+            run_cell(page, cells, 4, wait=False)
             expect(cells.nth(4).locator(".jp-OutputArea")).to_contain_text("stopped pool", timeout=60_000)
             expect(panel.locator(".wb-Card")).to_have_count(0, timeout=10_000)
             page.screenshot(path=str(SHOTS / "24-8-sidebar-follows-notebook-stop.png"))

@@ -659,16 +659,17 @@ class EnginePool:
         if self.client is not None:
             with contextlib.suppress(Exception):  # shutting engines down first keeps their tracebacks quiet
                 self.client.shutdown(targets="all", block=False)
-            self.client.close()
-            self.client = None
             # an engine asked to shut down exits in a moment, quietly; a SIGTERMed one writes a traceback
             # into the log, and ipyparallel copies a failed engine's log into its owner's (the Jupyter
             # server's) log. One that takes longer (torch._dynamo makes exit take seconds) is SIGKILLed:
-            # its state is being thrown away.
+            # its state is being thrown away. The client closes after: closed at once, it dropped the
+            # request unsent, and every engine was SIGKILLed after the whole grace
             _, slow = psutil.wait_procs(engines, timeout=grace)
             for proc in slow:
                 with contextlib.suppress(psutil.Error):
                     proc.kill()
+            self.client.close()
+            self.client = None
         ended = self.launcher.lease_jobs(self.pool_id)  # what its close() deletes itself (a Kubernetes pool's
         self.launcher.close()  # objects), after the engines were told
         if self._lease is not None:  # before the pool's processes: with its owner alive it only watches

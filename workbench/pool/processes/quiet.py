@@ -10,7 +10,7 @@ log had it 16 times). That sentence is wrong for these sessions only, so it is l
 - :func:`curve_client`: while a client of one of our pools is made (nothing else is left out, and only
   for that moment: a cluster of the person's own without a key, where the warning is true, still says it);
 - :func:`pool_process`: in the controller and engine processes a pool starts (all their sessions are
-  the pool's).
+  the pool's); in a local pool's zygote, once for all it forks.
 
 >>> import logging
 >>> log = logging.getLogger("quiet-doctest"); log.propagate = False

@@ -244,9 +244,6 @@ def _child(role: str, request: dict, keep_fds: set[int]) -> None:
             sys.argv = ["ipcontroller", *request["argv"]]
             _skip_database_pause()
             heart.install()
-        from workbench.pool.processes import quiet
-
-        quiet.pool_process()  # its sessions speak CurveZMQ: no "signing is disabled"
         main()
         code = 0
     except SystemExit as exc:
@@ -326,7 +323,10 @@ def _exit(code: int) -> None:
 
 def serve() -> None:
     """The zygote's loop: preload, fork on request, reap children, end the pool when stdin closes."""
+    from workbench.pool.processes import quiet
+
     _name(ZYGOTE_NAME)
+    quiet.pool_process()  # once, for every child: their sessions speak CurveZMQ (no "signing is disabled")
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)  # SIGCHLD wakes the loop: exited children are reaped at once
