@@ -39,6 +39,7 @@ from workbench.session.folders import Folders
 from workbench.session.group import ProcessGroup
 from workbench.session.health import Health
 from workbench.session.losses import fenced_rows
+from workbench.session.meshes import WHOLE, keys_for, mesh_of, resolve_on
 from workbench.session.recovery import Recovery, Transcript
 from workbench.session.results import CellResult
 from workbench.session.shared import Shared
@@ -83,10 +84,15 @@ class Rooms:
         return self.pool.launcher.on_this_machine
 
     # -- the group, and the rooms kept in step with it ----------------------------------------------
-    def form(self, reform: bool = False) -> None:
-        """(Re-)form the group on every rank, then watch the ranks and (re)connect their metrics."""
-        if reform:
-            self.group.reform(self.group.ranks)
+    def form(self, reform: bool = False, only=None, meshes: dict[str, list[int]] | None = None) -> None:
+        """(Re-)form the group on every rank (``only``: the groups of those sub-meshes; ``meshes``: split into
+        these, ``{}``: join), then watch the ranks and (re)connect their metrics."""
+        if meshes is not None:
+            self.group.split(meshes)
+        elif reform:
+            ranks = self.group.ranks if only is None else \
+                [r for name in sorted(only) for r in self.group.mesh_ranks(name)]
+            self.group.reform(ranks, only)
         else:
             self.group.form()
         self.follow_membership()
@@ -95,10 +101,11 @@ class Rooms:
         except Exception:
             log.warning("live metrics are off: the ranks' publishers did not start", exc_info=True)
 
-    def reform(self, since: float | None = None) -> None:
-        """Re-form the group after a fault; the fault counts as recovered from (``since``: when it began)."""
+    def reform(self, since: float | None = None, only=None) -> None:
+        """Re-form the group after a fault (``only``: those sub-meshes' groups); the fault counts as recovered
+        from (``since``: when it began)."""
         t0 = time.perf_counter() if since is None else since
-        self.form(reform=True)
+        self.form(reform=True, only=only)
         self.health.recovered(time.perf_counter() - t0)
 
     def follow_membership(self) -> None:
@@ -108,7 +115,7 @@ class Rooms:
         self.beacons.fence([r.host, r.pid] for r in self.group.fenced)  # refused, told to stop when heard
         self.shared.publish(ranks=[r.__dict__ for r in ranks], backend=self.group.backend,
                             backend_requested=self.config.backend, generation=self.group.generation,
-                            endpoints=self.group.endpoints, group_ok=True)
+                            endpoints=self.group.endpoints, group_ok=True, meshes=self.group.published())
         self.metrics.set_ranks(ranks)
 
     def catch_up(self) -> None:
@@ -154,19 +161,33 @@ class Rooms:
         too: a kept pool's owner is the Jupyter server, its cells come from kernels)."""
         return self.busy.locked() or self.shared.lock.used()
 
-    def resolve(self, ranks=None) -> list[RankInfo]:
-        """``None`` (all), a rank, a list of ranks or a spec like ``"0,2-3"``: the ranks, checked."""
+    def resolve(self, ranks=None, on: str | None = None) -> list[RankInfo]:
+        """``None`` (all), a rank, a list of ranks or a spec like ``"0,2-3"``: the ranks, checked; ``on``: the
+        ranks of that sub-mesh (``ranks``, if given, are pool ranks within it)."""
         world = self.group.ranks
-        if ranks is None:
+        if ranks is None and on is None:
             return list(world)
         if isinstance(ranks, str):
             ranks = parse_ranks(ranks, len(world))
         elif isinstance(ranks, int):
             ranks = [ranks]
-        bad = [r for r in ranks if not 0 <= r < len(world)]
+        bad = [r for r in ranks or () if not 0 <= r < len(world)]
         if bad:
             raise ValueError(f"rank {bad[0]} is out of range: this pool has ranks 0-{len(world) - 1}.")
+        if on is not None:
+            ranks = resolve_on(self.group.meshes, on, ranks)
         return [world[r] for r in sorted(set(ranks))]
+
+    # -- sub-meshes ----------------------------------------------------------------------------------
+    def split(self, meshes: dict[str, list[int]]) -> None:
+        """Form one default group per sub-mesh (``{}``: one of all, a join), in the whole pool's turn, Python
+        state kept; then watch the ranks and reconnect their metrics as after any forming."""
+        with self.held("a split" if meshes else "a join"):
+            dead = self.health.dead
+            if dead:
+                raise RankDiedError(f"rank {format_ranks(sorted(dead))} is dead: `%dist restart` brings it "
+                                    "back first (a split or a join forms a group on every rank).")
+            self.form(meshes=meshes)
 
     def ensure_group(self, targets: list[RankInfo] | None = None) -> None:
         """Before a cell: refuse with dead ranks among ``targets`` (default: all), re-form a process group
@@ -184,8 +205,11 @@ class Rooms:
                                 "(Session.restart()) starts a new engine for it and re-forms the process "
                                 "group.")
         self.group.heard_groups(self.beacons.latest)  # a cell before may have destroyed it without an error
-        if not self.group.ok:
-            self.reform()
+        ranks = [r.rank for r in (self.group.ranks if targets is None else targets)]
+        keys = keys_for(self.group.meshes, ranks)
+        broken = self.group.broken_in(keys)
+        if broken:  # in a split pool: only the sub-meshes of this cell (another may run a cell meanwhile)
+            self.reform(only=None if WHOLE in broken else broken)
 
     # -- cells ---------------------------------------------------------------------------------------
     def run_cell(self, cell: CellRun, code: str) -> CellResult:
@@ -223,9 +247,16 @@ class Rooms:
         if self.group.destroyed:
             return (f"process group: destroyed on {ranks_named(self.group.destroyed)} (torch's own "
                     "destroy_process_group, not the pool's deferred one); the next cell re-forms it")
-        if not self.group.ok:
+        group = self.group
+        if group.meshes:
+            return "process groups: " + "; ".join(
+                f"sub-mesh {name} (ranks {format_ranks(ranks)}): "
+                + ("aborted after a fault; its next cell re-forms it" if group.broken_in({name}) else
+                   f"formed (backend {group.backend}, world size {len(ranks)})")
+                for name, ranks in group.meshes.items())
+        if not group.ok:
             return "process group: aborted after a fault; the next cell re-forms it"
-        return f"process group: formed (backend {self.group.backend}, world size {len(self.group.ranks)})"
+        return f"process group: formed (backend {group.backend}, world size {len(group.ranks)})"
 
     def status(self) -> list[dict]:
         """One row per rank, then one per engine declared lost (:meth:`workbench.session.Session.status`)."""
@@ -235,7 +266,9 @@ class Rooms:
         beats = self.beacons.latest
         cell = self.running
         joining = cell.elastic.joining if cell is not None else set()  # in the plan, not trained in it yet
-        rows = [{"rank": r.rank, "host": self.pool.host_label(r.host), "pid": r.pid, "device": r.device,
+        meshes = self.group.meshes
+        rows = [{"rank": r.rank, **({"mesh": mesh_of(meshes, r.rank)} if meshes else {}),
+                 "host": self.pool.host_label(r.host), "pid": r.pid, "device": r.device,
                  "state": "joining" if r.engine_id in joining else states[r.rank],
                  "started": (beats.get(r.rank) or {}).get("children") or []}  # processes it started
                 for r in ranks]

@@ -26,6 +26,7 @@ from workbench.pool.rankmap import RankInfo
 from workbench.pool.records import sharing
 from workbench.pool.records import state as pool_state
 from workbench.session.group import ProcessGroup
+from workbench.session.meshes import WHOLE
 
 
 class Shared:
@@ -47,8 +48,8 @@ class Shared:
 
         with self.lock.held(waiting=waiting, what=what):
             yield
-            if not self.group.ok:
-                self.publish(group_ok=False)
+            if not self.group.ok:  # the whole pool's group, or a sub-mesh's (each marked in its record)
+                self.publish(group_ok=WHOLE not in self.group.broken, meshes=self.group.published())
 
     def catch_up(self) -> list[RankInfo] | None:
         """Take in what another notebook changed; the new ranks when they changed (the caller watches them),
@@ -63,13 +64,14 @@ class Shared:
         ranks = [RankInfo(**r) for r in state.ranks]
         if not ranks:
             return None
-        changed = ranks != self.group.ranks or state.generation != self.group.generation
-        ok = state.group_ok and (changed or self.group.ok)
+        changed = ranks != self.group.ranks or state.generation != self.group.generation \
+            or _formed(state.meshes) != _formed(self.group.published())
+        ok = state.group_ok and (changed or WHOLE not in self.group.broken)
         if not ok:
             self.group.mark_broken()
         if changed:
             self.group.follow(ranks, backend=state.backend, generation=state.generation,
-                              endpoints=state.endpoints, ok=ok)
+                              endpoints=state.endpoints, ok=ok, meshes=state.meshes)
             return ranks
         return None
 
@@ -90,3 +92,12 @@ class Shared:
             return os.stat(path).st_mtime_ns
         except FileNotFoundError:
             return None
+
+
+def _formed(meshes: dict) -> dict:
+    """The sub-meshes as formed (ranks, generation), whether or not a fault aborted one since.
+
+    >>> _formed({"a": {"ranks": [0, 1], "generation": 3, "ok": False}})
+    {'a': ([0, 1], 3)}
+    """
+    return {name: (list(m["ranks"]), int(m["generation"])) for name, m in meshes.items()}
