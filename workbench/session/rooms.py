@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable
 
@@ -44,6 +43,7 @@ from workbench.session.recovery import Recovery, Transcript
 from workbench.session.results import CellResult
 from workbench.session.shared import Shared
 from workbench.session.stack_report import StackGatherer
+from workbench.session.turns import Turn, Turns, behind
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Rooms:
         if not pool.channel:
             raise AssertionError("a running pool has its side channel (its state file records it)")
         self.pool, self.config, self.notify = pool, config, notify
-        self.busy = threading.Lock()  # held while a cell, a restart or a scale of this session runs
+        self.busy = Turns()  # held while a cell (on its sub-meshes), a restart, a scale of this session runs
         self.door = Door(pool)
         self.group = ProcessGroup(pool, config, self.door)
         # subscribed before the ranks join, so their first records wait for us
@@ -75,7 +75,7 @@ class Rooms:
         self.transcript = Transcript()  # what ran on every rank: a new engine's setup
         self.folders = Folders(self.door, config.timeout)
         self.recovery = Recovery(self)
-        self.running: CellRun | None = None  # the cell running now (restart and scale ask it, when elastic)
+        self.cells: list[CellRun] = []  # the cells running now (on disjoint sub-meshes in a split pool)
         self.closed = False
 
     @property
@@ -87,17 +87,18 @@ class Rooms:
     def form(self, reform: bool = False, only=None, meshes: dict[str, list[int]] | None = None) -> None:
         """(Re-)form the group on every rank (``only``: the groups of those sub-meshes; ``meshes``: split into
         these, ``{}``: join), then watch the ranks and (re)connect their metrics."""
+        ranks = self.group.ranks if only is None else \
+            [r for name in sorted(only) for r in self.group.mesh_ranks(name)]  # the others may run a cell
         if meshes is not None:
             self.group.split(meshes)
+            ranks = self.group.ranks
         elif reform:
-            ranks = self.group.ranks if only is None else \
-                [r for name in sorted(only) for r in self.group.mesh_ranks(name)]
             self.group.reform(ranks, only)
         else:
             self.group.form()
         self.follow_membership()
-        try:  # every rank's publisher (re)connects: metrics never stop a pool
-            self.door.call(remote.connect_metrics, self.group.ranks, self.pool.channel)
+        try:  # every formed rank's publisher (re)connects: metrics never stop a pool
+            self.door.call(remote.connect_metrics, ranks, self.pool.channel)
         except Exception:
             log.warning("live metrics are off: the ranks' publishers did not start", exc_info=True)
 
@@ -142,18 +143,33 @@ class Rooms:
                               "from a terminal; `%dist start` starts a new one."))
 
     @contextlib.contextmanager
-    def turn(self, what: str):
-        """This session's turn on the pool: no other cell of this process or another notebook meanwhile,
-        caught up with what the others changed."""
-        self.check()
-        with self.shared.held(self.notify, what=what):
-            self.catch_up()
-            yield
+    def turn(self, what: str, ranks: list[int] | None = None):
+        """This session's turn on ``ranks`` (pool ranks; None: the whole pool): no other cell of this process
+        or another notebook on them meanwhile, caught up with what the others changed. In a split pool a
+        turn holds the sub-meshes of its ranks (:mod:`.turns`): cells on other sub-meshes run meanwhile; one
+        that must wait says once behind what. Should another notebook have split or joined the pool while
+        this one waited, the turn is taken again for the sub-meshes there are now."""
+        def keys():  # read under the turns' lock: a split of this process in progress holds the whole pool
+            return {WHOLE} if ranks is None else keys_for(self.group.meshes, ranks)
+
+        while True:
+            with self.busy.held(keys, what, waiting=self._behind) as mine:
+                self.check()
+                with self.shared.held(self.notify, what=what, keys=mine.keys):
+                    self.catch_up()
+                    if keys() == mine.keys:
+                        yield
+                        return
+
+    def _behind(self, turns: list[Turn]) -> None:
+        """Say once behind what a turn of this session waits (another cell of this notebook)."""
+        meshes = self.group.meshes
+        self.notify("workbench: " + behind(turns, lambda name: format_ranks(meshes.get(name, []))))
 
     @contextlib.contextmanager
     def held(self, what: str):
-        """This session's lock and its turn on the pool, for a restart or a scale."""
-        with self.busy, self.turn(what):
+        """This session's turn on the whole pool, for a restart, a scale, a split or a join."""
+        with self.turn(what):
             yield
 
     def in_use(self) -> bool:
@@ -215,16 +231,17 @@ class Rooms:
     def run_cell(self, cell: CellRun, code: str) -> CellResult:
         """Run ``cell`` (made for ``code``) in this session's turn on the pool; what ran on every rank is
         kept for a new engine's setup."""
-        with self.busy, self.turn("a cell"):
+        ranks = [r.rank for r in cell.targets]
+        with self.turn("a cell", ranks):
             # another notebook may have restarted or re-formed ranks while this one waited
-            cell.targets = self.resolve([r.rank for r in cell.targets])
+            cell.targets = self.resolve(ranks)
             self.ensure_group(cell.targets)
             self.folders.follow(cell.targets)
-            self.running = cell
+            self.cells.append(cell)
             try:
                 result = cell.run(code)  # new engines on their way into an elastic run stop at its end
             finally:
-                self.running = None
+                self.cells.remove(cell)
         if len(cell.targets) == len(self.group.ranks) or cell.elastic.dropped:  # every rank ran it
             self.transcript.cell(code)
         return result
@@ -232,8 +249,13 @@ class Rooms:
     def elastic_run(self):
         """The :class:`~.cell_elastic.ElasticWatch` of the cell running an elastic Trainer now, if any (it
         takes ranks in and out at a step boundary)."""
-        cell = self.running
-        return cell.elastic if cell is not None and cell.elastic.active() is not None else None
+        return next((cell.elastic for cell in list(self.cells) if cell.elastic.active() is not None), None)
+
+    @property
+    def running(self) -> CellRun | None:
+        """The cell running now, the first of them where cells run on several sub-meshes (None: none)."""
+        cells = list(self.cells)
+        return cells[0] if cells else None
 
     # -- the pool in one line, and in a table -------------------------------------------------------
     def group_state(self) -> str:
@@ -242,7 +264,7 @@ class Rooms:
         if dead:
             return (f"process group: broken, {ranks_named(sorted(dead))} dead; cells on the other "
                     "ranks run, `%dist restart` brings it back and re-forms the group")
-        if self.running is None:
+        if not self.cells:
             self.group.heard_groups(self.beacons.latest)  # between cells only: a regroup changes them
         if self.group.destroyed:
             return (f"process group: destroyed on {ranks_named(self.group.destroyed)} (torch's own "
@@ -264,8 +286,8 @@ class Rooms:
         states = rank_states(self.pool.client, {r.rank: r.engine_id for r in ranks},
                              dead=dict(self.health.dead))
         beats = self.beacons.latest
-        cell = self.running
-        joining = cell.elastic.joining if cell is not None else set()  # in the plan, not trained in it yet
+        # the engines in an elastic run's plan, not trained in it yet
+        joining = {eid for cell in list(self.cells) for eid in cell.elastic.joining}
         meshes = self.group.meshes
         rows = [{"rank": r.rank, **({"mesh": mesh_of(meshes, r.rank)} if meshes else {}),
                  "host": self.pool.host_label(r.host), "pid": r.pid, "device": r.device,

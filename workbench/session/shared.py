@@ -39,14 +39,20 @@ class Shared:
         sharing.register(pool.pool_id, role)
 
     @contextlib.contextmanager
-    def held(self, notify: Callable[[str], None] = print, what: str = "a cell"):
+    def held(self, notify: Callable[[str], None] = print, what: str = "a cell", keys=frozenset({WHOLE})):
         """Hold the pool's cell lock for the block (``notify`` hears that another notebook holds it); a
         group that a fault aborted meanwhile is published as such at the end (whoever comes next
-        re-forms it)."""
+        re-forms it). ``keys``: the sub-meshes the block runs on (:mod:`.turns`): their own locks, with the
+        pool's lock held shared; ``WHOLE`` (the default) holds the pool's lock alone. A notebook that has not
+        yet seen a split holds the pool's lock whole, so it waits for every sub-mesh's cell."""
         def waiting(who: str) -> None:
             notify(f"pool busy: running {what} from {who}, waiting ... (Ctrl-C stops waiting)")
 
-        with self.lock.held(waiting=waiting, what=what):
+        whole = WHOLE in keys
+        with contextlib.ExitStack() as locks:
+            locks.enter_context(self.lock.held(waiting=waiting, what=what, shared=not whole))
+            for key in [] if whole else sorted(keys):  # one order for every notebook: no deadlock
+                locks.enter_context(sharing.CellLock(self.pool.pool_id, key).held(waiting=waiting, what=what))
             yield
             if not self.group.ok:  # the whole pool's group, or a sub-mesh's (each marked in its record)
                 self.publish(group_ok=WHOLE not in self.group.broken, meshes=self.group.published())

@@ -1,0 +1,111 @@
+"""Cells on disjoint sub-meshes at the same time, on a real 4-rank pool split 2 + 2 (issue 43 part 2,
+docs/submeshes.md): two ``--async`` cells overlap (each waits for the other to have started, so they cannot
+pass one after the other); a cell on a busy sub-mesh queues, saying once behind what; a fault in one sub-mesh
+leaves a cell on the other running, and its group is re-formed while the other still runs.
+
+No timed asserts: every wait is for a condition (a file, a handle), bounded by the test's timeout."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from tests.conftest import running_pool, until
+from workbench.errors import RankError
+
+pytestmark = pytest.mark.timeout(300)
+
+# a cell that says it started (a file per sub-mesh), then waits until ``other`` says so too (at most 60 s: a
+# cell that waited for the other to end first would fail here), and stamps its start and end
+MEET = textwrap.dedent("""
+    import time
+    import torch
+    from pathlib import Path
+    start = time.time()
+    Path({folder!r}, {me!r}).touch()
+    for _ in range(6000):
+        if Path({folder!r}, {other!r}).exists():
+            break
+        time.sleep(0.01)
+    else:
+        raise TimeoutError("the other sub-mesh's cell never started while this one ran")
+    t = torch.tensor([1.0])
+    dist.all_reduce(t)
+    stamps = (start, time.time(), int(t.item()))
+""")
+
+# a cell that holds its sub-mesh until a file appears (at most 60 s), with collectives all along
+HOLD = textwrap.dedent("""
+    import time
+    import torch
+    from pathlib import Path
+    steps = 0
+    for _ in range(6000):
+        if Path({release!r}).exists():
+            break
+        t = torch.tensor([1.0])
+        dist.all_reduce(t)
+        assert t.item() == world_size
+        steps += 1
+        time.sleep(0.01)
+    else:
+        raise TimeoutError("never released")
+    held = (steps, time.time())
+""")
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with running_pool(n=4, timeout=60, backend="gloo") as s:
+        s.split([2, 2], names=["a", "b"])
+        yield s
+
+
+def test_two_cells_on_disjoint_sub_meshes_run_at_the_same_time(pool, tmp_path):
+    s = pool
+    a = s.submit(MEET.format(folder=str(tmp_path), me="a", other="b"), on="a")
+    b = s.submit(MEET.format(folder=str(tmp_path), me="b", other="a"), on="b")
+    a.wait(120), b.wait(120)  # each raises if it never saw the other start
+    stamps = s.pull("stamps")
+    assert [sums for _, _, sums in stamps] == [2, 2, 2, 2]  # each sub-mesh's all_reduce, of its 2 ranks
+    (a_start, a_end), (b_start, b_end) = (stamps[0][:2], stamps[2][:2])
+    assert a_start < b_end and b_start < a_end  # the two cells overlapped (start and end stamps)
+
+
+def test_a_cell_on_a_busy_sub_mesh_queues_and_says_behind_what(pool, tmp_path):
+    s = pool
+    said: list[str] = []
+    s.notify = said.append
+    release = tmp_path / "release"
+    first = s.submit(HOLD.format(release=str(release)), on="a")
+    assert until(lambda: s.rooms.busy.now(), timeout=30)  # the first cell holds sub-mesh a
+    second = s.submit("import time; after = time.time()", on="a")
+    other = s.submit("other_ran = True", on="b")
+    other.wait(60)  # sub-mesh b is free: its cell ran while a's is held
+    assert not first.done() and not second.done()
+    sentence = "sub-mesh a (ranks 0-1) is busy: running a cell since"
+    assert until(lambda: any(sentence in text for text in said), timeout=30), said
+    release.touch()
+    first.wait(60), second.wait(60)
+    (steps, first_end), _ = s.view([0, 1]).pull("held")
+    assert steps > 0 and min(s.view([0, 1]).pull("after")) >= first_end  # it ran after the first ended
+    assert s.view([2, 3]).pull("other_ran") == [True, True]
+
+
+def test_a_fault_in_one_sub_mesh_leaves_the_other_running(pool, tmp_path):
+    s = pool
+    release = tmp_path / "release"
+    group = s.rooms.group
+    b_generation = group.mesh_generation["b"]
+    b = s.submit(HOLD.format(release=str(release)), on="b")
+    assert until(lambda: any(t.keys == {"b"} for t in s.rooms.busy.now()), timeout=30)
+    with pytest.raises(RankError):  # rank 1 of a raises, rank 0 of a is cut out of its collective
+        s.run("t = torch.ones(1)\nif rank == 1: raise ValueError('boom')\ndist.all_reduce(t)", on="a")
+    assert not b.done()  # b trains on
+    s.run("t = torch.ones(1); dist.all_reduce(t); again = t.item()", on="a")  # a re-formed, b still runs
+    assert s.view([0, 1]).pull("again") == [2.0, 2.0]
+    assert not b.done() and group.mesh_generation["b"] == b_generation
+    release.touch()
+    b.wait(60)
+    assert all(steps > 0 for steps, _ in s.view([2, 3]).pull("held"))
