@@ -5,6 +5,8 @@ pool, Python state is kept, and a join makes one group of all again."""
 
 from __future__ import annotations
 
+import os
+import signal
 import textwrap
 
 import pytest
@@ -88,6 +90,22 @@ def test_a_fault_in_one_sub_mesh_reforms_only_its_group(pool):
         assert [seen[:5] for seen in s.view([0, 1]).pull("seen")] == [(0, 2, 0, 2, 3), (1, 2, 1, 2, 3)]
         s.run(PROBE, on="b")  # b's group was never touched
         assert [seen[:5] for seen in s.view([2, 3]).pull("seen")] == [(0, 2, 0, 2, 3), (1, 2, 1, 2, 3)]
+    finally:
+        s.join()
+
+
+def test_a_dead_rank_of_a_sub_mesh_is_restarted_into_it(pool):
+    s = pool
+    s.split([2, 2], names=["a", "b"])
+    try:
+        os.kill(s.ranks[3].pid, signal.SIGKILL)
+        assert until(lambda: 3 in s.dead_ranks(), timeout=30)
+        s.run("t = torch.ones(1); dist.all_reduce(t); alone = t.item()", on="a")  # a trains on meanwhile
+        assert s.view([0, 1]).pull("alone") == [2.0, 2.0]
+        assert s.restart() == [3]
+        assert s.meshes == {"a": [0, 1], "b": [2, 3]}  # the split is kept
+        s.run(PROBE)
+        assert [seen[:5] for seen in s.pull("seen")] == [(0, 2, 0, 2, 3), (1, 2, 1, 2, 3)] * 2
     finally:
         s.join()
 
