@@ -5,6 +5,7 @@ pool, Python state is kept, and a join makes one group of all again."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import textwrap
@@ -24,6 +25,16 @@ PROBE = textwrap.dedent("""
     seen = (rank, world_size, dist.get_rank(), dist.get_world_size(), int(t.item()),
             os.environ["RANK"], os.environ["WORLD_SIZE"])
 """)
+
+
+@contextlib.contextmanager
+def split(s, sizes, names=None):
+    """The pool split for the block, joined again after it (whatever the block raised)."""
+    s.split(sizes, names=names)
+    try:
+        yield
+    finally:
+        s.join()
 
 
 @pytest.fixture(scope="module")
@@ -66,20 +77,16 @@ def test_a_split_gives_each_sub_mesh_its_own_default_group_and_keeps_state(pool)
 
 def test_three_sub_meshes_of_uneven_sizes(pool):
     s = pool
-    s.split([1, 2, 1])
-    try:
+    with split(s, [1, 2, 1]):
         assert s.meshes == {"m0": [0], "m1": [1, 2], "m2": [3]}
         s.run(PROBE)
         assert [seen[:5] for seen in s.pull("seen")] == [(0, 1, 0, 1, 1), (0, 2, 0, 2, 3), (1, 2, 1, 2, 3),
                                                          (0, 1, 0, 1, 1)]
-    finally:
-        s.join()
 
 
 def test_a_fault_in_one_sub_mesh_reforms_only_its_group(pool):
     s = pool
-    s.split([2, 2], names=["a", "b"])
-    try:
+    with split(s, [2, 2], names=["a", "b"]):
         group = s.rooms.group
         b_generation = group.mesh_generation["b"]
         with pytest.raises(RankError):  # rank 1 raises; rank 0 is cut out of its collective by the abort
@@ -90,14 +97,11 @@ def test_a_fault_in_one_sub_mesh_reforms_only_its_group(pool):
         assert [seen[:5] for seen in s.view([0, 1]).pull("seen")] == [(0, 2, 0, 2, 3), (1, 2, 1, 2, 3)]
         s.run(PROBE, on="b")  # b's group was never touched
         assert [seen[:5] for seen in s.view([2, 3]).pull("seen")] == [(0, 2, 0, 2, 3), (1, 2, 1, 2, 3)]
-    finally:
-        s.join()
 
 
 def test_a_dead_rank_of_a_sub_mesh_is_restarted_into_it(pool):
     s = pool
-    s.split([2, 2], names=["a", "b"])
-    try:
+    with split(s, [2, 2], names=["a", "b"]):
         os.kill(s.ranks[3].pid, signal.SIGKILL)
         assert until(lambda: 3 in s.dead_ranks(), timeout=30)
         s.run("t = torch.ones(1); dist.all_reduce(t); alone = t.item()", on="a")  # a trains on meanwhile
@@ -106,8 +110,6 @@ def test_a_dead_rank_of_a_sub_mesh_is_restarted_into_it(pool):
         assert s.meshes == {"a": [0, 1], "b": [2, 3]}  # the split is kept
         s.run(PROBE)
         assert [seen[:5] for seen in s.pull("seen")] == [(0, 2, 0, 2, 3), (1, 2, 1, 2, 3)] * 2
-    finally:
-        s.join()
 
 
 def test_a_torchrun_script_on_a_sub_mesh_sees_its_world(pool, tmp_path):
@@ -124,15 +126,12 @@ def test_a_torchrun_script_on_a_sub_mesh_sees_its_world(pool, tmp_path):
         dist.destroy_process_group()
     """))
     s = pool
-    s.split([3, 1], names=["big", "small"])
-    try:
+    with split(s, [3, 1], names=["big", "small"]):
         result = s.run_script(str(script), on="big")
         assert [r.rank.rank for r in result.ranks] == [0, 1, 2]
         assert [printed(r) for r in result.ranks] == ["0 3 3 3", "1 3 3 3", "2 3 3 3"]
         result = s.run_script(str(script), on="small")
         assert [printed(r) for r in result.ranks] == ["0 1 1 1"]
-    finally:
-        s.join()
 
 
 def printed(result) -> str:
