@@ -7,12 +7,14 @@ No timed asserts: every wait is for a condition (a file, a handle), bounded by t
 
 from __future__ import annotations
 
+import os
+import signal
 import textwrap
 
 import pytest
 
 from tests.conftest import running_pool, until
-from workbench.errors import RankError
+from workbench.errors import CellTimeout, RankError
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -109,3 +111,39 @@ def test_a_fault_in_one_sub_mesh_leaves_the_other_running(pool, tmp_path):
     release.touch()
     b.wait(60)
     assert all(steps > 0 for steps, _ in s.view([2, 3]).pull("held"))
+
+
+def test_stopping_or_timing_out_a_cell_on_one_sub_mesh_leaves_the_other_running(pool, tmp_path):
+    s = pool
+    release = tmp_path / "release"
+    b = s.submit(HOLD.format(release=str(release)), on="b")
+    assert until(lambda: any(t.keys == {"b"} for t in s.rooms.busy.now()), timeout=30)
+    a = s.submit("import time\nfor _ in range(6000): time.sleep(0.01)", on="a")
+    assert until(lambda: len(s.rooms.cells) == 2, timeout=30)
+    stopped = a.stop(timeout=60)  # as Ctrl-C: the cell on a only
+    assert stopped is not None and {r.outcome for r in stopped.ranks} == {"interrupted"}
+    with pytest.raises(CellTimeout):  # rank 1 of a never comes to the collective: a hang, named, stopped
+        s.run("import time\nt = torch.ones(1)\nif rank == 1: time.sleep(60)\ndist.all_reduce(t)", on="a",
+              timeout=3)
+    assert not b.done()  # b trains on through both
+    release.touch()
+    b.wait(60)
+    assert all(steps > 0 for steps, _ in s.view([2, 3]).pull("held"))
+
+
+def test_a_rank_killed_in_one_sub_mesh_fails_its_cell_only(pool, tmp_path):
+    s = pool
+    release = tmp_path / "release"
+    a = s.submit(HOLD.format(release=str(release)), on="a")
+    b = s.submit(HOLD.format(release=str(tmp_path / "never")), on="b")
+    assert until(lambda: len(s.rooms.cells) == 2, timeout=30)
+    os.kill(s.ranks[3].pid, signal.SIGKILL)
+    with pytest.raises(RankError, match="rank 3"):
+        b.wait(60)
+    assert not a.done()  # a trains on
+    release.touch()
+    a.wait(60)
+    assert s.restart() == [3] and s.meshes == {"a": [0, 1], "b": [2, 3]}
+    # (a new engine replays the cells that ran on every rank, not a sub-mesh's own: torch is imported here)
+    s.run("import torch; t = torch.ones(1); dist.all_reduce(t); back = t.item()", on="b")
+    assert s.view([2, 3]).pull("back") == [2.0, 2.0]
