@@ -7,9 +7,11 @@ No timed asserts: every wait is for a condition (a file, a handle), bounded by t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -37,24 +39,38 @@ MEET = textwrap.dedent("""
     stamps = (start, time.time(), int(t.item()))
 """)
 
-# a cell that holds its sub-mesh until a file appears (at most 60 s), with collectives all along
+# a cell that holds its sub-mesh until a file appears (at most 60 s), with collectives all along; its ranks
+# agree in each step's all_reduce whether one of them saw the file (one that stopped alone would leave the
+# other waiting in its next collective)
 HOLD = textwrap.dedent("""
     import time
     import torch
     from pathlib import Path
     steps = 0
     for _ in range(6000):
-        if Path({release!r}).exists():
-            break
-        t = torch.tensor([1.0])
+        t = torch.tensor([1.0, float(Path({release!r}).exists())])
         dist.all_reduce(t)
-        assert t.item() == world_size
+        assert t[0].item() == world_size
+        if t[1].item() > 0:
+            break
         steps += 1
         time.sleep(0.01)
     else:
         raise TimeoutError("never released")
     held = (steps, time.time())
 """)
+
+
+@contextlib.contextmanager
+def trains_on(s, mesh: str, release: Path):
+    """A cell of collectives on sub-mesh ``mesh`` running through the block (its handle); released after it,
+    it must have ended well."""
+    handle = s.submit(HOLD.format(release=str(release)), on=mesh)
+    assert until(lambda: any(t.keys == {mesh} for t in s.rooms.busy.now()), timeout=30)
+    yield handle
+    assert not handle.done()  # it ran on through the block
+    release.touch()
+    handle.wait(60)  # and ended well: every step's all_reduce summed its sub-mesh
 
 
 @pytest.fixture(scope="module")
@@ -90,59 +106,46 @@ def test_a_cell_on_a_busy_sub_mesh_queues_and_says_behind_what(pool, tmp_path):
     assert until(lambda: any(sentence in text for text in said), timeout=30), said
     release.touch()
     first.wait(60), second.wait(60)
-    (steps, first_end), _ = s.view([0, 1]).pull("held")
-    assert steps > 0 and min(s.view([0, 1]).pull("after")) >= first_end  # it ran after the first ended
+    (_, first_end), _ = s.view([0, 1]).pull("held")
+    assert min(s.view([0, 1]).pull("after")) >= first_end  # it ran after the first ended
     assert s.view([2, 3]).pull("other_ran") == [True, True]
 
 
 def test_a_fault_in_one_sub_mesh_leaves_the_other_running(pool, tmp_path):
     s = pool
-    release = tmp_path / "release"
     group = s.rooms.group
     b_generation = group.mesh_generation["b"]
-    b = s.submit(HOLD.format(release=str(release)), on="b")
-    assert until(lambda: any(t.keys == {"b"} for t in s.rooms.busy.now()), timeout=30)
-    with pytest.raises(RankError):  # rank 1 of a raises, rank 0 of a is cut out of its collective
-        s.run("t = torch.ones(1)\nif rank == 1: raise ValueError('boom')\ndist.all_reduce(t)", on="a")
-    assert not b.done()  # b trains on
-    s.run("t = torch.ones(1); dist.all_reduce(t); again = t.item()", on="a")  # a re-formed, b still runs
-    assert s.view([0, 1]).pull("again") == [2.0, 2.0]
-    assert not b.done() and group.mesh_generation["b"] == b_generation
-    release.touch()
-    b.wait(60)
-    assert all(steps > 0 for steps, _ in s.view([2, 3]).pull("held"))
+    with trains_on(s, "b", tmp_path / "release") as b:
+        with pytest.raises(RankError):  # rank 1 of a raises, rank 0 of a is cut out of its collective
+            s.run("t = torch.ones(1)\nif rank == 1: raise ValueError('boom')\ndist.all_reduce(t)", on="a")
+        assert not b.done()  # b trains on
+        s.run("t = torch.ones(1); dist.all_reduce(t); again = t.item()", on="a")  # a re-formed, b still runs
+        assert s.view([0, 1]).pull("again") == [2.0, 2.0]
+        assert group.mesh_generation["b"] == b_generation
 
 
 def test_stopping_or_timing_out_a_cell_on_one_sub_mesh_leaves_the_other_running(pool, tmp_path):
     s = pool
-    release = tmp_path / "release"
-    b = s.submit(HOLD.format(release=str(release)), on="b")
-    assert until(lambda: any(t.keys == {"b"} for t in s.rooms.busy.now()), timeout=30)
-    a = s.submit("import time\nfor _ in range(6000): time.sleep(0.01)", on="a")
-    assert until(lambda: len(s.rooms.cells) == 2, timeout=30)
-    stopped = a.stop(timeout=60)  # as Ctrl-C: the cell on a only
-    assert stopped is not None and {r.outcome for r in stopped.ranks} == {"interrupted"}
-    with pytest.raises(CellTimeout):  # rank 1 of a never comes to the collective: a hang, named, stopped
-        s.run("import time\nt = torch.ones(1)\nif rank == 1: time.sleep(60)\ndist.all_reduce(t)", on="a",
-              timeout=3)
-    assert not b.done()  # b trains on through both
-    release.touch()
-    b.wait(60)
-    assert all(steps > 0 for steps, _ in s.view([2, 3]).pull("held"))
+    with trains_on(s, "b", tmp_path / "release"):  # b trains on through both
+        a = s.submit(f"import time\nfrom pathlib import Path\nPath({str(tmp_path)!r}, f'a{{rank}}').touch()\n"
+                     "for _ in range(6000): time.sleep(0.01)", on="a")
+        # running on both ranks (a Ctrl-C before a rank began its cell interrupts nothing there)
+        assert until(lambda: (tmp_path / "a0").exists() and (tmp_path / "a1").exists(), timeout=30)
+        stopped = a.stop(timeout=60)  # as Ctrl-C: the cell on a only
+        assert stopped is not None and {r.outcome for r in stopped.ranks} == {"interrupted"}
+        with pytest.raises(CellTimeout):  # rank 1 of a never comes to the collective: a hang, named, stopped
+            s.run("import time\nt = torch.ones(1)\nif rank == 1: time.sleep(60)\ndist.all_reduce(t)",
+                  on="a", timeout=3)
 
 
 def test_a_rank_killed_in_one_sub_mesh_fails_its_cell_only(pool, tmp_path):
     s = pool
-    release = tmp_path / "release"
-    a = s.submit(HOLD.format(release=str(release)), on="a")
-    b = s.submit(HOLD.format(release=str(tmp_path / "never")), on="b")
-    assert until(lambda: len(s.rooms.cells) == 2, timeout=30)
-    os.kill(s.ranks[3].pid, signal.SIGKILL)
-    with pytest.raises(RankError, match="rank 3"):
-        b.wait(60)
-    assert not a.done()  # a trains on
-    release.touch()
-    a.wait(60)
+    with trains_on(s, "a", tmp_path / "release"):  # a trains on
+        b = s.submit(HOLD.format(release=str(tmp_path / "never")), on="b")
+        assert until(lambda: len(s.rooms.cells) == 2, timeout=30)
+        os.kill(s.ranks[3].pid, signal.SIGKILL)
+        with pytest.raises(RankError, match="rank 3"):
+            b.wait(60)
     assert s.restart() == [3] and s.meshes == {"a": [0, 1], "b": [2, 3]}
     # (a new engine replays the cells that ran on every rank, not a sub-mesh's own: torch is imported here)
     s.run("import torch; t = torch.ones(1); dist.all_reduce(t); back = t.item()", on="b")
