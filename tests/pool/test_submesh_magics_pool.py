@@ -36,6 +36,10 @@ def test_split_run_on_a_sub_mesh_status_and_join(ipshell, pool):
         assert header.split() == ["rank", "mesh", "host", "pid", "device", "state"]
         assert "sub-mesh a (ranks 0-1): formed (backend gloo, world size 2)" in shown
 
+        result, shown = run(ipshell, "%dist stacks --on b")
+        assert result.success, shown
+        assert "stacks of 2 ranks" in shown and "ranks 2-3: idle" in shown
+
         handles = []
         for mesh in ("a", "b"):
             result, shown = run(ipshell, f"%%distributed --on {mesh} --async\nimport os\nwhere = os.getpid()")

@@ -131,6 +131,7 @@ def _dist_parser() -> _Parser:
     run.add_argument("--quiet", action="store_true", help="show errors only, not the ranks' output")
     stacks = sub.add_parser("stacks", prog="%dist stacks", add_help=False, allow_abbrev=False)
     stacks.add_argument("--ranks", default=None, help="ranks to look at, e.g. 0,2-3 (default: all)")
+    stacks.add_argument("--on", default=None, help="the sub-mesh to look at (`%%dist split`)")
     stacks.add_argument("--native", action="store_true",
                         help="native frames too (gloo, NCCL, C++), through py-spy where it can attach")
     debug = sub.add_parser("debug", prog="%dist debug", add_help=False, allow_abbrev=False)

@@ -53,7 +53,7 @@ class DistributedMagics(Magics):
         ``%dist push NAME...``, ``%dist pull NAME [--rank R]``, ``%dist auto on|off``,
         ``%dist attach [NAME]``, ``%dist stop [--all]``,
         ``%dist run script.py [--ranks R] [--timeout S] [--quiet] [-- args]`` (a torchrun script, unchanged),
-        ``%dist stacks [--ranks R] [--native]``,
+        ``%dist stacks [--ranks R | --on SUBMESH] [--native]``,
         ``%dist debug RANK [--frame K -e EXPR]``,
         ``%dist split SIZE SIZE... [--names a,b]`` (sub-meshes, each its own process group), ``%dist join``.
 
@@ -213,7 +213,7 @@ class DistributedMagics(Magics):
 
     def _dist_stacks(self, args):
         s = self._session("%dist stacks")
-        ranks = self._targets(s, args.ranks)
+        ranks = self._targets(s, args.ranks, args.on)
         try:
             found = s.stacks(ranks=ranks, native=args.native)
         except ValueError as exc:

@@ -504,9 +504,10 @@ class Session:
         return RunHandle(cell, code, cell.rooms.run_cell)
 
     # -- looking inside: every rank's stacks now, a failed rank's frames ------------------
-    def stacks(self, ranks=None, native: bool = False) -> Stacks:
-        """Every thread's stack on the target ranks, taken by each rank's agent at once (also while a
-        cell runs, or the ranks wait in a collective), grouped by identical stacks, odd ranks first.
+    def stacks(self, ranks=None, native: bool = False, on: str | None = None) -> Stacks:
+        """Every thread's stack on the target ranks (``on``: a sub-mesh's), taken by each rank's agent at
+        once (also while a cell runs, or the ranks wait in a collective), grouped by identical stacks, odd
+        ranks first.
 
         ``native``: native frames too, through py-spy, where it can attach (else it says why).
 
@@ -515,7 +516,7 @@ class Session:
         rank 3: sleep at cell line 3
         ...
         """
-        targets = self.targets(ranks)
+        targets = self.targets(ranks, on)
         group = self._rooms.group
 
         def send(ranks: list[int], **details) -> None:

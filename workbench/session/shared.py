@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable
 
 from workbench.errors import PoolGone
@@ -36,6 +37,7 @@ class Shared:
         self.pool, self.group = pool, group
         self.lock = sharing.CellLock(pool.pool_id)
         self._seen: int | None = None
+        self._writing = threading.Lock()  # cells on sub-meshes end at once: one write of the state at a time
         sharing.register(pool.pool_id, role)
 
     @contextlib.contextmanager
@@ -83,8 +85,9 @@ class Shared:
 
     def publish(self, **what) -> None:
         """Write what this session changed (ranks, backend, generation, group_ok) for the others."""
-        self.pool.update_state(**what)
-        self._seen = self._mtime()
+        with self._writing:
+            self.pool.update_state(**what)
+            self._seen = self._mtime()
 
     def gone(self) -> bool:
         return self._mtime() is None

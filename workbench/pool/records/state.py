@@ -16,6 +16,7 @@ import os
 import select
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -277,9 +278,10 @@ def allocation_words(record: dict | None, ends: float | None = None, now: float 
 
 
 def write_state(pool_id: str, state: PoolState) -> Path:
-    """Write atomically (rename), so a reader never sees half a file; 0600."""
+    """Write atomically (rename), so a reader never sees half a file; 0600. Each writer writes its own
+    temporary file: cells on a split pool's sub-meshes (threads, other notebooks) may write at once."""
     path = state_path(pool_id)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")
     with private_file(tmp, "w") as f:  # the file holds the pool's side-channel key
         f.write(json.dumps(state.to_dict(), indent=1))
     os.replace(tmp, path)
