@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -150,3 +152,28 @@ def test_a_rank_killed_in_one_sub_mesh_fails_its_cell_only(pool, tmp_path):
     # (a new engine replays the cells that ran on every rank, not a sub-mesh's own: torch is imported here)
     s.run("import torch; t = torch.ones(1); dist.all_reduce(t); back = t.item()", on="b")
     assert s.view([2, 3]).pull("back") == [2.0, 2.0]
+
+
+# a second notebook: attaches to the pool, follows its split, runs a cell on sub-mesh b, detaches
+OTHER_NOTEBOOK = """\
+import sys
+from workbench import Session
+s = Session.attach(sys.argv[1])
+try:
+    assert s.meshes == {"a": [0, 1], "b": [2, 3]}, s.meshes
+    s.run(sys.argv[2], on="b")
+finally:
+    s.detach()
+"""
+
+
+def test_another_notebook_runs_on_one_sub_mesh_while_this_one_runs_on_the_other(pool, tmp_path):
+    s = pool
+    a = s.submit(MEET.format(folder=str(tmp_path), me="a", other="b"), on="a")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    other = subprocess.run([sys.executable, "-c", OTHER_NOTEBOOK, s.pool_id,
+                            MEET.format(folder=str(tmp_path), me="b", other="a")],
+                           env=env, capture_output=True, text=True, timeout=180)
+    assert other.returncode == 0, other.stderr  # its cell saw a's start while it ran
+    a.wait(60)  # and a's saw b's
+    assert [sums for _, _, sums in s.pull("stamps")] == [2, 2, 2, 2]
