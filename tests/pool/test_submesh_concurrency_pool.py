@@ -121,6 +121,9 @@ def test_a_fault_in_one_sub_mesh_leaves_the_other_running(pool, tmp_path):
         with pytest.raises(RankError):  # rank 1 of a raises, rank 0 of a is cut out of its collective
             s.run("t = torch.ones(1)\nif rank == 1: raise ValueError('boom')\ndist.all_reduce(t)", on="a")
         assert not b.done()  # b trains on
+        assert "ValueError: boom" in s.debug(1).format()  # a's failure, looked at while b's cell runs
+        with pytest.raises(ValueError, match="a cell is running"):
+            s.debug(2)
         s.run("t = torch.ones(1); dist.all_reduce(t); again = t.item()", on="a")  # a re-formed, b still runs
         assert s.view([0, 1]).pull("again") == [2.0, 2.0]
         assert group.mesh_generation["b"] == b_generation

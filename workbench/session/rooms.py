@@ -172,6 +172,11 @@ class Rooms:
         with self.turn(what):
             yield
 
+    def busy_on(self, ranks: list[int]) -> bool:
+        """Whether a cell (a restart ...) of this session runs on ``ranks`` now: on their sub-meshes, in a
+        split pool."""
+        return bool(self.busy.now(keys_for(self.group.meshes, ranks)))
+
     def in_use(self) -> bool:
         """A cell of this session runs, or any notebook's cell ran since the last look (attached notebooks
         too: a kept pool's owner is the Jupyter server, its cells come from kernels)."""

@@ -536,7 +536,7 @@ class Session:
         if not isinstance(rank, int):
             raise ValueError(f"debug takes one rank (a number), got {rank!r}.")
         [info] = self.view(rank).alive()
-        if self._rooms.busy.locked():
+        if self._rooms.busy_on([rank]):  # in a split pool: on its sub-mesh
             raise ValueError("a cell is running on the pool: `%dist debug` looks at a failed cell once it "
                              "ended; `%dist stacks` shows what every rank does now.")
         door = self._rooms.door

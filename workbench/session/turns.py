@@ -123,10 +123,10 @@ class Turns:
         finally:
             self.give(turn)
 
-    def now(self) -> list[Turn]:
-        """The turns held now."""
+    def now(self, keys: Collection[str] | None = None) -> list[Turn]:
+        """The turns held now (``keys``: those that meet them: what a turn on ``keys`` would wait for)."""
         with self._cond:
-            return list(self._held)
+            return [t for t in self._held if keys is None or meet(keys, t.keys)]
 
     # -- the face of a threading.Lock, for the whole pool --------------------------------------------
     def locked(self) -> bool:
