@@ -180,3 +180,47 @@ def test_another_notebook_runs_on_one_sub_mesh_while_this_one_runs_on_the_other(
     assert other.returncode == 0, other.stderr  # its cell saw a's start while it ran
     a.wait(60)  # and a's saw b's
     assert [sums for _, _, sums in s.pull("stamps")] == [2, 2, 2, 2]
+
+
+# a notebook attached before the split: it sees the pool whole until its next turn, then runs on ranks 2-3
+STALE_NOTEBOOK = """\
+import sys, time
+from pathlib import Path
+from workbench import Session
+s = Session.attach(sys.argv[1])
+Path(sys.argv[2], "attached").touch()
+for _ in range(6000):
+    if Path(sys.argv[2], "split").exists():
+        break
+    time.sleep(0.01)
+try:
+    assert s.meshes == {}, s.meshes  # not caught up yet
+    s.run(sys.argv[3], ranks=[2, 3])
+    assert s.meshes == {"a": [0, 1], "b": [2, 3]}, s.meshes
+finally:
+    s.detach()
+"""
+
+
+def test_a_notebook_that_had_not_seen_the_split_takes_its_sub_mesh_turn_after_catching_up(pool, tmp_path):
+    """Its first turn is the whole pool's (its view); caught up inside it, it finds the split and takes the
+    turn of sub-mesh b instead, so its cell runs beside ours on a (each waits for the other to start)."""
+    s = pool
+    s.join()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    other = subprocess.Popen([sys.executable, "-c", STALE_NOTEBOOK, s.pool_id, str(tmp_path),
+                              MEET.format(folder=str(tmp_path), me="b", other="a")],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert until(lambda: (tmp_path / "attached").exists() or other.poll() is not None, timeout=60)
+        s.split([2, 2], names=["a", "b"])
+        (tmp_path / "split").touch()
+        a = s.submit(MEET.format(folder=str(tmp_path), me="a", other="b"), on="a")
+        _, err = other.communicate(timeout=180)
+        assert other.returncode == 0, err
+        a.wait(60)
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait(10)
+    assert s.meshes == {"a": [0, 1], "b": [2, 3]}

@@ -152,6 +152,9 @@ class Rooms:
         def keys():  # read under the turns' lock: a split of this process in progress holds the whole pool
             return {WHOLE} if ranks is None else keys_for(self.group.meshes, ranks)
 
+        if ranks is not None:  # a first look without the lock: a split made elsewhere decides which turn to
+            self.check()       # wait for (else this notebook would wait for the whole pool, its old view)
+            self.catch_up()
         while True:
             with self.busy.held(keys, what, waiting=self._behind) as mine:
                 self.check()
