@@ -68,10 +68,12 @@ def trains_on(s, mesh: str, release: Path):
     """A cell of collectives on sub-mesh ``mesh`` running through the block (its handle); released after it,
     it must have ended well."""
     handle = s.submit(HOLD.format(release=str(release)), on=mesh)
-    assert until(lambda: any(t.keys == {mesh} for t in s.rooms.busy.now()), timeout=30)
-    yield handle
-    assert not handle.done()  # it ran on through the block
-    release.touch()
+    try:
+        assert until(lambda: any(t.keys == {mesh} for t in s.rooms.busy.now()), timeout=30)
+        yield handle
+        assert not handle.done()  # it ran on through the block
+    finally:
+        release.touch()  # also after a failed block: nothing left running
     handle.wait(60)  # and ended well: every step's all_reduce summed its sub-mesh
 
 
@@ -224,3 +226,13 @@ def test_a_notebook_that_had_not_seen_the_split_takes_its_sub_mesh_turn_after_ca
             other.kill()
             other.wait(10)
     assert s.meshes == {"a": [0, 1], "b": [2, 3]}
+
+
+def test_a_death_in_an_idle_sub_mesh_is_reported_while_the_other_trains(pool, tmp_path):
+    s = pool
+    with trains_on(s, "a", tmp_path / "release"):
+        os.kill(s.ranks[3].pid, signal.SIGKILL)
+        # said at once, as on an idle pool: no cell runs on sub-mesh b to say it (before, only once a's ended)
+        assert until(lambda: any(f.kind == "died" and f.rank == 3 and "while idle" in f.first_failure
+                                 for f in s.faults), timeout=30), [f.summary() for f in s.faults]
+    assert s.restart() == [3]

@@ -71,7 +71,8 @@ class Rooms:
         self.shared = Shared(pool, self.group, role=role)
         self.health = Health(pool_id=pool.pool_id, busy=self.busy, beacons=self.beacons,
                              pool_running=lambda: not self.shared.gone(),
-                             endpoints=lambda: self.group.endpoints, lost_hosts=pool.lost_hosts)
+                             endpoints=lambda: self.group.endpoints, lost_hosts=pool.lost_hosts,
+                             quiet=self._quiet_on)
         self.transcript = Transcript()  # what ran on every rank: a new engine's setup
         self.folders = Folders(self.door, config.timeout)
         self.recovery = Recovery(self)
@@ -174,6 +175,12 @@ class Rooms:
         """This session's turn on the whole pool, for a restart, a scale, a split or a join."""
         with self.turn(what):
             yield
+
+    def _quiet_on(self, ranks: list[int]):
+        """A turn on ``ranks`` if no cell of this session runs there (what ends it), else None: the health
+        watcher reports a death in an idle sub-mesh at once, while another sub-mesh's cell runs."""
+        turn = self.busy.try_hold(lambda: keys_for(self.group.meshes, ranks), "a death report")
+        return None if turn is None else (lambda: self.busy.give(turn))
 
     def busy_on(self, ranks: list[int]) -> bool:
         """Whether a cell (a restart ...) of this session runs on ``ranks`` now: on their sub-meshes, in a
