@@ -324,7 +324,8 @@ class DistributedMagics(Magics):
 
         from workbench.widgets.cell_monitor import monitor_cell, submit_cell  # live dashboard (issue 4)
 
-        monitor = monitor_cell(s, always=args.monitor or args.async_)  # hidden until a Trainer runs
+        monitor = monitor_cell(s, always=args.monitor or args.async_,  # hidden until a Trainer runs
+                               ranks=ranks if s.meshes else None)  # split: its sub-mesh's run
 
         def on_tick():  # every 0.05 s: lines held for identical ones are due, the dashboard
             if merger is not None:

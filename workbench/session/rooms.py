@@ -119,6 +119,7 @@ class Rooms:
                             backend_requested=self.config.backend, generation=self.group.generation,
                             endpoints=self.group.endpoints, group_ok=True, meshes=self.group.published())
         self.metrics.set_ranks(ranks)
+        self.metrics.set_meshes(self.group.meshes)
 
     def catch_up(self) -> None:
         """Take in what another notebook changed (:class:`PoolGone` if it stopped the pool)."""
@@ -126,6 +127,7 @@ class Rooms:
         if ranks is not None:
             self.health.watch(ranks, local=self.local)
             self.metrics.set_ranks(ranks)
+            self.metrics.set_meshes(self.group.meshes)
 
     # -- turns and checks ----------------------------------------------------------------------------
     def check(self) -> None:
