@@ -36,6 +36,13 @@ def test_split_run_on_a_sub_mesh_status_and_join(ipshell, pool):
         assert header.split() == ["rank", "mesh", "host", "pid", "device", "state"]
         assert "sub-mesh a (ranks 0-1): formed (backend gloo, world size 2)" in shown
 
+        ipshell.user_ns["lr"] = 0.01
+        result, shown = run(ipshell, "%dist push lr --on b")
+        assert result.success, shown
+        assert pool.view([2, 3]).pull("lr") == [0.01, 0.01]
+        result, shown = run(ipshell, "%%distributed --on a\nprint('has lr', 'lr' in dir())")
+        assert "[ranks 0-1] has lr False" in shown, shown
+
         result, shown = run(ipshell, "%dist stacks --on b")
         assert result.success, shown
         assert "stacks of 2 ranks" in shown and "ranks 2-3: idle" in shown

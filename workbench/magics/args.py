@@ -114,6 +114,7 @@ def _dist_parser() -> _Parser:
     push = sub.add_parser("push", prog="%dist push", add_help=False, allow_abbrev=False)
     push.add_argument("names", nargs="+")
     push.add_argument("--ranks", default=None)
+    push.add_argument("--on", default=None, help="the sub-mesh to push to (`%%dist split`)")
     pull = sub.add_parser("pull", prog="%dist pull", add_help=False, allow_abbrev=False)
     pull.add_argument("name")
     pull.add_argument("--rank", type=int, default=None)

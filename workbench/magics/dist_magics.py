@@ -50,9 +50,11 @@ class DistributedMagics(Magics):
         [--collective-timeout S] [--launcher-options JSON]`` (one option per ``PoolConfig`` field),
         ``%dist status``,
         ``%dist stop``, ``%dist restart``, ``%dist scale N``, ``%dist check [--size-mb M]``,
-        ``%dist push NAME...``, ``%dist pull NAME [--rank R]``, ``%dist auto on|off``,
+        ``%dist push NAME... [--ranks R | --on SUBMESH]``, ``%dist pull NAME [--rank R]``,
+        ``%dist auto on|off``,
         ``%dist attach [NAME]``, ``%dist stop [--all]``,
-        ``%dist run script.py [--ranks R] [--timeout S] [--quiet] [-- args]`` (a torchrun script, unchanged),
+        ``%dist run script.py [--ranks R | --on SUBMESH] [--timeout S] [--quiet] [-- args]`` (a torchrun
+        script, unchanged),
         ``%dist stacks [--ranks R | --on SUBMESH] [--native]``,
         ``%dist debug RANK [--frame K -e EXPR]``,
         ``%dist split SIZE SIZE... [--names a,b]`` (sub-meshes, each its own process group), ``%dist join``.
@@ -234,7 +236,7 @@ class DistributedMagics(Magics):
         missing = [n for n in args.names if n not in self.shell.user_ns]
         if missing:
             raise UsageError(f"not defined in the notebook: {', '.join(missing)}. Define them, then push.")
-        ranks = self._targets(s, args.ranks)
+        ranks = self._targets(s, args.ranks, args.on)
         try:
             s.push({n: self.shell.user_ns[n] for n in args.names}, ranks=ranks)
         except ValueError as exc:  # a value pickle refuses

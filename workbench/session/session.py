@@ -417,19 +417,23 @@ class Session:
             self._idle.touch()  # every cell, push, pull and apply comes through here
         return rooms.resolve(ranks, on)
 
-    def view(self, ranks=None) -> RankView:
-        """The ranks ``ranks`` (``None``: all, a rank, a list, ``"0,2-3"``) as one object that pushes,
-        pulls, applies, scatters and gathers (:class:`~workbench.session.rank_view.RankView`).
+    def view(self, ranks=None, on: str | None = None) -> RankView:
+        """The ranks ``ranks`` (``None``: all, a rank, a list, ``"0,2-3"``; ``on``: of that sub-mesh) as one
+        object that pushes, pulls, applies, scatters and gathers
+        (:class:`~workbench.session.rank_view.RankView`).
 
         >>> s.view("0-1").scatter(list(range(8)), "x")     # doctest: +SKIP
         [4, 4]
         """
+        if on is not None:  # that sub-mesh's pool ranks: what a new engine's setup replays never has these
+            ranks = [r.rank for r in self.targets(ranks, on)]
         return RankView(ranks, resolve=self.targets, door=lambda: self.rooms.door, dead=self.dead_ranks,
                         on_push=lambda values: self.rooms.transcript.push(values))
 
-    def push(self, values: dict, ranks=None) -> None:
-        """Send ``{name: value}`` into the namespace of the target ranks (:meth:`RankView.push`)."""
-        self.view(ranks).push(values)
+    def push(self, values: dict, ranks=None, on: str | None = None) -> None:
+        """Send ``{name: value}`` into the namespace of the target ranks (``on``: a sub-mesh's;
+        :meth:`RankView.push`)."""
+        self.view(ranks, on).push(values)
 
     def pull(self, name: str, rank: int | None = None):
         """A value from one rank, or a list with every rank's value (:meth:`RankView.pull`)."""
@@ -481,9 +485,7 @@ class Session:
         """
         script.check_script(path, local=self.local)
         cwd = os.getcwd()  # the ranks work there where their host has it; else a missing script says so
-        if on is not None:  # that sub-mesh's ranks (``ranks``: some of them), named as the pool's
-            ranks = [r.rank for r in self.targets(ranks, on)]
-        targets = self.view(ranks).alive()
+        targets = self.view(ranks, on).alive()
         code = self._rooms.door.cell(remote.run_script, targets, path, list(args), cwd)  # a cell runs it
         return self.run(code, ranks=[r.rank for r in targets], timeout=timeout, on_output=on_output,
                         on_tick=on_tick, spread=spread)
