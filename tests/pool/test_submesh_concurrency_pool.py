@@ -154,7 +154,7 @@ def test_a_rank_killed_in_one_sub_mesh_fails_its_cell_only(pool, tmp_path):
         with pytest.raises(RankError, match="rank 3"):
             b.wait(60)
     assert s.restart() == [3] and s.meshes == {"a": [0, 1], "b": [2, 3]}
-    # (a new engine replays the cells that ran on every rank, not a sub-mesh's own: torch is imported here)
+    # (the new engine starts empty, as on a pool not split: torch is imported here)
     s.run("import torch; t = torch.ones(1); dist.all_reduce(t); back = t.item()", on="b")
     assert s.view([2, 3]).pull("back") == [2.0, 2.0]
 

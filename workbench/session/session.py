@@ -425,7 +425,7 @@ class Session:
         >>> s.view("0-1").scatter(list(range(8)), "x")     # doctest: +SKIP
         [4, 4]
         """
-        if on is not None:  # that sub-mesh's pool ranks: what a new engine's setup replays never has these
+        if on is not None:  # that sub-mesh's pool ranks (a push there is no setup of every rank's)
             ranks = [r.rank for r in self.targets(ranks, on)]
         return RankView(ranks, resolve=self.targets, door=lambda: self.rooms.door, dead=self.dead_ranks,
                         on_push=lambda values: self.rooms.transcript.push(values))
