@@ -22,6 +22,9 @@ from workbench.errors import CellTimeout, RankError
 
 pytestmark = pytest.mark.timeout(300)
 
+# rank 1 raises; rank 0, in its all_reduce with it, is cut out by the abort: the sub-mesh's group is broken
+RAISES = "import torch\nt = torch.ones(1)\nif rank == 1: raise ValueError('boom')\ndist.all_reduce(t)"
+
 # a cell that says it started (a file per sub-mesh), then waits until ``other`` says so too (at most 60 s: a
 # cell that waited for the other to end first would fail here), and stamps its start and end
 MEET = textwrap.dedent("""
@@ -120,13 +123,13 @@ def test_a_fault_in_one_sub_mesh_leaves_the_other_running(pool, tmp_path):
     group = s.rooms.group
     b_generation = group.mesh_generation["b"]
     with trains_on(s, "b", tmp_path / "release") as b:
-        with pytest.raises(RankError):  # rank 1 of a raises, rank 0 of a is cut out of its collective
-            s.run("t = torch.ones(1)\nif rank == 1: raise ValueError('boom')\ndist.all_reduce(t)", on="a")
+        with pytest.raises(RankError, match="boom"):  # a fault in sub-mesh a
+            s.run(RAISES, on="a")
         assert not b.done()  # b trains on
         assert "ValueError: boom" in s.debug(1).format()  # a's failure, looked at while b's cell runs
         with pytest.raises(ValueError, match="a cell is running"):
             s.debug(2)
-        s.run("t = torch.ones(1); dist.all_reduce(t); again = t.item()", on="a")  # a re-formed, b still runs
+        s.run("import torch; t = torch.ones(1); dist.all_reduce(t); again = t.item()", on="a")  # a re-formed
         assert s.view([0, 1]).pull("again") == [2.0, 2.0]
         assert group.mesh_generation["b"] == b_generation
 
@@ -141,7 +144,7 @@ def test_stopping_or_timing_out_a_cell_on_one_sub_mesh_leaves_the_other_running(
         stopped = a.stop(timeout=60)  # as Ctrl-C: the cell on a only
         assert stopped is not None and {r.outcome for r in stopped.ranks} == {"interrupted"}
         with pytest.raises(CellTimeout):  # rank 1 of a never comes to the collective: a hang, named, stopped
-            s.run("import time\nt = torch.ones(1)\nif rank == 1: time.sleep(60)\ndist.all_reduce(t)",
+            s.run("import time, torch\nt = torch.ones(1)\nif rank == 1: time.sleep(60)\ndist.all_reduce(t)",
                   on="a", timeout=3)
 
 

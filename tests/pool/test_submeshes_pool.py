@@ -17,6 +17,9 @@ from workbench.errors import RankError
 
 pytestmark = pytest.mark.timeout(300)
 
+# rank 1 raises; rank 0, in its all_reduce with it, is cut out by the abort: the sub-mesh's group is broken
+RAISES = "import torch\nt = torch.ones(1)\nif rank == 1: raise ValueError('boom')\ndist.all_reduce(t)"
+
 # on every rank: its place in its group and what a collective over the default group sums
 PROBE = textwrap.dedent("""
     import os, torch
@@ -89,8 +92,8 @@ def test_a_fault_in_one_sub_mesh_reforms_only_its_group(pool):
     with split(s, [2, 2], names=["a", "b"]):
         group = s.rooms.group
         b_generation = group.mesh_generation["b"]
-        with pytest.raises(RankError):  # rank 1 raises; rank 0 is cut out of its collective by the abort
-            s.run("t = torch.ones(1)\nif rank == 1: raise ValueError('boom')\ndist.all_reduce(t)", on="a")
+        with pytest.raises(RankError, match="boom"):  # rank 1 raises; rank 0 is cut out of its collective
+            s.run(RAISES, on="a")
         assert group.broken_in({"a"}) == {"a"} and not group.broken_in({"b"})
         s.run(PROBE, on="a")  # re-forms a's group only
         assert group.mesh_generation["b"] == b_generation and group.ok
@@ -104,8 +107,11 @@ def test_a_dead_rank_of_a_sub_mesh_is_restarted_into_it(pool):
     with split(s, [2, 2], names=["a", "b"]):
         os.kill(s.ranks[3].pid, signal.SIGKILL)
         assert until(lambda: 3 in s.dead_ranks(), timeout=30)
-        s.run("t = torch.ones(1); dist.all_reduce(t); alone = t.item()", on="a")  # a trains on meanwhile
+        said: list[str] = []
+        s.notify = said.append
+        s.run("import torch; t = torch.ones(1); dist.all_reduce(t); alone = t.item()", on="a")  # a goes on
         assert s.view([0, 1]).pull("alone") == [2.0, 2.0]
+        assert not [text for text in said if "is dead" in text], said  # b's dead rank is no matter of a's
         assert s.restart() == [3]
         assert s.meshes == {"a": [0, 1], "b": [2, 3]}  # the split is kept
         s.run(PROBE)

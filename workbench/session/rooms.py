@@ -225,8 +225,13 @@ class Rooms:
     def ensure_group(self, targets: list[RankInfo] | None = None) -> None:
         """Before a cell: refuse with dead ranks among ``targets`` (default: all), re-form a process group
         that a fault aborted. A cell on living ranks only runs, with a warning (to save their state before
-        ``%dist restart``): the group is not re-formed without the dead ranks."""
+        ``%dist restart``): the group is not re-formed without the dead ranks. In a split pool only the dead
+        ranks of the cell's sub-meshes count: another sub-mesh's group is not this cell's."""
         dead = dict(self.health.dead)
+        meshes = self.group.meshes
+        if dead and targets is not None and meshes:
+            mine = keys_for(meshes, [r.rank for r in targets])
+            dead = {rank: how for rank, how in dead.items() if mesh_of(meshes, rank) in mine}
         if dead and targets is not None and not {r.rank for r in targets} & dead.keys():
             self.notify(f"workbench: rank {format_ranks(sorted(dead))} is dead: this cell runs on rank "
                         f"{format_ranks([r.rank for r in targets])} only, and a collective with the dead "
