@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,21 @@ def test_a_death_in_an_idle_sub_mesh_is_reported_while_the_other_trains(pool, tm
         assert until(lambda: any(f.kind == "died" and f.rank == 3 and "while idle" in f.first_failure
                                  for f in s.faults), timeout=30), [f.summary() for f in s.faults]
     assert s.restart() == [3]
+
+
+def test_a_split_waits_for_the_cells_running_on_the_sub_meshes(pool, tmp_path):
+    """A split re-forms every group: it waits for a cell on a sub-mesh to end (saying behind what), never
+    re-forms under it."""
+    s = pool
+    said: list[str] = []
+    s.notify = said.append
+    done = threading.Event()
+    with trains_on(s, "a", tmp_path / "release") as a:
+        splitter = threading.Thread(target=lambda: (s.split([2, 2], names=["a", "b"]), done.set()),
+                                    daemon=True)
+        splitter.start()
+        sentence = "sub-mesh a (ranks 0-1) is busy: running a cell since"
+        assert until(lambda: any(sentence in text for text in said), timeout=30), said
+        assert not done.is_set() and not a.done()  # the split waits; the cell trains on
+    splitter.join(60)
+    assert done.is_set() and s.meshes == {"a": [0, 1], "b": [2, 3]}
