@@ -22,7 +22,7 @@ from pathlib import Path
 from bench.common import ANCHOR_PINS, ANCHORS_PY, RESULTS, load_now, machine, versions
 
 SECTIONS = ("cells", "ready", "training", "dashboard", "allreduce", "memory", "recovery", "elastic", "scale",
-            "faults")
+            "faults", "submesh")
 FULL = {
     "cells_runs": 200,
     "ready_reps": 3,
@@ -40,6 +40,7 @@ FULL = {
     "faults_ranks": 32,
     "faults_reps": 3,
     "faults_elastic_reps": 2,
+    "submesh_reps": 5,
 }
 QUICK = {
     "cells_runs": 4,
@@ -58,6 +59,7 @@ QUICK = {
     "faults_ranks": 4,
     "faults_reps": 1,
     "faults_elastic_reps": 0,
+    "submesh_reps": 1,
 }
 
 
@@ -128,7 +130,17 @@ def main(argv=None) -> int:
         (args.out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
         print(f"   {time.time() - t0:.0f} s", flush=True)
 
-    from bench import cells, dashboard_overhead, elastic, faults_at_scale, ready, recovery, scale, training
+    from bench import (
+        cells,
+        dashboard_overhead,
+        elastic,
+        faults_at_scale,
+        ready,
+        recovery,
+        scale,
+        submesh,
+        training,
+    )
 
     section(
         "cells",
@@ -157,6 +169,7 @@ def main(argv=None) -> int:
             lambda: scale.run(p["scale_sizes"], rounds=p["scale_rounds"], settle_s=p["scale_settle_s"]))
     section("faults",
             lambda: faults_at_scale.run(p["faults_ranks"], p["faults_reps"], p["faults_elastic_reps"]))
+    section("submesh", lambda: submesh.run(reps=p["submesh_reps"]))
     from bench.table import render
 
     table = render(args.out)

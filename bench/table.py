@@ -79,6 +79,8 @@ def render(folder: Path = RESULTS) -> str:
         lines += scale_table(r["scale"])
     if "faults" in r:
         lines += faults_table(r["faults"])
+    if "submesh" in r:
+        lines += _submesh(r["submesh"])
     return "\n".join(lines) + "\n"
 
 
@@ -229,6 +231,27 @@ def _memory(rec) -> list[str]:
                 f"{d['pool pss per rank']} MiB. Helper processes per engine: "
                 f"{d['helper processes per engine']}."]
     return out + [""]
+
+
+def _submesh(rec) -> list[str]:
+    d = rec["data"]
+    if "error" in d:
+        return ["## Sub-meshes", ""] + _error(rec)
+    return [
+        "## Sub-meshes on a 4-rank pool (docs/submeshes.md)",
+        "",
+        "| what | median (min-max) |",
+        "| --- | --- |",
+        f"| split 2 + 2, s | {_mmm(d['split_2_2_s'])} |",
+        f"| split 1 + 1 + 1 + 1, s | {_mmm(d['split_1_1_1_1_s'])} |",
+        f"| join, s | {_mmm(d['join_s'])} |",
+        f"| re-form of the group after a fault (abort + form), s | {_mmm(d['reform_s'])} |",
+        f"| {d['steps']} steps (all_reduce + {d['sleep_s']:g} s sleep) on one 2-rank sub-mesh, s | "
+        f"{_mmm(d['alone_s'])} |",
+        f"| the same on both sub-meshes at once, s | {_mmm(d['both_s'])} |",
+        f"| **both / alone** (1: side by side, 2: one after the other) | {_mmm(d['ratio'])} |",
+        "",
+    ]
 
 
 def _recovery(rec) -> list[str]:

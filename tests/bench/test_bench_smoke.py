@@ -203,3 +203,13 @@ def test_the_kernels_cpu_per_cell_by_thread():
         assert got[side]["threads"].get("MainThread", 0) > 0, got[side]
         assert got[side]["total_ms"] >= got[side]["threads"]["MainThread"] and got[side]["wall_ms"] > 0
     assert got["ratio"] > 0
+
+
+def test_submesh_split_join_and_side_by_side():
+    from bench import submesh
+    from bench.table import _submesh
+
+    got = submesh.run(reps=1, steps=3, sleep_s=0.01)
+    for key in ("split_2_2_s", "join_s", "reform_s", "split_1_1_1_1_s", "alone_s", "both_s", "ratio"):
+        assert _has_summary(got[key]), (key, got[key])
+    assert "**both / alone**" in "\n".join(_submesh({"data": got}))

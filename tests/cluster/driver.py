@@ -217,6 +217,14 @@ def scenario_ssh(ip, spec: dict) -> dict:
     out["resumed_step"] = s.pull("step")
     out["ddp_second"] = s.pull("second")
     out["ddp_same_after"] = s.pull("same")
+    # sub-meshes across hosts (docs/submeshes.md): rank 0 (n1) alone, ranks 1-2 (n2, n1) meeting at the store
+    # of their first rank, on n2; then one group of all again
+    run(ip, "%dist split 1 2 --names solo,pair")
+    run(ip, ALL_REDUCE)
+    out["where_split"] = s.pull("where")
+    run(ip, "%dist join")
+    run(ip, ALL_REDUCE)
+    out["where_joined"] = s.pull("where")
     run(ip, "%dist stop")
     out["running_after_stop"] = session.current_or_none() is not None
     return out

@@ -70,6 +70,12 @@ def test_pool_across_hosts_over_ssh(three_hosts, workdir):
     assert result["resumed_step"] == [20, 20, 20]
     assert result["ddp_same_after"] == [True, True, True]
     assert result["ddp_second"][0][0] < first[0] * 0.5, "resumed from the checkpoint, not from scratch"
+    # split 1 + 2 across the hosts: each sub-mesh's all_reduce sums its own ranks (rank+1 of the sub-mesh), at
+    # the store of its first rank's host; joined, one group of all again
+    assert [(w["rank"], w["host"], w["sum"], w["master"]) for w in result["where_split"]] == [
+        (0, "n1", 1.0, a1), (0, "n2", 3.0, a2), (1, "n1", 3.0, a2)]
+    assert [(w["rank"], w["sum"], w["master"]) for w in result["where_joined"]] == [
+        (0, 6.0, a1), (1, 6.0, a1), (2, 6.0, a1)]
     assert not result["running_after_stop"]
 
     # stop left nothing on the hosts but their sshd

@@ -123,3 +123,22 @@ def test_no_nvml_falls_back_to_psutil():
 
 def test_helpers():
     assert load_colour(50) == "hsl(60, 65%, 85%)"
+
+
+def test_runs_side_by_side_on_sub_meshes_are_two_runs():
+    """Trainings that start together on two sub-meshes of a split pool are two runs, each its own dashboard's
+    (before, ranks starting within the join window made one run of all of them)."""
+    c = Collector()
+    try:
+        c.set_meshes({"a": [0, 1], "b": [2, 3]})
+        start = [0, 100.0, "run_start", {"run": 1}]
+        for rank in (0, 2, 1, 3):  # interleaved, as two cells' ranks start
+            c.ingest(_msg(rank, [], events=[start]), now=0.0)
+        assert [(r.id, sorted(r.ranks)) for r in c.runs] == [(1, [0, 1]), (2, [2, 3])]
+        assert c.latest_run([0, 1]).id == 1 and c.latest_run([2, 3]).id == 2 and c.latest_run().id == 2
+        c.set_meshes({})  # joined: one run of all again
+        for rank in range(4):
+            c.ingest(_msg(rank, [], run=2, events=[[1, 200.0, "run_start", {"run": 2}]]), now=1.0)
+        assert sorted(c.runs[-1].ranks) == [0, 1, 2, 3]
+    finally:
+        c.close()

@@ -89,7 +89,8 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
          backend: str, device: str, timeout_s: float, ifname: str | None, local_pids=(),
          collective_timeout_s: float | None = None, channel: dict | None = None, generation: int = 0,
          standby_address: str | None = None, store: dict | None = None,
-         stores_folder: str | None = None, node_rank: int = 0, nodes: int = 1, run_id: str = "") -> dict:
+         stores_folder: str | None = None, node_rank: int = 0, nodes: int = 1, run_id: str = "",
+         agent_rank: int | None = None) -> dict:
     """Join the process group and put ``rank``, ``world_size``, ``device``... into the user namespace.
 
     ``backend``: the same string on every rank (the kernel's ``group_backend``). ``timeout_s`` bounds the
@@ -102,7 +103,12 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
     standby store (``standby``, for elastic regroups).
     ``node_rank``, ``nodes``, ``run_id``: this host's place among the pool's hosts and the pool's id, for
     torchrun's environment (:mod:`.torchrun`).
+    ``agent_rank``: the pool's rank of this engine, which its agent, beacons and metrics speak for (default
+    ``rank``); a sub-mesh (``docs/submeshes.md``) forms its own default group, ``rank`` and ``world_size``
+    its own, while the kernel keeps naming the engine by its pool rank. ``local_rank`` stays the pool's
+    local rank there (a script's ``set_device(LOCAL_RANK)`` picks the rank's own GPU, not another sub-mesh's).
     """
+    agent_rank = rank if agent_rank is None else agent_rank
     env = {"RANK": rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": world_size,
            "MASTER_ADDR": address, "MASTER_PORT": port,
            # engines survive NCCL errors: the watchdog aborts the communicators (the next collective raises)
@@ -142,10 +148,10 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
     _init_group(backend, store, rank, world_size, dev)
     uuid = _gpu_uuid(dev) if dev.type == "cuda" else None
     _state.update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, gpu_uuid=uuid,
-                  generation=generation)
+                  generation=generation, pool_rank=agent_rank)
     standby = _standby(stores_folder, standby_address or address) if channel else None
-    if channel:  # beacons up, commands down: the pool's side channel
-        agent.start(channel, rank, generation)
+    if channel:  # beacons up, commands down: the pool's side channel, for the pool's rank
+        agent.start(channel, agent_rank, generation)
     user_namespace().update(rank=rank, local_rank=local_rank, world_size=world_size, device=dev, dist=dist)
     torchrun.install(backend=backend, rank=rank, world_size=world_size, device=dev)
     postmortem.forget_on_next_cell()  # `%dist debug` shows the last cell's failure, never an older one
@@ -253,7 +259,7 @@ def regroup(plan: dict, superseded: Callable[[], bool] = agent.plan_pending,
     except RuntimeError as exc:  # the connect timed out (DistStoreError, a RuntimeError)
         raise RegroupAbandoned(f"group {plan['generation']} did not form: {exc}") from None
     agent.regroup_status.clear()
-    _state.update(rank=rank, world_size=world_size, generation=plan["generation"])
+    _state.update(rank=rank, world_size=world_size, generation=plan["generation"], pool_rank=rank)
     now = agent.current()
     if now is not None:
         now.retarget(rank, plan["generation"])
@@ -292,7 +298,7 @@ def join_alone(*, device: str, backend: str, timeout_s: float, channel: dict | N
                   collective_timeout_s=collective_timeout(timeout_s))
     store = _state["alone_store"] = dist.HashStore()  # a group of one meets nobody: nothing listens
     _init_group("gloo", store, 0, 1, dev)
-    _state.update(rank=0, world_size=1, generation=-1, device=dev)
+    _state.update(rank=0, world_size=1, generation=-1, device=dev, pool_rank=0)
     user_namespace().update(rank=0, local_rank=0, world_size=1, device=dev, dist=dist)
     return _standby(stores_folder, standby_address)
 
@@ -303,8 +309,9 @@ def me() -> list:
 
 
 def identity() -> dict:
-    """This engine's rank, device and GPU UUID in the current group (rank 0 on the CPU before any join)."""
-    return {"rank": _state.get("rank", 0), "device": _state.get("device", "cpu"),
+    """This engine's rank in the pool (its agent's: in a sub-mesh not its rank there), device and GPU UUID
+    (rank 0 on the CPU before any join)."""
+    return {"rank": _state.get("pool_rank", _state.get("rank", 0)), "device": _state.get("device", "cpu"),
             "gpu_uuid": _state.get("gpu_uuid")}
 
 

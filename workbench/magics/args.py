@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 from workbench.config import pool_options
 
 SUBCOMMANDS = ("start", "status", "stop", "restart", "scale", "check", "push", "pull", "auto", "attach",
-               "run", "stacks", "debug")
+               "run", "stacks", "debug", "split", "join")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -114,6 +114,7 @@ def _dist_parser() -> _Parser:
     push = sub.add_parser("push", prog="%dist push", add_help=False, allow_abbrev=False)
     push.add_argument("names", nargs="+")
     push.add_argument("--ranks", default=None)
+    push.add_argument("--on", default=None, help="the sub-mesh to push to (`%%dist split`)")
     pull = sub.add_parser("pull", prog="%dist pull", add_help=False, allow_abbrev=False)
     pull.add_argument("name")
     pull.add_argument("--rank", type=int, default=None)
@@ -122,25 +123,34 @@ def _dist_parser() -> _Parser:
     attach = sub.add_parser("attach", prog="%dist attach", add_help=False, allow_abbrev=False)
     attach.add_argument("pool", nargs="?", default=None, help="the pool's name or id")
     run = sub.add_parser("run", prog="%dist run", add_help=False, allow_abbrev=False,
-                         usage="%dist run script.py [--ranks R] [--timeout S] [--quiet] [-- args...]")
+                         usage="%dist run script.py [--ranks R | --on SUBMESH] [--timeout S] [--quiet] "
+                               "[-- args...]")
     run.add_argument("script", help="the script, as you would give it to torchrun")
     run.add_argument("--ranks", default=None, help="ranks to run on, e.g. 0,2-3 (default: all)")
+    run.add_argument("--on", default=None, help="the sub-mesh to run on (`%%dist split`)")
     run.add_argument("--timeout", type=_seconds, default=None)
     run.add_argument("--quiet", action="store_true", help="show errors only, not the ranks' output")
     stacks = sub.add_parser("stacks", prog="%dist stacks", add_help=False, allow_abbrev=False)
     stacks.add_argument("--ranks", default=None, help="ranks to look at, e.g. 0,2-3 (default: all)")
+    stacks.add_argument("--on", default=None, help="the sub-mesh to look at (`%%dist split`)")
     stacks.add_argument("--native", action="store_true",
                         help="native frames too (gloo, NCCL, C++), through py-spy where it can attach")
     debug = sub.add_parser("debug", prog="%dist debug", add_help=False, allow_abbrev=False)
     debug.add_argument("rank", type=int, help="the rank whose failed cell to look at")
     debug.add_argument("--frame", type=int, default=None, help="frame to evaluate in (default: innermost)")
     debug.add_argument("-e", dest="expr", default=None, help="an expression to evaluate in that frame")
+    split = sub.add_parser("split", prog="%dist split", add_help=False, allow_abbrev=False,
+                           usage="%dist split SIZE SIZE... [--names a,b,...]")
+    split.add_argument("sizes", nargs="+", type=_positive_int, help="ranks of each sub-mesh, in rank order")
+    split.add_argument("--names", default=None, help="their names, comma-separated (default m0,m1,...)")
+    sub.add_parser("join", prog="%dist join", add_help=False, allow_abbrev=False)
     return p
 
 
 def _cell_parser() -> _Parser:
     p = _Parser(prog="%%distributed", add_help=False, allow_abbrev=False)
     p.add_argument("--ranks", default=None, help="ranks to run on, e.g. 0,2-3 (default: all)")
+    p.add_argument("--on", default=None, help="the sub-mesh to run on (`%%dist split`)")
     p.add_argument("--timeout", type=_seconds, default=None)
     p.add_argument("--quiet", action="store_true", help="show errors only, not the ranks' output")
     p.add_argument("--spread", dest="spread", action="store_true", default=None,
@@ -175,6 +185,11 @@ def parse_dist(line: str) -> argparse.Namespace:
     >>> a = parse_dist("debug 3 --frame 1 -e 'x.shape'")
     >>> a.rank, a.frame, a.expr
     (3, 1, 'x.shape')
+    >>> a = parse_dist("split 2 2 --names a,b")
+    >>> a.sizes, a.names
+    ([2, 2], 'a,b')
+    >>> parse_dist("run train.py --on b").on
+    'b'
     >>> parse_dist("launch")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
@@ -197,6 +212,8 @@ def parse_cell(line: str) -> argparse.Namespace:
 
     >>> parse_cell("--ranks 0,2-3 --quiet").ranks
     '0,2-3'
+    >>> parse_cell("--on a --async").on
+    'a'
     >>> parse_cell("").spread, parse_cell("--spread").spread, parse_cell("--no-spread").spread
     (None, True, False)
     """

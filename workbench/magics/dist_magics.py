@@ -30,7 +30,8 @@ STATUS_COLUMNS = ["rank", "host", "pid", "device", "state"]
 
 @magics_class
 class DistributedMagics(Magics):
-    """``%dist start|status|stop|restart|scale|check|push|pull|auto|attach|stacks|debug``, ``%%distributed``,
+    """``%dist start|status|stop|restart|scale|check|push|pull|auto|attach|stacks|debug|split|join``,
+    ``%%distributed``,
     ``%%local``."""
 
     def __init__(self, shell):
@@ -49,11 +50,14 @@ class DistributedMagics(Magics):
         [--collective-timeout S] [--launcher-options JSON]`` (one option per ``PoolConfig`` field),
         ``%dist status``,
         ``%dist stop``, ``%dist restart``, ``%dist scale N``, ``%dist check [--size-mb M]``,
-        ``%dist push NAME...``, ``%dist pull NAME [--rank R]``, ``%dist auto on|off``,
+        ``%dist push NAME... [--ranks R | --on SUBMESH]``, ``%dist pull NAME [--rank R]``,
+        ``%dist auto on|off``,
         ``%dist attach [NAME]``, ``%dist stop [--all]``,
-        ``%dist run script.py [--ranks R] [--timeout S] [--quiet] [-- args]`` (a torchrun script, unchanged),
-        ``%dist stacks [--ranks R] [--native]``,
-        ``%dist debug RANK [--frame K -e EXPR]``.
+        ``%dist run script.py [--ranks R | --on SUBMESH] [--timeout S] [--quiet] [-- args]`` (a torchrun
+        script, unchanged),
+        ``%dist stacks [--ranks R | --on SUBMESH] [--native]``,
+        ``%dist debug RANK [--frame K -e EXPR]``,
+        ``%dist split SIZE SIZE... [--names a,b]`` (sub-meshes, each its own process group), ``%dist join``.
 
         Example: ``%dist start --launcher slurm --nodes 2 --gpus-per-node 4 --partition gpu --interface ib0``.
         """
@@ -95,7 +99,7 @@ class DistributedMagics(Magics):
         for line in [_where(s), *s.pool.notes]:  # inside a Slurm job: which, its time left; part of it
             if line:
                 print(line)
-        print(format_table(s.status(), STATUS_COLUMNS))
+        print(format_table(s.status(), _columns(s)))
 
     def _dist_attach(self, args):
         s = _driven()
@@ -114,7 +118,7 @@ class DistributedMagics(Magics):
             raise UsageError(str(exc)) from None
         print(f"attached to pool {s.name} ({s.pool_id}): {ranks_text(s.world_size)}, backend {s.backend}; "
               + _notebooks(s))
-        print(format_table(s.status(), STATUS_COLUMNS))
+        print(format_table(s.status(), _columns(s)))
 
     def _dist_status(self, args):
         s = session_mod.current_or_none()
@@ -133,7 +137,7 @@ class DistributedMagics(Magics):
               f"{s.config.launcher}; {_notebooks(s)}")
         if _where(s):
             print(_where(s))
-        print(format_table(rows, STATUS_COLUMNS))
+        print(format_table(rows, _columns(s)))
         for line in started_lines({r["rank"]: r.get("started") for r in rows if r["rank"] != "-"}):
             print(line)
         print(s.group_state())
@@ -168,7 +172,7 @@ class DistributedMagics(Magics):
             raise UsageError(str(exc)) from None
         what = f"restarted rank {', '.join(map(str, restarted))}" if restarted else "no rank was dead"
         print(f"{what}; the process group is re-formed.")
-        print(format_table(s.status(), STATUS_COLUMNS))
+        print(format_table(s.status(), _columns(s)))
 
     def _dist_scale(self, args):
         s = self._session("%dist scale")
@@ -180,7 +184,26 @@ class DistributedMagics(Magics):
         print(f"scaled from {before} to {ranks_text(s.world_size)}; the process group is re-formed "
               "(resume training from its checkpoint at the new world size).")
         print(f"── the outputs above this line come from the world of {ranks_text(before)} ──")
-        print(format_table(s.status(), STATUS_COLUMNS))
+        print(format_table(s.status(), _columns(s)))
+
+    def _dist_split(self, args):
+        s = self._session("%dist split")
+        try:
+            plan = s.split(args.sizes, names=args.names.split(",") if args.names else None)
+        except ValueError as exc:  # sizes that do not add up, names twice: nothing was changed
+            raise UsageError(str(exc)) from None
+        print("split into " + ", ".join(f"{name} (ranks {format_ranks(ranks)}, world size {len(ranks)})"
+                                        for name, ranks in plan.items())
+              + f"; run on one with `%%distributed --on {next(iter(plan))}`; `%dist join` makes one group "
+              "again.")
+
+    def _dist_join(self, args):
+        s = self._session("%dist join")
+        if not s.meshes:
+            print(f"the pool is one process group already ({ranks_text(s.world_size)}).")
+            return
+        s.join()
+        print(f"joined: one process group of {ranks_text(s.world_size)} (backend {s.backend}).")
 
     def _dist_check(self, args):
         from workbench.preflight import run_check
@@ -192,7 +215,7 @@ class DistributedMagics(Magics):
 
     def _dist_stacks(self, args):
         s = self._session("%dist stacks")
-        ranks = self._targets(s, args.ranks)
+        ranks = self._targets(s, args.ranks, args.on)
         try:
             found = s.stacks(ranks=ranks, native=args.native)
         except ValueError as exc:
@@ -213,7 +236,7 @@ class DistributedMagics(Magics):
         missing = [n for n in args.names if n not in self.shell.user_ns]
         if missing:
             raise UsageError(f"not defined in the notebook: {', '.join(missing)}. Define them, then push.")
-        ranks = self._targets(s, args.ranks)
+        ranks = self._targets(s, args.ranks, args.on)
         try:
             s.push({n: self.shell.user_ns[n] for n in args.names}, ranks=ranks)
         except ValueError as exc:  # a value pickle refuses
@@ -255,7 +278,7 @@ class DistributedMagics(Magics):
     def _dist_run(self, args):
         """``%dist run script.py [--ranks R] [--timeout S] [--quiet] -- args``: a torchrun script as it is."""
         s = self._session("%dist run")
-        ranks = self._targets(s, args.ranks)
+        ranks = self._targets(s, args.ranks, args.on)
         spread_numbers = lines.wanted(None, len(ranks))
         merger = None if args.quiet else _merger(s, ranks, spread_numbers)
         on_output = _rank_output(merger)
@@ -279,9 +302,9 @@ class DistributedMagics(Magics):
                 merger.close()
         _show_ranks(result, s.world_size)
 
-    def _targets(self, s: Session, ranks):
+    def _targets(self, s: Session, ranks, on: str | None = None):
         try:
-            return [r.rank for r in s.targets(ranks)]
+            return [r.rank for r in s.targets(ranks, on)]
         except ValueError as exc:
             raise UsageError(str(exc)) from None
 
@@ -289,21 +312,22 @@ class DistributedMagics(Magics):
     @cell_magic
     def distributed(self, line: str, cell: str):
         """Run the cell on every rank at once:
-        ``%%distributed [--ranks 0,2-3] [--timeout S] [--quiet] [--spread | --no-spread] [--monitor]
-        [--async]``.
+        ``%%distributed [--ranks 0,2-3] [--on SUBMESH] [--timeout S] [--quiet] [--spread | --no-spread]
+        [--monitor] [--async]``.
 
         Names ready on every rank: ``rank``, ``local_rank``, ``world_size``, ``device``, ``dist``.
         """
         args = parse_cell(line)
         s = self._session("%%distributed")
-        ranks = self._targets(s, args.ranks)
+        ranks = self._targets(s, args.ranks, args.on)
         spread_numbers = lines.wanted(args.spread, len(ranks))
         merger = None if args.quiet else _merger(s, ranks, spread_numbers)
         on_output = _rank_output(merger)
 
         from workbench.widgets.cell_monitor import monitor_cell, submit_cell  # live dashboard (issue 4)
 
-        monitor = monitor_cell(s, always=args.monitor or args.async_)  # hidden until a Trainer runs
+        monitor = monitor_cell(s, always=args.monitor or args.async_,  # hidden until a Trainer runs
+                               ranks=ranks if s.meshes else None)  # split: its sub-mesh's run
 
         def on_tick():  # every 0.05 s: lines held for identical ones are due, the dashboard
             if merger is not None:
@@ -340,6 +364,11 @@ class DistributedMagics(Magics):
             self.shell.run_cell(cell, store_history=False)
         finally:
             self._running_local = False
+
+
+def _columns(s: Session) -> list[str]:
+    """The status table's columns: which sub-mesh each rank is in, after its rank, once the pool is split."""
+    return [STATUS_COLUMNS[0], "mesh", *STATUS_COLUMNS[1:]] if s.meshes else STATUS_COLUMNS
 
 
 def _merger(s: Session, ranks: list[int], spread_numbers: bool) -> LineMerger:

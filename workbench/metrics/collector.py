@@ -129,6 +129,7 @@ class Collector:
         self.channel = channel
         self.ranks: dict[int, RankState] = {}
         self.runs: list[Run] = []
+        self._mesh_of: dict[int, str] = {}  # a split pool: rank -> its sub-mesh (runs never span two)
         self.steps: dict[tuple[int, int], Series] = {}  # (run id, rank) -> series
         self.devices: dict[int, Series] = {}
         self.events: list[dict] = []
@@ -165,6 +166,12 @@ class Collector:
                 st.info.setdefault("device", r.device)
                 st.last_seen = st.last_seen or time.monotonic()
             self.version += 1  # a view that shows hosts and devices shows these
+
+    def set_meshes(self, meshes: dict[str, list[int]]) -> None:
+        """Tell the collector the pool's sub-meshes (name -> ranks; ``{}``: not split): a run that starts on
+        one joins no run of another, so two trainings side by side are two runs (docs/submeshes.md)."""
+        with self._cv:
+            self._mesh_of = {rank: name for name, ranks in meshes.items() for rank in ranks}
 
     def add_listener(self, fn: Callable[[Collector, list[dict]], None]) -> None:
         """Call ``fn(collector, events)`` on the receiver thread after each message (events may be [])."""
@@ -313,7 +320,9 @@ class Collector:
         run_id = st.local_runs.get(local)
         if run_id is not None:
             return self.runs[run_id - 1]
-        latest = self.runs[-1] if self.runs else None
+        mesh = self._mesh_of.get(st.rank)  # the latest run of this rank's sub-mesh (of all, not split)
+        latest = next((r for r in reversed(self.runs)
+                       if self._mesh_of.get(min(r.ranks, default=-1)) == mesh), None)
         if latest is not None and st.rank not in latest.ranks and abs(t - latest.started) < JOIN_WINDOW_S:
             run = latest
         else:
@@ -347,9 +356,12 @@ class Collector:
             self._cv.notify_all()
 
     # -- reading -------------------------------------------------------------------------------
-    def latest_run(self) -> Run | None:
+    def latest_run(self, ranks=None) -> Run | None:
+        """The newest run (``ranks``: the newest with one of these ranks: a cell's, on its sub-mesh)."""
         with self._cv:
-            return self.runs[-1] if self.runs else None
+            if ranks is None:
+                return self.runs[-1] if self.runs else None
+            return next((r for r in reversed(self.runs) if r.ranks & set(ranks)), None)
 
     def count(self, stream: str = "step", run: int | None = None) -> int:
         """Records received (before downsampling) of a stream, optionally of one run's steps."""

@@ -110,7 +110,7 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
          timeout_s: float, ifname: str | None, local_pids=(), collective_timeout_s: float | None = None,
          channel: dict | None = None, generation: int = 0, standby_address: str | None = None,
          store: dict | None = None, stores_folder: str | None = None, node_rank: int = 0, nodes: int = 1,
-         run_id: str = "") -> dict:
+         run_id: str = "", agent_rank: int | None = None) -> dict:
     """On every rank, each with its own arguments: :func:`workbench.engine.rendezvous.join`."""
     from workbench.engine import rendezvous
 
@@ -119,7 +119,7 @@ def join(*, rank: int, local_rank: int, world_size: int, address: str, port: int
         device=device, timeout_s=timeout_s, ifname=ifname, local_pids=local_pids,
         collective_timeout_s=collective_timeout_s, channel=channel, generation=generation,
         standby_address=standby_address, store=store, stores_folder=stores_folder, node_rank=node_rank,
-        nodes=nodes, run_id=run_id)
+        nodes=nodes, run_id=run_id, agent_rank=agent_rank)
 
 
 @endpoint(EACH)

@@ -115,7 +115,10 @@ class ElasticWatch:
 
     def active(self) -> dict | None:
         """The elastic Trainer's settings while one runs on every member (kept through a regroup, when
-        some beacons are not yet those of the new group)."""
+        some beacons are not yet those of the new group). None in a split pool: routing around a loss within
+        a sub-mesh is not built yet (docs/submeshes.md), so a loss there fails the cell as a plain one."""
+        if self.rooms.group.meshes:
+            return None
         trainers = [(self.beat(r) or {}).get("trainer") for r in self.members()]
         if trainers and all(t and t.get("running") and t.get("elastic") for t in trainers):
             self.settings = trainers[0]["elastic"]

@@ -30,6 +30,7 @@ from workbench.remote.host_replies import HostCell
 from workbench.session import hints
 from workbench.session.cell_elastic import Children, ElasticWatch
 from workbench.session.losses import death_text
+from workbench.session.meshes import keys_for
 from workbench.session.results import (
     CellResult,
     RankDied,
@@ -120,7 +121,7 @@ class CellRun:
 
     def run(self, code: str) -> CellResult:
         t0, self.started = time.perf_counter(), time.time()
-        label = cell_label([r.rank for r in self.targets], len(self.group.ranks))  # what the ranks can see
+        label = cell_label([r.rank for r in self.targets], self._world())  # what the ranks can see
         ar = self.rooms.door.start_cell(self.targets, code, label=label, spread=self.spread)
         by_engine = {r.engine_id: r for r in self.targets}
         self.children[:] = [(by_engine[eid], child)
@@ -166,9 +167,9 @@ class CellRun:
         elif self.elastic.faults:  # routed around: the run went on
             result.fault = self.elastic.faults[-1]
         if self.interrupts:
-            raise CellInterrupted(stop_report(result.ranks, not self.group.ok), result)
+            raise CellInterrupted(stop_report(result.ranks, self._group_broken()), result)
         if self.timed_out is not None:
-            raise CellTimeout(f"{self.timed_out}\n{stop_report(result.ranks, not self.group.ok)}", result)
+            raise CellTimeout(f"{self.timed_out}\n{stop_report(result.ranks, self._group_broken())}", result)
         # the root causes; ranks that were only cut short are "stopped", not failures of their own
         failures = [f for f in result.failures() if f.outcome in ("error", "died", "killed")] \
             or result.failures()
@@ -181,16 +182,27 @@ class CellRun:
             raise RankError([(f.rank, f.error) for f in failures], result)
         return result
 
+    def _world(self) -> int:
+        """How many ranks the groups of this cell's ranks have: the pool's, or their sub-meshes' together."""
+        meshes = self.group.meshes
+        keys = keys_for(meshes, [r.rank for r in self.targets])
+        return sum(len(meshes[k]) for k in keys) if meshes else len(self.group.ranks)
+
+    def _group_broken(self) -> bool:
+        """Whether the group of this cell's ranks (their sub-meshes' groups in a split pool) is broken."""
+        return bool(self.group.broken_in(keys_for(self.group.meshes, [r.rank for r in self.targets])))
+
     def _advise(self, result: CellResult, failures: list[RankResult]) -> None:
         """The lines that say what to do under the torch errors a pool user meets (:mod:`.hints`); a group
         that a rank lost is re-formed by the next cell, and the fault line promises that only then."""
         gone = [f.rank.rank for f in failures if hints.broke_the_group(str(f.error.evalue))]
         if gone:
             self.group.mark_destroyed(gone)
-        result.group_broken = not self.group.ok
-        subset = len(self.targets) < len(self.group.ranks)
+        result.group_broken = self._group_broken()
+        world = self._world()
+        subset = len(self.targets) < world
         for f in failures:
-            line = hints.hint(f.error.ename, str(f.error.evalue), self.group.backend, len(self.group.ranks),
+            line = hints.hint(f.error.ename, str(f.error.evalue), self.group.backend, world,
                               ranks=gone, subset=subset)
             if line is not None and line not in result.hints:
                 result.hints.append(line)
@@ -352,7 +364,8 @@ class CellRun:
             if not running:
                 return
             if step != "stop":  # past the step boundary: some rank may be cut mid-step, so every rank's
-                self.group.mark_broken()  # wrapper (DDP's reducer) must see a new group before training on
+                self.group.mark_broken([r.rank for r, _ in self.children])  # wrapper (DDP's reducer) must see
+                # a new group before training on
             if step == "stop":  # a Trainer stops at its next step boundary, on every rank the same
                 self.group.command(Command.STOP, running)
             elif step == "abort":  # every rank, blocked ones too: their agents release them, state kept

@@ -33,6 +33,7 @@ from workbench.pool.rankmap import (
 )
 from workbench.pool.records import state as pool_state
 from workbench.remote.door import Door
+from workbench.session.meshes import WHOLE, keys_for, mesh_of
 from workbench.wire import Command
 
 
@@ -40,6 +41,10 @@ class ProcessGroup:
     """One torch.distributed group over a pool's engines, seen from the kernel.
 
     ``ok`` is False once a fault aborted (or may have broken) the group: the next cell re-forms it.
+
+    A split pool (``meshes``: name -> its pool ranks, see ``docs/submeshes.md``) has one default group per
+    sub-mesh, each with its own generation, broken and re-formed on its own (``broken``: the names of the
+    sub-meshes a fault aborted, :data:`~workbench.session.meshes.WHOLE` for every one).
 
     Only this class writes its fields (and the pool's engine count, ``pool.n``): other rooms change
     them through its methods (:meth:`seat`, :meth:`adopt`, :meth:`forget_lost`, :meth:`follow`,
@@ -51,7 +56,9 @@ class ProcessGroup:
         self.pool, self.config, self.door = pool, config, door
         self.ranks: list[RankInfo] = []
         self.backend: str | None = None
-        self.ok = False
+        self.broken: set[str] = {WHOLE}  # not formed yet
+        self.meshes: dict[str, list[int]] = {}  # a split: name -> its pool ranks (empty: one group of all)
+        self.mesh_generation: dict[str, int] = {}  # name -> the generation its group was formed in
         self.endpoints: dict[int, list] = {}  # rank -> its gloo listeners ([ip, port]): what an abort cuts
         self.generation = 0  # counts the groups formed: the engines' agents take commands for the current one
         self.standby: dict[int, dict] = {}  # engine id -> the spec of its standby store (regroups)
@@ -59,6 +66,33 @@ class ProcessGroup:
         self.fenced: list[RankInfo] = []  # engines declared lost: refused, told to stop (kept for status)
         self.destroyed: list[int] = []  # ranks where a cell ended the default group itself (torch's own
         # destroy_process_group, which a library may hold: not the pool's deferred one)
+
+    @property
+    def ok(self) -> bool:
+        """Every group of the pool (every sub-mesh's) is formed and no fault aborted it."""
+        return not self.broken
+
+    @ok.setter
+    def ok(self, value: bool) -> None:
+        self.broken = set() if value else {WHOLE}
+
+    def keys(self) -> set[str]:
+        """What can be broken or re-formed on its own: every sub-mesh, or the whole pool."""
+        return set(self.meshes) or {WHOLE}
+
+    def broken_in(self, keys) -> set[str]:
+        """Which of ``keys`` (sub-mesh names, or :data:`WHOLE`) have a group a fault aborted."""
+        keys = self.keys() if WHOLE in keys else set(keys)
+        return keys if WHOLE in self.broken else keys & self.broken
+
+    def mesh_ranks(self, name: str) -> list[RankInfo]:
+        """The ranks of sub-mesh ``name`` (the whole pool for :data:`WHOLE`)."""
+        return list(self.ranks) if name == WHOLE else [self.ranks[r] for r in self.meshes[name]]
+
+    def generation_of(self, rank: int) -> int:
+        """The generation of the group ``rank`` (of the pool) is in now: its agent takes commands of it."""
+        name = mesh_of(self.meshes, rank)
+        return self.mesh_generation.get(name, self.generation) if name is not None else self.generation
 
     @property
     def local(self) -> bool:
@@ -86,10 +120,16 @@ class ProcessGroup:
         self.lost = [r for r in self.lost if r not in infos]
 
     def follow(self, ranks: list[RankInfo], *, backend: str | None, generation: int, endpoints: dict,
-               ok: bool) -> None:
-        """Take in a group another notebook formed on the same pool (from the pool's state file)."""
+               ok: bool, meshes: dict | None = None) -> None:
+        """Take in a group another notebook formed on the same pool (from the pool's state file; ``meshes``:
+        its sub-meshes as :meth:`published` writes them)."""
         self.seat(ranks)
         self.backend, self.generation, self.ok = backend, generation, ok
+        meshes = meshes or {}
+        self.meshes = {name: list(m["ranks"]) for name, m in meshes.items()}
+        self.mesh_generation = {name: int(m["generation"]) for name, m in meshes.items()}
+        if ok:
+            self.broken = {name for name, m in meshes.items() if not m.get("ok", True)}
         self.destroyed = [] if ok else self.destroyed
         self.endpoints = {int(rank): eps for rank, eps in endpoints.items()}
 
@@ -97,14 +137,21 @@ class ProcessGroup:
         """Every rank's gloo listeners as their beacons say (after an elastic regroup)."""
         self.endpoints = dict(endpoints)
 
-    def mark_broken(self) -> None:
-        """A fault may have broken the group: the next cell re-forms it."""
-        self.ok = False
+    def published(self) -> dict[str, dict]:
+        """The sub-meshes as the pool's state file keeps them (:meth:`follow` reads them back)."""
+        return {name: {"ranks": list(ranks), "generation": self.mesh_generation.get(name, self.generation),
+                       "ok": WHOLE not in self.broken and name not in self.broken}
+                for name, ranks in self.meshes.items()}
+
+    def mark_broken(self, ranks=None) -> None:
+        """A fault may have broken the group of ``ranks`` (pool ranks; default: every group): the next cell
+        on them re-forms it."""
+        self.broken |= {WHOLE} if ranks is None else set(keys_for(self.meshes, ranks))
 
     def mark_destroyed(self, ranks) -> None:
         """The default group is gone on ``ranks`` (a cell destroyed it there): the next cell re-forms it."""
         self.destroyed = sorted({*self.destroyed, *ranks})
-        self.ok = False
+        self.mark_broken(ranks)
 
     def heard_groups(self, beats: dict) -> None:
         """What the ranks' latest beacons say of their default group: a rank of this group whose beacon
@@ -113,6 +160,7 @@ class ProcessGroup:
 
         >>> g = ProcessGroup.__new__(ProcessGroup)
         >>> g.ranks, g.generation, g.destroyed, g.ok = [RankInfo(0, 0, 0, "h", 7, "cpu", 0)], 1, [], True
+        >>> g.meshes, g.mesh_generation = {}, {}
         >>> g.heard_groups({0: {"pid": 7, "generation": 1, "group": False}})
         >>> g.destroyed, g.ok
         ([0], False)
@@ -125,7 +173,7 @@ class ProcessGroup:
             return
         def says_none(r: RankInfo) -> bool:  # that engine's beacon, of this group
             beat = beats.get(r.rank) or {}
-            return beat.get("pid") == r.pid and beat.get("generation") == self.generation \
+            return beat.get("pid") == r.pid and beat.get("generation") == self.generation_of(r.rank) \
                 and beat.get("group") is False
 
         gone = [r.rank for r in self.ranks if says_none(r)]
@@ -140,49 +188,76 @@ class ProcessGroup:
                            i.get("slurm_job", ""), i.get("slurm_node", ""), i.get("hub", ""))
                 for eid, i in zip(engine_ids, infos, strict=True)]
 
-    def form(self) -> None:
-        """Form (or re-form) the group on every rank of :attr:`ranks` at once."""
+    def form(self, only=None) -> None:
+        """Form (or re-form) the group on every rank of :attr:`ranks` at once: one group of all, or one per
+        sub-mesh of :attr:`meshes` (``only``: those sub-meshes' alone, the others' groups left as they are:
+        a cell may run there)."""
         backend = group_backend(self.config.backend, self.ranks, shared=self.config.share_gpus)
-        root = self.ranks[0]
-        # Off this machine each rank talks over the interface that reaches the kernel's address, and rank 0
-        # binds the store on its own address there (never on all interfaces).
+        names = sorted(self.keys()) if only is None or WHOLE in only else sorted(only)
+        groups = [(name, self.mesh_ranks(name)) for name in names]
+        members = [r for _, ranks in groups for r in ranks]
+        # Off this machine each rank talks over the interface that reaches the kernel's address, and each
+        # group's first rank binds its store on its own address there (never on all interfaces).
         routes = {}
         if not self.local:
-            found = self.door.call(remote.route_to, self.ranks, self.config.address)
-            routes = {r.rank: route for r, route in zip(self.ranks, found, strict=True)}
-        store_address = routes[root.rank]["address"] if routes else self.config.address
-        own = {r.rank: routes[r.rank]["address"] if routes else self.config.address for r in self.ranks}
+            found = self.door.call(remote.route_to, members, self.config.address)
+            routes = {r.rank: route for r, route in zip(members, found, strict=True)}
+        own = {r.rank: routes[r.rank]["address"] if routes else self.config.address for r in members}
         generation = self.generation + 1
         # A local pool meets in a file of its private folder (nothing listens, no other user opens it);
-        # across hosts rank 0 hosts a TCPStore on its address of the cluster interface.
+        # across hosts each group's first rank hosts a TCPStore on its address of the cluster interface.
         folder = self.stores_folder()
-        store = {"file": os.path.join(folder, f"group-{generation}")} if folder else None
-        port = 0 if folder else self.door.call_one(remote.open_store, root, store_address,
-                                                   self.config.timeout)
-        calls = [
-            (r, dict(rank=r.rank, local_rank=r.local_rank, world_size=len(self.ranks),
-                     address=store_address, port=port, backend=backend, device=r.device,
-                     timeout_s=self.config.timeout, collective_timeout_s=self.config.collective_timeout,
-                     local_pids=[o.pid for o in self.ranks if o.host == r.host],
-                     ifname="lo" if self.local else routes[r.rank]["ifname"], channel=self.pool.channel,
-                     generation=generation, standby_address=own[r.rank], node_rank=r.node_rank,
-                     nodes=len({o.host for o in self.ranks}), run_id=self.pool.pool_id or "",
-                     **({"store": store, "stores_folder": folder} if folder else {})))  # local: files
-            for r in self.ranks
-        ]
+        calls = []
+        for name, ranks in groups:
+            root = ranks[0]
+            store_address = own[root.rank]
+            suffix = "" if name == WHOLE else f"-{name}"
+            store = {"file": os.path.join(folder, f"group-{generation}{suffix}")} if folder else None
+            port = 0 if folder else self.door.call_one(remote.open_store, root, store_address,
+                                                       self.config.timeout)
+            hosts = list(dict.fromkeys(r.host for r in ranks))  # the group's nodes, in rank order
+            calls += [
+                (r, dict(rank=i, local_rank=r.local_rank, world_size=len(ranks),
+                         address=store_address, port=port, backend=backend, device=r.device,
+                         timeout_s=self.config.timeout, collective_timeout_s=self.config.collective_timeout,
+                         local_pids=[o.pid for o in self.ranks if o.host == r.host],  # threads: the host's
+                         ifname="lo" if self.local else routes[r.rank]["ifname"], channel=self.pool.channel,
+                         generation=generation, standby_address=own[r.rank],
+                         node_rank=hosts.index(r.host) if name != WHOLE else r.node_rank, nodes=len(hosts),
+                         run_id=self.pool.pool_id or "", agent_rank=r.rank,
+                         **({"store": store, "stores_folder": folder} if folder else {})))  # local: files
+                for i, r in enumerate(ranks)
+            ]
         try:
             joined = self.door.call_apart(remote.join, calls, within=self.config.timeout + 5)
         except Exception as exc:
             raise PoolStartError(f"the process group did not form: {exc}") from exc
         self.backend, self.generation = joined[0]["backend"], generation
-        self.endpoints = {j["rank"]: j["endpoints"] for j in joined}
-        self.standby = {r.engine_id: j["standby"] for r, j in zip(self.ranks, joined, strict=True)
-                        if j.get("standby")}
-        if folder:  # the groups before this one are over: their meeting files go
-            for old in pool_state.old_group_stores(folder, generation):
+        endpoints = {r.rank: j["endpoints"] for (r, _), j in zip(calls, joined, strict=True)}
+        self.endpoints = endpoints if only is None else {**self.endpoints, **endpoints}
+        self.standby.update({r.engine_id: j["standby"] for (r, _), j in zip(calls, joined, strict=True)
+                             if j.get("standby")})
+        for name in names:
+            if name != WHOLE:
+                self.mesh_generation[name] = generation
+        if folder:  # the groups before the oldest one still formed are over: their meeting files go
+            live = [self.mesh_generation.get(name, generation) for name in self.keys()]
+            for old in pool_state.old_group_stores(folder, min(live)):
                 old.unlink(missing_ok=True)
         self.lost = [r for r in self.lost if r.engine_id not in {k.engine_id for k in self.ranks}]
-        self.ok, self.destroyed = True, []
+        if only is None:
+            self.broken, self.destroyed = set(), []
+        else:
+            self.broken = (self.keys() if WHOLE in self.broken else self.broken) - set(names)
+            self.destroyed = [r for r in self.destroyed if r not in {m.rank for m in members}]
+
+    def split(self, meshes: dict[str, list[int]]) -> None:
+        """Form one default group per sub-mesh of ``meshes`` (name -> pool ranks; empty: one group of all,
+        a join). What is left of the groups before is aborted on every rank first (never destroyed)."""
+        self.door.call(remote.abort, self.ranks, self.peers())
+        self.meshes = {name: list(ranks) for name, ranks in meshes.items()}
+        self.mesh_generation = {}
+        self.form()
 
     def stores_folder(self) -> str | None:
         """Where a local pool's ranks meet (0700, created on first use); None for pools across hosts."""
@@ -250,13 +325,14 @@ class ProcessGroup:
         every rank keeps its Python state. ``beats``: the ranks' latest beacons (their listeners now).
         """
         if infos:
-            self.mark_broken()
+            self.mark_broken([r.rank for r in infos])
             self.command(Command.ABORT, infos, peers=self.peers(beats))
 
-    def reform(self, alive: list[RankInfo]) -> None:
-        """Abort what is left of the old group on the ``alive`` ranks (never destroy), then form anew."""
+    def reform(self, alive: list[RankInfo], only=None) -> None:
+        """Abort what is left of the old group on the ``alive`` ranks (never destroy), then form anew
+        (``only``: those sub-meshes, whose ranks ``alive`` then are)."""
         self.door.call(remote.abort, alive, self.peers())
-        self.form()
+        self.form(only)
 
     def regroup(self, stay: list[RankInfo], join: list[RankInfo] = (), leave: list[RankInfo] = (), *,
                 lost: list[RankInfo] = (), abort: bool, text: str, beats: dict | None = None,
@@ -298,8 +374,11 @@ class ProcessGroup:
     def command(self, what: Command, infos: list[RankInfo], **details) -> None:
         """Send the agents of ``infos`` (ranks of this group) the signed command ``what`` through the door
         (see :mod:`workbench.engine.agent`)."""
-        if infos:
-            self.door.command(what, [r.rank for r in infos], self.generation, **details)
+        by_generation: dict[int, list[int]] = {}  # a split pool's sub-meshes may be of different generations
+        for r in infos:
+            by_generation.setdefault(self.generation_of(r.rank), []).append(r.rank)
+        for generation, ranks in by_generation.items():
+            self.door.command(what, ranks, generation, **details)
 
     def signal(self, infos: list[RankInfo], sig: int, breaks_group: bool = True) -> None:
         """Signal the engines of ``infos``: by pid where local, through each rank's agent otherwise (engines
@@ -311,6 +390,6 @@ class ProcessGroup:
         if not infos:
             return
         if sig != signal.SIGINT and breaks_group:
-            self.mark_broken()
+            self.mark_broken([r.rank for r in infos])
         self.pool.launcher.signal(infos, sig, lambda ranks, s: self.command(Command.SIGNAL, ranks,
                                                                                  sig=int(s)))

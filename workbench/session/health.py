@@ -46,7 +46,9 @@ class Health:
     """Dead ranks (pushed by a watcher thread) and the fault log of one pool.
 
     ``busy``: the lock a running cell holds; a death seen while it is free is reported at once
-    through ``report`` (a cell reports the deaths it sees itself). ``beacons``: the pool's receiver (a
+    through ``report`` (a cell reports the deaths it sees itself). ``quiet``: instead, given the ranks that
+    died, a turn on them if no cell runs there (a callable that ends it), else None: a split pool's death in a
+    sub-mesh with no cell is reported while another sub-mesh's cell runs. ``beacons``: the pool's receiver (a
     :class:`~workbench.pool.watch.beacons.NullBeacons` by default: no rank is ever silent, only an exit
     says a rank died).
     """
@@ -56,12 +58,14 @@ class Health:
                  report: Callable[[str], None] = lambda text: print(text, flush=True),
                  pool_running: Callable[[], bool] = lambda: True,
                  endpoints: Callable[[], dict[int, list]] = dict,
-                 lost_hosts: Callable[[], dict[str, str]] = dict):
+                 lost_hosts: Callable[[], dict[str, str]] = dict,
+                 quiet: Callable[[list[int]], Callable[[], None] | None] | None = None):
         self.pool_id = pool_id
         self.beacons = beacons if beacons is not None else NullBeacons()
         self.dead: dict[int, str] = {}  # rank -> how it died
         self.faults: list[faults.FaultEvent] = []
         self._busy, self._report = busy, report
+        self._quiet = quiet or self._lock_free
         self._pool_running = pool_running  # a pool stopped on purpose elsewhere: its ends are no faults
         self._endpoints = endpoints  # rank -> its gloo listeners as the group's join said (before any beacon)
         self._lost_hosts = lost_hosts  # host -> how its engines were lost, as the launcher's system says
@@ -167,9 +171,11 @@ class Health:
                     continue  # judged with its host once the knock is answered (KNOCK_TIMEOUT_S at most)
                 for how, ranks in self._silent_verdict(host).items():
                     self._found_together(ranks, how, local)
-        if self.dead.keys() - self._announced and self._pool_running() and self._busy.acquire(blocking=False):
-            try:  # no cell runs: nobody else will say it
-                new = [self._ranks[rank] for rank in sorted(self.dead.keys() - self._announced)]
+        fresh = sorted(self.dead.keys() - self._announced)
+        done = self._quiet(fresh) if fresh and self._pool_running() else None
+        if done is not None:
+            try:  # no cell runs there: nobody else will say it
+                new = [self._ranks[rank] for rank in fresh]
                 hosts = lost_hosts(new, self._ranks) if len(new) > 1 and not self._local else []
                 for host in hosts:  # a whole host: one fault, one line
                     infos = [r for r in new if r.host == host]
@@ -186,7 +192,11 @@ class Health:
                     self._report(f"workbench: rank {rank} ({info.host}, {info.device}) died while the pool "
                                  "was idle; `%dist restart` brings it back.")
             finally:
-                self._busy.release()
+                done()
+
+    def _lock_free(self, ranks: list[int]) -> Callable[[], None] | None:
+        """``busy`` taken if it is free (its release), else None."""
+        return self._busy.release if self._busy.acquire(blocking=False) else None
 
     def _knock_silent(self, local: dict) -> None:
         """Knock at the gloo ports of the remote ranks silent for ``KNOCK_AFTER_S`` (all due at once, each

@@ -35,6 +35,7 @@ from workbench.pool.records import state as pool_state
 from workbench.pool.watch.idle import IdleRelease
 from workbench.session import postmortem_report, recovery, script
 from workbench.session.cell_run import CellRun, OutputCallback, RunHandle
+from workbench.session.meshes import split_plan
 from workbench.session.rank_view import RankView
 from workbench.session.results import CellResult
 from workbench.session.rooms import Rooms
@@ -369,7 +370,38 @@ class Session:
         re-forming the process group at world size 4
         """
         recovery.check_size(n)
+        if self.meshes:
+            raise ValueError("the pool is split into sub-meshes: `%dist join` (Session.join()) first, then "
+                             "scale; split it again after.")
         return self._recovery("a scale").scale(n, progress)
+
+    # -- sub-meshes (docs/submeshes.md) ---------------------------------------------------------------
+    def split(self, sizes, names=None) -> dict[str, list[int]]:
+        """Re-form the pool as disjoint sub-meshes of ``sizes`` ranks, in rank order (``names``: default
+        ``m0``, ``m1``, ...), each its own default process group: inside a cell on one (``run(..., on=name)``)
+        ``rank``, ``world_size``, ``dist``'s default group and torchrun's environment are the sub-mesh's,
+        while ``ranks=`` and the status keep the pool's numbers. Python state on the ranks is kept. Returns
+        name -> the pool ranks of each.
+
+        >>> s.split([2, 2], names=["a", "b"])                  # doctest: +SKIP
+        {'a': [0, 1], 'b': [2, 3]}
+        >>> s.run("print(rank, world_size)", on="b")            # doctest: +SKIP
+        """
+        rooms = self._live("a split")
+        if isinstance(names, str):
+            names = names.split(",")
+        plan = split_plan(list(sizes), names, self.world_size)
+        rooms.split(plan)
+        return plan
+
+    def join(self) -> None:
+        """Re-form the whole pool as one process group again (after :meth:`split`), Python state kept."""
+        self._live("a join").split({})
+
+    @property
+    def meshes(self) -> dict[str, list[int]]:
+        """The sub-meshes: name -> their pool ranks (empty while the pool is one group)."""
+        return dict(self._rooms.group.meshes) if self._rooms else {}
 
     def _recovery(self, what: str) -> recovery.Recovery:
         if not self.running or self._rooms is None:
@@ -377,26 +409,31 @@ class Session:
         return self._rooms.recovery
 
     # -- ranks and data ------------------------------------------------------------------
-    def targets(self, ranks=None) -> list[RankInfo]:
-        """Resolve ``None`` (all), a rank, a list of ranks or a spec like ``"0,2-3"``."""
+    def targets(self, ranks=None, on: str | None = None) -> list[RankInfo]:
+        """Resolve ``None`` (all), a rank, a list of ranks or a spec like ``"0,2-3"`` (``on``: of that
+        sub-mesh, all of it by default)."""
         rooms = self._live()
         if self._idle is not None:
             self._idle.touch()  # every cell, push, pull and apply comes through here
-        return rooms.resolve(ranks)
+        return rooms.resolve(ranks, on)
 
-    def view(self, ranks=None) -> RankView:
-        """The ranks ``ranks`` (``None``: all, a rank, a list, ``"0,2-3"``) as one object that pushes,
-        pulls, applies, scatters and gathers (:class:`~workbench.session.rank_view.RankView`).
+    def view(self, ranks=None, on: str | None = None) -> RankView:
+        """The ranks ``ranks`` (``None``: all, a rank, a list, ``"0,2-3"``; ``on``: of that sub-mesh) as one
+        object that pushes, pulls, applies, scatters and gathers
+        (:class:`~workbench.session.rank_view.RankView`).
 
         >>> s.view("0-1").scatter(list(range(8)), "x")     # doctest: +SKIP
         [4, 4]
         """
+        if on is not None:  # that sub-mesh's pool ranks (a push there is no setup of every rank's)
+            ranks = [r.rank for r in self.targets(ranks, on)]
         return RankView(ranks, resolve=self.targets, door=lambda: self.rooms.door, dead=self.dead_ranks,
                         on_push=lambda values: self.rooms.transcript.push(values))
 
-    def push(self, values: dict, ranks=None) -> None:
-        """Send ``{name: value}`` into the namespace of the target ranks (:meth:`RankView.push`)."""
-        self.view(ranks).push(values)
+    def push(self, values: dict, ranks=None, on: str | None = None) -> None:
+        """Send ``{name: value}`` into the namespace of the target ranks (``on``: a sub-mesh's;
+        :meth:`RankView.push`)."""
+        self.view(ranks, on).push(values)
 
     def pull(self, name: str, rank: int | None = None):
         """A value from one rank, or a list with every rank's value (:meth:`RankView.pull`)."""
@@ -410,7 +447,7 @@ class Session:
     # -- cells ---------------------------------------------------------------------------
     def run(self, code: str, *, ranks=None, timeout: float | None = None,
             on_output: OutputCallback | None = None, on_tick: Callable[[], None] | None = None,
-            spread: bool | None = None) -> CellResult:
+            spread: bool | None = None, on: str | None = None) -> CellResult:
         """Run ``code`` on the target ranks at once, streaming output as it comes (merged per host where the
         hosts have hubs: see :meth:`hubs`; ``spread``: lines that differ only in numbers merged there too,
         default above 8 ranks).
@@ -420,14 +457,14 @@ class Session:
         passes, and :class:`CellInterrupted` (a ``KeyboardInterrupt``) on Ctrl-C, saying where
         each rank stopped. In each case the other ranks are stopped within seconds, gently first.
         While another notebook's cell runs on the pool this one waits, saying so. A syntax error is
-        raised here, before anything is sent.
+        raised here, before anything is sent. ``on``: the sub-mesh to run on (:meth:`split`).
         """
         script.check_cell(code)
-        cell = self._cell(ranks, timeout, on_output, on_tick, spread)
+        cell = self._cell(ranks, timeout, on_output, on_tick, spread, on)
         return cell.rooms.run_cell(cell, code)
 
-    def _cell(self, ranks, timeout, on_output, on_tick=None, spread=None) -> CellRun:
-        targets = self.targets(ranks)  # NoPoolError when no pool runs
+    def _cell(self, ranks, timeout, on_output, on_tick=None, spread=None, on=None) -> CellRun:
+        targets = self.targets(ranks, on)  # NoPoolError when no pool runs
         return CellRun(self._rooms, targets, timeout, on_output, on_tick, spread)
 
     def hubs(self, ranks=None) -> dict[str, tuple[int, ...]] | None:
@@ -436,8 +473,8 @@ class Session:
         return self._rooms.door.hubs(self.targets(ranks)) if self._rooms else None
 
     def run_script(self, path: str, args=(), *, ranks=None, timeout: float | None = None,
-                   on_output: OutputCallback | None = None,
-                   on_tick: Callable[[], None] | None = None, spread: bool | None = None) -> CellResult:
+                   on_output: OutputCallback | None = None, on_tick: Callable[[], None] | None = None,
+                   spread: bool | None = None, on: str | None = None) -> CellResult:
         """Run a torchrun script on the target ranks, as ``torchrun --nproc-per-node N path *args`` would.
 
         On each rank ``__name__`` is ``"__main__"``, ``sys.argv`` is ``[path, *args]`` and torchrun's
@@ -448,7 +485,7 @@ class Session:
         """
         script.check_script(path, local=self.local)
         cwd = os.getcwd()  # the ranks work there where their host has it; else a missing script says so
-        targets = self.view(ranks).alive()
+        targets = self.view(ranks, on).alive()
         code = self._rooms.door.cell(remote.run_script, targets, path, list(args), cwd)  # a cell runs it
         return self.run(code, ranks=[r.rank for r in targets], timeout=timeout, on_output=on_output,
                         on_tick=on_tick, spread=spread)
@@ -459,19 +496,20 @@ class Session:
         return self._rooms.folders.of(targets) if self._rooms else {}
 
     def submit(self, code: str, *, ranks=None, timeout: float | None = None,
-               on_output: OutputCallback | None = None) -> RunHandle:
+               on_output: OutputCallback | None = None, on: str | None = None) -> RunHandle:
         """Start ``code`` on the target ranks like :meth:`run`, but return at once.
 
         >>> h = s.submit("trainer.run(steps=5000)")     # doctest: +SKIP
         >>> h.done(), h.stop()                           # doctest: +SKIP
         """
-        cell = self._cell(ranks, timeout, on_output)
+        cell = self._cell(ranks, timeout, on_output, on=on)
         return RunHandle(cell, code, cell.rooms.run_cell)
 
     # -- looking inside: every rank's stacks now, a failed rank's frames ------------------
-    def stacks(self, ranks=None, native: bool = False) -> Stacks:
-        """Every thread's stack on the target ranks, taken by each rank's agent at once (also while a
-        cell runs, or the ranks wait in a collective), grouped by identical stacks, odd ranks first.
+    def stacks(self, ranks=None, native: bool = False, on: str | None = None) -> Stacks:
+        """Every thread's stack on the target ranks (``on``: a sub-mesh's), taken by each rank's agent at
+        once (also while a cell runs, or the ranks wait in a collective), grouped by identical stacks, odd
+        ranks first.
 
         ``native``: native frames too, through py-spy, where it can attach (else it says why).
 
@@ -480,7 +518,7 @@ class Session:
         rank 3: sleep at cell line 3
         ...
         """
-        targets = self.targets(ranks)
+        targets = self.targets(ranks, on)
         group = self._rooms.group
 
         def send(ranks: list[int], **details) -> None:
@@ -500,7 +538,7 @@ class Session:
         if not isinstance(rank, int):
             raise ValueError(f"debug takes one rank (a number), got {rank!r}.")
         [info] = self.view(rank).alive()
-        if self._rooms.busy.locked():
+        if self._rooms.busy_on([rank]):  # in a split pool: on its sub-mesh
             raise ValueError("a cell is running on the pool: `%dist debug` looks at a failed cell once it "
                              "ended; `%dist stacks` shows what every rank does now.")
         door = self._rooms.door

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable
 
 from workbench.errors import PoolGone
@@ -26,6 +27,7 @@ from workbench.pool.rankmap import RankInfo
 from workbench.pool.records import sharing
 from workbench.pool.records import state as pool_state
 from workbench.session.group import ProcessGroup
+from workbench.session.meshes import WHOLE
 
 
 class Shared:
@@ -35,20 +37,27 @@ class Shared:
         self.pool, self.group = pool, group
         self.lock = sharing.CellLock(pool.pool_id)
         self._seen: int | None = None
+        self._writing = threading.Lock()  # cells on sub-meshes end at once: one write of the state at a time
         sharing.register(pool.pool_id, role)
 
     @contextlib.contextmanager
-    def held(self, notify: Callable[[str], None] = print, what: str = "a cell"):
+    def held(self, notify: Callable[[str], None] = print, what: str = "a cell", keys=frozenset({WHOLE})):
         """Hold the pool's cell lock for the block (``notify`` hears that another notebook holds it); a
         group that a fault aborted meanwhile is published as such at the end (whoever comes next
-        re-forms it)."""
+        re-forms it). ``keys``: the sub-meshes the block runs on (:mod:`.turns`): their own locks, with the
+        pool's lock held shared; ``WHOLE`` (the default) holds the pool's lock alone. A notebook that has not
+        yet seen a split holds the pool's lock whole, so it waits for every sub-mesh's cell."""
         def waiting(who: str) -> None:
             notify(f"pool busy: running {what} from {who}, waiting ... (Ctrl-C stops waiting)")
 
-        with self.lock.held(waiting=waiting, what=what):
+        whole = WHOLE in keys
+        with contextlib.ExitStack() as locks:
+            locks.enter_context(self.lock.held(waiting=waiting, what=what, shared=not whole))
+            for key in [] if whole else sorted(keys):  # one order for every notebook: no deadlock
+                locks.enter_context(sharing.CellLock(self.pool.pool_id, key).held(waiting=waiting, what=what))
             yield
-            if not self.group.ok:
-                self.publish(group_ok=False)
+            if not self.group.ok:  # the whole pool's group, or a sub-mesh's (each marked in its record)
+                self.publish(group_ok=WHOLE not in self.group.broken, meshes=self.group.published())
 
     def catch_up(self) -> list[RankInfo] | None:
         """Take in what another notebook changed; the new ranks when they changed (the caller watches them),
@@ -63,20 +72,22 @@ class Shared:
         ranks = [RankInfo(**r) for r in state.ranks]
         if not ranks:
             return None
-        changed = ranks != self.group.ranks or state.generation != self.group.generation
-        ok = state.group_ok and (changed or self.group.ok)
+        changed = ranks != self.group.ranks or state.generation != self.group.generation \
+            or _formed(state.meshes) != _formed(self.group.published())
+        ok = state.group_ok and (changed or WHOLE not in self.group.broken)
         if not ok:
             self.group.mark_broken()
         if changed:
             self.group.follow(ranks, backend=state.backend, generation=state.generation,
-                              endpoints=state.endpoints, ok=ok)
+                              endpoints=state.endpoints, ok=ok, meshes=state.meshes)
             return ranks
         return None
 
     def publish(self, **what) -> None:
         """Write what this session changed (ranks, backend, generation, group_ok) for the others."""
-        self.pool.update_state(**what)
-        self._seen = self._mtime()
+        with self._writing:
+            self.pool.update_state(**what)
+            self._seen = self._mtime()
 
     def gone(self) -> bool:
         return self._mtime() is None
@@ -90,3 +101,12 @@ class Shared:
             return os.stat(path).st_mtime_ns
         except FileNotFoundError:
             return None
+
+
+def _formed(meshes: dict) -> dict:
+    """The sub-meshes as formed (ranks, generation), whether or not a fault aborted one since.
+
+    >>> _formed({"a": {"ranks": [0, 1], "generation": 3, "ok": False}})
+    {'a': ([0, 1], 3)}
+    """
+    return {name: (list(m["ranks"]), int(m["generation"])) for name, m in meshes.items()}

@@ -22,12 +22,13 @@ class CellMonitor:
     that does not train pays one dictionary look-up per tick, and shows and saves nothing extra.
     """
 
-    def __init__(self, collector=None, always: bool = False):
+    def __init__(self, collector=None, always: bool = False, ranks=None):
         self.collector = collector
         self.always = always
+        self.ranks = ranks  # the cell's ranks on a sub-mesh of a split pool (None: any run is its)
         self.dashboard = None
         self._finished = False
-        latest = collector.latest_run() if collector is not None else None
+        latest = collector.latest_run(ranks) if collector is not None else None
         self._after = latest.id if latest else 0
         if collector is not None and always:
             self._show(run="next")
@@ -37,14 +38,14 @@ class CellMonitor:
 
         from workbench.widgets.live_dashboard import Dashboard
 
-        self.dashboard = Dashboard(self.collector, run=run)
+        self.dashboard = Dashboard(self.collector, run=run, ranks=self.ranks)
         display(self.dashboard)
 
     def tick(self) -> None:
         """From the cell's wait loop (the kernel's main thread): show the dashboard once a run starts."""
         if self.dashboard is not None or self.collector is None or self._finished:
             return
-        latest = self.collector.latest_run()
+        latest = self.collector.latest_run(self.ranks)
         if latest is not None and latest.id > self._after:
             self._show(run=latest.id)
 
@@ -67,15 +68,16 @@ class CellMonitor:
             dash.finish(error)
 
 
-def monitor_cell(session, always: bool = False) -> CellMonitor:
-    """The dashboard for the cell about to run: at once with ``always``, else when its run starts."""
+def monitor_cell(session, always: bool = False, ranks=None) -> CellMonitor:
+    """The dashboard for the cell about to run: at once with ``always``, else when its run starts (``ranks``:
+    the cell's, where the pool is split: its sub-mesh's run, not another's beside it)."""
     collector = getattr(session, "metrics", None)
     if collector is None or collector.closed or not _has_widgets():
         return CellMonitor()
     from workbench.widgets.live_dashboard import warm_up
 
     warm_up()
-    return CellMonitor(collector, always)
+    return CellMonitor(collector, always, ranks)
 
 
 def submit_cell(session, code: str, *, ranks=None, timeout=None, monitor: CellMonitor | None = None):

@@ -103,7 +103,8 @@ class Dashboard:
     (:class:`workbench.widgets.view.DashboardView`). Anything with the traits ``figure``, ``header``,
     ``note``, ``devices``, ``bars`` as attributes, ``send({"extend": ...})``, ``hold_sync()`` and
     ``close()`` will do: the Jupyter server's docked dashboard uses a
-    :class:`workbench.widgets.polled.PolledView` that the page polls.
+    :class:`workbench.widgets.polled.PolledView` that the page polls. ``ranks``: follow only the runs on
+    these ranks (a cell's on a sub-mesh of a split pool, beside another sub-mesh's run).
 
     >>> from workbench.metrics.collector import Collector
     >>> dash = Dashboard(Collector(), start=False)
@@ -113,7 +114,8 @@ class Dashboard:
     """
 
     def __init__(self, collector: Collector, *, run="latest", interval: float = 1.0, window: int = 2000,
-                 start: bool = True, view: Callable[[], object] | None = None, render: str | None = None):
+                 start: bool = True, view: Callable[[], object] | None = None, render: str | None = None,
+                 ranks=None):
         if run not in ("latest", "next") and not isinstance(run, int):
             raise ValueError(f"run must be 'latest', 'next' or a run number, not {run!r}.")
         render = render or ("widget" if view is not None else render_default())
@@ -125,7 +127,8 @@ class Dashboard:
         self._html_sent = -1  # self.messages when the HTML was last published
         self.collector = collector
         self.mode = run
-        latest = collector.latest_run()
+        self.ranks = None if ranks is None else sorted(ranks)
+        latest = collector.latest_run(self.ranks)
         self._after = latest.id if (run == "next" and latest) else 0
         self.run_id: int | None = run if isinstance(run, int) else None
         self.interval = interval
@@ -328,7 +331,7 @@ class Dashboard:
         return self.collector.runs[self.run_id - 1] if self.run_id else None
 
     def _find_run(self) -> None:
-        latest = self.collector.latest_run()
+        latest = self.collector.latest_run(self.ranks)
         if self.mode == "latest":
             if latest is not None and latest.id != self.run_id:
                 self.run_id = latest.id

@@ -123,21 +123,24 @@ class CellLock:
 
     POLL_S = 0.05
 
-    def __init__(self, pool_id: str):
-        self.path = pool_state.state_dir() / f"pool-{pool_id}.lock"
+    def __init__(self, pool_id: str, part: str | None = None):
+        # ``part``: a sub-mesh's own lock (docs/submeshes.md); its cells hold the pool's lock shared
+        self.path = pool_state.state_dir() / (f"pool-{pool_id}.lock" if part is None else
+                                              f"pool-{pool_id}-{part}.lock")
         self._fd: int | None = None
         self._seen: int | None = None  # the record's mtime at the last look of used()
 
     @contextlib.contextmanager
-    def held(self, waiting=lambda who: None, what: str = "a cell"):
+    def held(self, waiting=lambda who: None, what: str = "a cell", shared: bool = False):
         """Hold the lock for the block; while another notebook holds it, ``waiting(who)`` once and wait
-        (Ctrl-C cancels the wait: nothing was sent to the ranks)."""
+        (Ctrl-C cancels the wait: nothing was sent to the ranks). ``shared``: with the others that hold it
+        shared (the cells on a split pool's sub-meshes), apart from one that holds it whole."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         told = False
         try:
             while True:
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
                     if not told:
@@ -205,8 +208,10 @@ def note_stopped(pool_id: str, name: str | None, by: str) -> None:
         with contextlib.suppress(OSError):
             if time.time() - path.stat().st_mtime > STOPPED_KEPT_S:
                 path.unlink()
-    with contextlib.suppress(OSError):
-        (pool_state.state_dir() / f"pool-{pool_id}.lock").unlink()
+    for lock in [pool_state.state_dir() / f"pool-{pool_id}.lock",  # and its sub-meshes' locks
+                 *pool_state.state_dir().glob(f"pool-{pool_id}-*.lock")]:
+        with contextlib.suppress(OSError):
+            lock.unlink()
 
 
 def stopped(pool_id: str) -> dict | None:

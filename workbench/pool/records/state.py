@@ -16,6 +16,7 @@ import os
 import select
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -61,16 +62,17 @@ def store_dir(pool_id: str, create: bool = True) -> Path:
 
 
 def old_group_stores(folder: str, generation: int) -> list[Path]:
-    """The rendezvous files in ``folder`` of the groups before ``generation``.
+    """The rendezvous files in ``folder`` of the groups before ``generation`` (a sub-mesh's group meets in
+    ``group-<generation>-<name>``).
 
     >>> import tempfile; d = Path(tempfile.mkdtemp())
-    >>> for name in ("group-1", "group-2", "standby-7"): (d / name).touch()
+    >>> for name in ("group-1", "group-2", "standby-7", "group-1-a", "group-2-b"): (d / name).touch()
     >>> [p.name for p in old_group_stores(str(d), 2)]
-    ['group-1']
+    ['group-1', 'group-1-a']
     """
     old = []
     for path in Path(folder).glob("group-*"):
-        number = path.name.removeprefix("group-")
+        number = path.name.removeprefix("group-").split("-")[0]
         if number.isdigit() and int(number) < generation:
             old.append(path)
     return sorted(old)
@@ -135,6 +137,9 @@ class PoolState:
     generation: int = 0  # the process group's
     endpoints: dict[int, list] = field(default_factory=dict)  # rank -> its gloo listeners
     group_ok: bool = True  # False: a fault aborted the group, the next cell re-forms it
+    # a split pool's sub-meshes (docs/submeshes.md): name -> {"ranks": pool ranks, "generation": its group's,
+    # "ok": False once a fault aborted its group}; empty: one group of all
+    meshes: dict[str, dict] = field(default_factory=dict)
     # keys this version does not know (a newer one wrote them): kept, so a write here loses nothing
     unknown: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -273,9 +278,10 @@ def allocation_words(record: dict | None, ends: float | None = None, now: float 
 
 
 def write_state(pool_id: str, state: PoolState) -> Path:
-    """Write atomically (rename), so a reader never sees half a file; 0600."""
+    """Write atomically (rename), so a reader never sees half a file; 0600. Each writer writes its own
+    temporary file: cells on a split pool's sub-meshes (threads, other notebooks) may write at once."""
     path = state_path(pool_id)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")
     with private_file(tmp, "w") as f:  # the file holds the pool's side-channel key
         f.write(json.dumps(state.to_dict(), indent=1))
     os.replace(tmp, path)
