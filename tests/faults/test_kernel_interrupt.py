@@ -20,8 +20,8 @@ from tests.conftest import PidsLimit
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 
-TOTAL = 5000  # steps of each run: ten interrupts, each after a random 0.6-1.2 s, never reach its end (a quiet
-# machine takes ~150 steps a second: 1500 were all done by the tenth)
+TOTAL = 5000  # steps of each run: ten interrupts, each a random 0.3-0.8 s after the run's first step, never
+# reach its end (a quiet machine takes ~150 steps a second: 1500 were all done by the tenth)
 SETUP = f"""%%distributed
 import torch
 from torch.utils.data import TensorDataset
@@ -33,6 +33,14 @@ def make(seed=0):
     data = wb.make_loader(TensorDataset(*wb.regression_data(1024, d_in=8, d_out=2)), batch_size=8, seed=seed)
     return model, wb.Trainer(model, data, lr=1e-2, optim="sgd")
 model, trainer = make()
+class Began(wb.Callback):  # rank 0 says when a run's first step ended: the test's Ctrl-C lands inside the run
+    def on_run_start(self, trainer):
+        self.said = False
+    def on_step_end(self, trainer, stats):
+        if not self.said and torch.distributed.get_rank() == 0:
+            print("run began", flush=True)
+        self.said = True
+trainer.callbacks.append(Began())
 """
 
 
@@ -54,6 +62,15 @@ class Kernel:
         reply = self.kc.execute_interactive(code, timeout=timeout, output_hook=hook)
         return reply["content"]["status"], re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(out))
 
+    def wait_for_output(self, msg_id: str, text: str, timeout: float = 60) -> None:
+        """Read the kernel's output until cell ``msg_id`` printed ``text``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream"
+                    and text in msg["content"]["text"]):
+                return
+
     def close(self):
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=True)
@@ -73,7 +90,10 @@ def test_ctrl_c_at_ten_random_moments_of_a_trainer_run_loses_nothing(tmp_path):
                 # error, the next request that reaches it (ipykernel's queue abort; 'aborted' in CI once)
                 msg_id = kernel.kc.execute("%%distributed\ntrainer.run(steps=TOTAL - trainer.step)",
                                            stop_on_error=False)
-                time.sleep(pick.uniform(0.6, 1.2))
+                # a random moment of the run, not of its start: a Ctrl-C before trainer.run began on every
+                # rank is a plain interrupt (nothing to stop at a step boundary), however loaded the machine
+                kernel.wait_for_output(msg_id, "run began")
+                time.sleep(pick.uniform(0.3, 0.8))
                 t0 = time.monotonic()
                 kernel.km.interrupt_kernel()
                 reply = kernel.kc.get_shell_msg(timeout=60)

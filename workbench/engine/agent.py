@@ -77,6 +77,14 @@ _plans: collections.deque = collections.deque()  # regroup plans (None: the kern
 _plan_posted = threading.Condition()
 
 
+def trainer_says(**status) -> None:
+    """Update what the beacon says of the Trainer, and beat within a fifth of a period: a Ctrl-C picks the
+    step-boundary stop from the beacons only once they say a Trainer runs (``session/cell_run.py``)."""
+    trainer_status.update(status)
+    if _agent is not None:
+        _agent.wake()
+
+
 def stop_requested() -> bool:
     """Whether a session asked the running Trainer to stop at the next step boundary."""
     return _stop.is_set()

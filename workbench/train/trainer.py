@@ -363,7 +363,7 @@ class Trainer:
         self.run_error = None  # what ends this run early (TrainingInterrupted, an error), for on_run_end
         for cb in self.callbacks:
             cb.on_run_start(self)
-        agent.trainer_status.update(running=True, step=self.step, **status)
+        agent.trainer_says(running=True, step=self.step, **status)
         try:
             _memory_peaks(self.device)  # the first step's peak counts from here
             yield
@@ -371,7 +371,7 @@ class Trainer:
             self.run_error = exc
             raise
         finally:
-            agent.trainer_status["running"] = False
+            agent.trainer_says(running=False)
             for cb in self.callbacks:
                 cb.on_run_end(self)
             self.run_error = None  # its traceback would keep the step's tensors alive
