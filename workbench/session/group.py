@@ -72,10 +72,6 @@ class ProcessGroup:
         """Every group of the pool (every sub-mesh's) is formed and no fault aborted it."""
         return not self.broken
 
-    @ok.setter
-    def ok(self, value: bool) -> None:
-        self.broken = set() if value else {WHOLE}
-
     def keys(self) -> set[str]:
         """What can be broken or re-formed on its own: every sub-mesh, or the whole pool."""
         return set(self.meshes) or {WHOLE}
@@ -124,12 +120,11 @@ class ProcessGroup:
         """Take in a group another notebook formed on the same pool (from the pool's state file; ``meshes``:
         its sub-meshes as :meth:`published` writes them)."""
         self.seat(ranks)
-        self.backend, self.generation, self.ok = backend, generation, ok
+        self.backend, self.generation = backend, generation
         meshes = meshes or {}
         self.meshes = {name: list(m["ranks"]) for name, m in meshes.items()}
         self.mesh_generation = {name: int(m["generation"]) for name, m in meshes.items()}
-        if ok:
-            self.broken = {name for name, m in meshes.items() if not m.get("ok", True)}
+        self.broken = {name for name, m in meshes.items() if not m.get("ok", True)} if ok else {WHOLE}
         self.destroyed = [] if ok else self.destroyed
         self.endpoints = {int(rank): eps for rank, eps in endpoints.items()}
 
@@ -159,12 +154,12 @@ class ProcessGroup:
         already known broken (a fault aborted it, which also leaves the ranks without one) stays "aborted".
 
         >>> g = ProcessGroup.__new__(ProcessGroup)
-        >>> g.ranks, g.generation, g.destroyed, g.ok = [RankInfo(0, 0, 0, "h", 7, "cpu", 0)], 1, [], True
+        >>> g.ranks, g.generation, g.destroyed, g.broken = [RankInfo(0, 0, 0, "h", 7, "cpu", 0)], 1, [], set()
         >>> g.meshes, g.mesh_generation = {}, {}
         >>> g.heard_groups({0: {"pid": 7, "generation": 1, "group": False}})
         >>> g.destroyed, g.ok
         ([0], False)
-        >>> g.destroyed, g.ok = [], False  # a fault aborted it: the ranks have no group, none destroyed it
+        >>> g.destroyed, g.broken = [], {WHOLE}  # a fault aborted it: no group there, none destroyed it
         >>> g.heard_groups({0: {"pid": 7, "generation": 1, "group": False}})
         >>> g.destroyed
         []

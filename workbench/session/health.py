@@ -5,7 +5,7 @@ through a pidfd (no /proc reads per cell), a rank on another node is dead once i
 silent for ``REMOTE_SILENCE_S``. The cell path only reads :attr:`Health.dead`; listeners (a running
 cell's wait loop) are woken. A death while no cell runs is reported at once, with what to do.
 
->>> h = Health(pool_id="demo", busy=threading.Lock())   # doctest: +SKIP
+>>> h = Health(pool_id="demo")                          # doctest: +SKIP
 >>> h.watch(ranks, local=True)                          # doctest: +SKIP
 >>> h.dead                                              # doctest: +SKIP
 {1: 'exited'}
@@ -45,15 +45,15 @@ LOOK_S = 0.05
 class Health:
     """Dead ranks (pushed by a watcher thread) and the fault log of one pool.
 
-    ``busy``: the lock a running cell holds; a death seen while it is free is reported at once
-    through ``report`` (a cell reports the deaths it sees itself). ``quiet``: instead, given the ranks that
-    died, a turn on them if no cell runs there (a callable that ends it), else None: a split pool's death in a
-    sub-mesh with no cell is reported while another sub-mesh's cell runs. ``beacons``: the pool's receiver (a
+    ``quiet``: given the ranks that died, a turn on them if no cell runs there (a callable that ends it),
+    else None; a death seen where no cell runs is reported at once through ``report`` (a cell reports the
+    deaths it sees itself; in a split pool a death in an idle sub-mesh is reported while another sub-mesh's
+    cell runs). The default: a lock of its own, never held by a cell. ``beacons``: the pool's receiver (a
     :class:`~workbench.pool.watch.beacons.NullBeacons` by default: no rank is ever silent, only an exit
     says a rank died).
     """
 
-    def __init__(self, *, pool_id: str | None, busy: threading.Lock,
+    def __init__(self, *, pool_id: str | None,
                  beacons: BeaconReceiver | NullBeacons | None = None,
                  report: Callable[[str], None] = lambda text: print(text, flush=True),
                  pool_running: Callable[[], bool] = lambda: True,
@@ -64,8 +64,8 @@ class Health:
         self.beacons = beacons if beacons is not None else NullBeacons()
         self.dead: dict[int, str] = {}  # rank -> how it died
         self.faults: list[faults.FaultEvent] = []
-        self._busy, self._report = busy, report
-        self._quiet = quiet or self._lock_free
+        self._report = report
+        self._quiet = quiet or _free_lock(threading.Lock())
         self._pool_running = pool_running  # a pool stopped on purpose elsewhere: its ends are no faults
         self._endpoints = endpoints  # rank -> its gloo listeners as the group's join said (before any beacon)
         self._lost_hosts = lost_hosts  # host -> how its engines were lost, as the launcher's system says
@@ -193,10 +193,6 @@ class Health:
                                  "was idle; `%dist restart` brings it back.")
             finally:
                 done()
-
-    def _lock_free(self, ranks: list[int]) -> Callable[[], None] | None:
-        """``busy`` taken if it is free (its release), else None."""
-        return self._busy.release if self._busy.acquire(blocking=False) else None
 
     def _knock_silent(self, local: dict) -> None:
         """Knock at the gloo ports of the remote ranks silent for ``KNOCK_AFTER_S`` (all due at once, each
@@ -333,3 +329,7 @@ def silent_with(lost: RankInfo, ranks: list[RankInfo], silent_for: Callable[[int
 
 __all__ = ["Health", "REMOTE_SILENCE_S"]
 
+
+def _free_lock(lock: threading.Lock) -> Callable[[list[int]], Callable[[], None] | None]:
+    """A ``quiet`` for :class:`Health` from one lock: taken if free (its release), else None."""
+    return lambda ranks: lock.release if lock.acquire(blocking=False) else None

@@ -69,7 +69,7 @@ class Rooms:
         self.stacks = StackGatherer(pool.channel)  # subscribed now: the first `%dist stacks` is answered
         self.metrics = Collector(pool.channel)
         self.shared = Shared(pool, self.group, role=role)
-        self.health = Health(pool_id=pool.pool_id, busy=self.busy, beacons=self.beacons,
+        self.health = Health(pool_id=pool.pool_id, beacons=self.beacons,
                              pool_running=lambda: not self.shared.gone(),
                              endpoints=lambda: self.group.endpoints, lost_hosts=pool.lost_hosts,
                              quiet=self._quiet_on)

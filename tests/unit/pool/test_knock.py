@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import psutil
@@ -122,7 +121,7 @@ def test_health_never_waits_for_a_knock_and_leaves_no_socket(channel, listener_p
     joined = {0: [["127.0.0.1", unanswered_port]], 1: [["127.0.0.1", port]]}
     before, reports = _tcp_to(unanswered_port), []
     rx = BeaconReceiver(channel)
-    h = Health(pool_id=None, busy=threading.Lock(), beacons=rx, report=reports.append,
+    h = Health(pool_id=None, beacons=rx, report=reports.append,
                endpoints=lambda: joined)
     try:
         h.watch(ranks, local=False)  # both ranks' silence starts now; rank 1 beacons once more, then ends
