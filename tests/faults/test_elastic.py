@@ -259,6 +259,14 @@ def test_restart_grows_the_run_back_and_the_new_rank_gets_the_state(four):
     four.run("result = trainer.run(steps=20)")  # at the run boundary: state from a peer, then 4 ranks
     assert four.pull("trainer.step") == [40] * 4
     assert four.pull("len(log.steps)", rank=3) == 20  # the new rank trained the last 20 steps
+    # the cell's dashboard shows the new rank's steps in the run (issue 40, item 6: it showed rank 0 only)
+    metrics = four.metrics
+
+    def received() -> dict[int, int]:  # rank -> steps the latest run's series got
+        return {r: s.received for r, s in metrics.step_series(metrics.latest_run().id).items()}
+
+    assert until(lambda: metrics.latest_run().ranks == {0, 1, 2, 3} and received().get(3) == 20, 30), (
+        metrics.latest_run(), received())
     check_every_sample_once([rank_log for rank_log in four.pull("log.steps")], 40)
     params = final_params(four)
     for got in params[1:]:

@@ -280,7 +280,7 @@ class ElasticTrainer(Trainer):
         # the kernel words a lost rank's fault record with the step the ranks went on from (its beacon
         # estimate may be steps behind)
         agent.trainer_status.update(regrouped=self.step, regrouped_generation=plan["generation"])
-        for cb in self.callbacks:
+        for cb in self.hooks():
             hook = getattr(cb, "on_regroup", None)
             if hook is not None:
                 hook(self, event)

@@ -56,5 +56,5 @@ class Callback:
         (``step``, ``world_size``, ``lost``, ``joined``, ``text``, ``source`` of the state)."""
 
 
-# Every new Trainer appends these to its own callbacks (the dashboard registers here).
+# Every Trainer calls these after its own callbacks, as registered at each event (the dashboard's publisher).
 default_callbacks: list[Callback] = []

@@ -172,7 +172,7 @@ class Trainer:
         torch.manual_seed(self.config.seed)
         self.optimizer = optimizer or _make_optimizer(model, self.config)
         self.lr_scheduler = lr_scheduler
-        self.callbacks = [*callbacks, *default_callbacks]
+        self.callbacks = list(callbacks)  # the user's; the defaults are read at each event (hooks())
         self.step = 0
         self.skipped = 0
         self.epoch = 0
@@ -280,6 +280,13 @@ class Trainer:
         c = state["counters"]
         self.step, self.skipped, self.epoch = c["step"], c["skipped"], c["epoch"]
 
+    def hooks(self) -> list[Callback]:
+        """The callbacks an event calls: the default ones registered now (the metrics publisher), then this
+        Trainer's. Read at each event: a new engine builds its Trainer while replaying the notebook's setup,
+        before its publisher connects, and its steps must reach the dashboard all the same. The publisher
+        goes first: a step a callback of the user's fails in has ended, and its record is kept."""
+        return [*default_callbacks, *self.callbacks]
+
     # -- the loop -------------------------------------------------------------------------
     def run(self, steps: int) -> RunResult:
         """Run up to ``steps`` synchronized steps; fewer only if some rank's data ran out.
@@ -361,7 +368,7 @@ class Trainer:
         agent.clear_stop()
         self.stopped_at = None
         self.run_error = None  # what ends this run early (TrainingInterrupted, an error), for on_run_end
-        for cb in self.callbacks:
+        for cb in self.hooks():
             cb.on_run_start(self)
         agent.trainer_says(running=True, step=self.step, **status)
         try:
@@ -372,7 +379,7 @@ class Trainer:
             raise
         finally:
             agent.trainer_says(running=False)
-            for cb in self.callbacks:
+            for cb in self.hooks():
                 cb.on_run_end(self)
             self.run_error = None  # its traceback would keep the step's tensors alive
 
@@ -479,7 +486,7 @@ class Trainer:
             print(f"step {self.step:5d}  loss {mean_loss:.4f}  {samples / step_time:.0f} samples/s")
         self.checkpoint_asked = bool(total.checkpoint)
         try:
-            for cb in self.callbacks:
+            for cb in self.hooks():
                 cb.on_step_end(self, stats)
         finally:
             if self.checkpoint_asked:
@@ -495,7 +502,7 @@ class Trainer:
         request is served; without a callback that saves, rank 0 says nothing was saved."""
         self.checkpoint_asked = False
         reason = agent.checkpoint_taken()
-        if _rank() == 0 and not any(getattr(cb, "saves_when_asked", False) for cb in self.callbacks):
+        if _rank() == 0 and not any(getattr(cb, "saves_when_asked", False) for cb in self.hooks()):
             why = reason or "by the notebook"
             print(f"workbench: a checkpoint was asked for at step {self.step} ({why}), and this Trainer has "
                   "no wb.Checkpoint callback: nothing was saved.", flush=True)
