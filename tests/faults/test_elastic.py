@@ -251,11 +251,14 @@ def test_restart_grows_the_run_back_and_the_new_rank_gets_the_state(four):
     rng = random.Random()
     victim, at_step = rng.randrange(4), rng.randrange(2, 10)
     four.run(setup_code())
+    killed = four.ranks[victim].pid
     handle, _ = kill_during_run(four, victim, at_step, 20)
     handle.wait(120)
     assert four.world_size == 3
     assert four.restart() == [3]  # a new engine, set up by replaying the cells that built the trainer
     assert four.world_size == 4
+    # the killed engine's row says what it is (issue 40, item 9: it said "lost, fenced", as if still running)
+    assert [row["state"] for row in four.status() if row["pid"] == killed] == ["lost, stopped"]
     four.run("result = trainer.run(steps=20)")  # at the run boundary: state from a peer, then 4 ranks
     assert four.pull("trainer.step") == [40] * 4
     assert four.pull("len(log.steps)", rank=3) == 20  # the new rank trained the last 20 steps

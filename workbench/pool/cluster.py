@@ -405,9 +405,10 @@ class EnginePool:
         the health watcher asks every look (:meth:`~workbench.pool.launch.base.Launcher.lost_hosts`)."""
         return self.launcher.lost_hosts(self)
 
-    def fenced_ended(self) -> set[int]:
-        """Pids of the fenced engines known ended (their host answered the ssh kill)."""
-        return self.launcher.fenced_ended()
+    def fenced_ended(self, pids: set[int]) -> set[int]:
+        """Of the engines declared lost (``pids``), those known ended (their host answered the ssh kill, or
+        their process here is gone)."""
+        return self.launcher.fenced_ended(set(pids))
 
     def engine_sets(self) -> list:
         """ipyparallel's engine-set launchers of the pool, one per start of engines."""

@@ -332,7 +332,8 @@ class Rooms:
                  "state": "joining" if r.engine_id in joining else states[r.rank],
                  "started": (beats.get(r.rank) or {}).get("children") or []}  # processes it started
                 for r in ranks]
-        return rows + fenced_rows(self.group.fenced, self.beacons, self.pool.fenced_ended())
+        lost = self.group.fenced
+        return rows + fenced_rows(lost, self.beacons, self.pool.fenced_ended({r.pid for r in lost}))
 
     # -- the end ---------------------------------------------------------------------------------------
     def close(self, end_pool: bool, by: str | None = None, note: bool = True) -> None:

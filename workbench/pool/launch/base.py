@@ -226,8 +226,8 @@ class Launcher:
         """End these engines, declared lost, where they run. Here: nothing; an engine of most launchers
         fences itself when it hears the kernel again (:mod:`workbench.engine.agent`)."""
 
-    def fenced_ended(self) -> set[int]:
-        """Pids of the fenced engines known ended."""
+    def fenced_ended(self, pids: set[int]) -> set[int]:
+        """Of the engines declared lost (``pids``), those known ended."""
         return set()
 
     def signal(self, ranks: list, sig: int, agents: Callable[[list, int], None]) -> None:

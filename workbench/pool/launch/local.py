@@ -56,6 +56,17 @@ class Local(Launcher):
     def needs_routable_address(self) -> bool:
         return False
 
+    def fenced_ended(self, pids: set[int]) -> set[int]:
+        """Of the engines declared lost, those whose process is gone here (or a zombie): `%dist status` says
+        "lost, stopped", never "fenced", of an engine that was killed."""
+        def running(pid: int) -> bool:
+            try:
+                return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                return False
+
+        return {pid for pid in pids if not running(pid)}
+
     def start_more(self, pool: Pool, n: int, placement: dict | None) -> list:
         """Fork ``n`` more engines; returns their launchers, so that one killed before its engine registered
         fails the start at once (an elastic run's replacement is then started again, not waited for)."""

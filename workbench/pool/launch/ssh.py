@@ -90,9 +90,9 @@ class SSH(Launcher):
                                                          if isinstance(el, SSHLauncher) and el.pid > 0])
         self._fencer.fence(pids)
 
-    def fenced_ended(self) -> set[int]:
-        """Pids of the fenced engines whose host answered the ssh kill."""
-        return self._fencer.ended() if self._fencer is not None else set()
+    def fenced_ended(self, pids: set[int]) -> set[int]:
+        """Of the engines declared lost, those whose host answered the ssh kill."""
+        return self._fencer.ended() & pids if self._fencer is not None else set()
 
     def close(self) -> None:
         if self._fencer is not None:
