@@ -134,7 +134,8 @@ def test_walkthrough_runs_clean(path: Path, tmp_path):
             assert cell.outputs == [], "a GPU cell ran without a GPU"
     assert code[-1].source.strip() == "%dist stop", "a walkthrough must end by stopping its pool"
     ranks = RANKS.get(path.name[:2], 2)
-    assert f"({ranks} ranks); no process of it is left" in "".join(o.get("text", "") for o in code[-1].outputs)
+    stopped = "".join(o.get("text", "") for o in code[-1].outputs)
+    assert f"({ranks} ranks); no process of it is left" in stopped, stopped
     assert summary is not None and summary["ranks"] == ranks, summary
     CHECKS[path.name[:2]](summary)
     deadline = time.monotonic() + 10
