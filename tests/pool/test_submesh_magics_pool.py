@@ -56,6 +56,12 @@ def test_split_run_on_a_sub_mesh_status_and_join(ipshell, pool):
         for handle in handles:
             handle.wait(60)
         assert pool.pull("where") == [r.pid for r in pool.ranks]
+        result, shown = run(ipshell, "%dist pull where --on b")  # that sub-mesh's ranks, in order
+        assert result.success and result.result == [r.pid for r in pool.ranks[2:]], shown
+        result, shown = run(ipshell, "%dist pull where --on b --rank 3")
+        assert result.success and result.result == pool.ranks[3].pid, shown
+        result, shown = run(ipshell, "%dist pull where --on b --rank 0")  # not in b: said, nothing pulled
+        assert not result.success and "rank 0 is not in sub-mesh b (ranks 2-3)" in shown, shown
     finally:
         result, shown = run(ipshell, "%dist join")
     assert result.success, shown

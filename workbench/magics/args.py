@@ -118,6 +118,7 @@ def _dist_parser() -> _Parser:
     pull = sub.add_parser("pull", prog="%dist pull", add_help=False, allow_abbrev=False)
     pull.add_argument("name")
     pull.add_argument("--rank", type=int, default=None)
+    pull.add_argument("--on", default=None, help="the sub-mesh to pull from (`%%dist split`)")
     auto = sub.add_parser("auto", prog="%dist auto", add_help=False, allow_abbrev=False)
     auto.add_argument("mode", choices=("on", "off"))
     attach = sub.add_parser("attach", prog="%dist attach", add_help=False, allow_abbrev=False)

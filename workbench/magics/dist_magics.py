@@ -50,7 +50,7 @@ class DistributedMagics(Magics):
         [--collective-timeout S] [--launcher-options JSON]`` (one option per ``PoolConfig`` field),
         ``%dist status``,
         ``%dist stop``, ``%dist restart``, ``%dist scale N``, ``%dist check [--size-mb M]``,
-        ``%dist push NAME... [--ranks R | --on SUBMESH]``, ``%dist pull NAME [--rank R]``,
+        ``%dist push NAME... [--ranks R | --on SUBMESH]``, ``%dist pull NAME [--rank R] [--on SUBMESH]``,
         ``%dist auto on|off``,
         ``%dist attach [NAME]``, ``%dist stop [--all]``,
         ``%dist run script.py [--ranks R | --on SUBMESH] [--timeout S] [--quiet] [-- args]`` (a torchrun
@@ -244,10 +244,10 @@ class DistributedMagics(Magics):
 
     def _dist_pull(self, args):
         s = self._session("%dist pull")
-        if args.rank is not None:
-            self._targets(s, [args.rank])
+        if args.rank is not None or args.on is not None:
+            self._targets(s, None if args.rank is None else [args.rank], args.on)
         try:
-            value = s.pull(args.name, rank=args.rank)
+            value = s.pull(args.name, rank=args.rank, on=args.on)
         except NameError as exc:
             raise UsageError(str(exc)) from None
         self.shell.user_ns[args.name] = value

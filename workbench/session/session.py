@@ -435,9 +435,14 @@ class Session:
         :meth:`RankView.push`)."""
         self.view(ranks, on).push(values)
 
-    def pull(self, name: str, rank: int | None = None):
-        """A value from one rank, or a list with every rank's value (:meth:`RankView.pull`)."""
-        values = self.view(rank).pull(name)
+    def pull(self, name: str, rank: int | None = None, on: str | None = None):
+        """A value from one rank, or a list with every rank's value (``on``: every rank of that sub-mesh, in
+        order; ``rank``, if given, a pool rank within it) (:meth:`RankView.pull`).
+
+        >>> s.pull("loss", on="b")          # doctest: +SKIP
+        [0.0202, 0.0202]
+        """
+        values = self.view(rank, on).pull(name)
         return values[0] if rank is not None else values
 
     def apply(self, fn: Callable, *args, ranks=None, **kwargs) -> list:
