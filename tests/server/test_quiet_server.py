@@ -72,7 +72,9 @@ def test_polling_and_shutdown_leave_the_server_log_quiet(tmp_path):
         assert status == 201, kernel
         for _ in range(15):  # what the panel does for a while: each listing asks the controller
             status, body = api.call("GET", "/workbench/pools")
-            assert status == 200 and [r["state"] for r in body["pools"][0]["ranks"]] == ["idle", "idle"], body
+            # idle; "unknown" where the controller did not answer that look in time (a loaded machine)
+            states = {r["state"] for r in body["pools"][0]["ranks"]}
+            assert status == 200 and states <= {"idle", "unknown"}, body
             time.sleep(0.2)
         pids = [r["pid"] for r in body["pools"][0]["ranks"]]
         poller = threading.Thread(target=_poll_until_gone, args=(lab, seen, stop), daemon=True)

@@ -275,14 +275,16 @@ class PoolManager:
             owner = {"kind": "process", "label": f"process {owner_pid}"}
 
         rank_states = {}
-        if phase == "running" and state is not None:
+        probed = phase == "running" and state is not None
+        if probed:
             rank_states = await self._probe(pool_id, state, rec)
         rows = []
         measure = self._usage.alive if pool_id in count_only else self._usage.sample
         for r in ranks:
             usage = measure(r["pid"], r["host"], r["device"], r.get("gpu_uuid"))
             alive = usage.pop("alive")
-            rank_state = rank_states.get(r["rank"]) or ("idle" if alive else "unknown")
+            # a running pool's controller that gave no answer in time: neither idle nor busy is known
+            rank_state = rank_states.get(r["rank"]) or ("idle" if alive and not probed else "unknown")
             if alive is False:
                 rank_state = "failed"
             rows.append({
@@ -340,8 +342,9 @@ class PoolManager:
     async def _probe(self, pool_id: str, state: PoolState, rec: _Started | None) -> dict[int, str]:
         """Which ranks are idle or busy, as the pool's controller sees them (at most one look at a time)."""
         lock = self._probe_locks.setdefault(pool_id, asyncio.Lock())
-        if lock.locked():
-            return self._rank_states.get(pool_id, {})
+        if lock.locked():  # a look in progress (another page's listing): its answer, not an older one
+            async with lock:
+                return self._rank_states.get(pool_id, {})
         async with lock:
             try:
                 # the owner's client (a session being stopped has none: then no look at all)
