@@ -284,12 +284,17 @@ async def test_a_pool_another_process_started_is_listed_and_stopped(api):
         assert body == {"pools": []}
         assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     finally:
-        proc.stdin.close()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _let_go(proc, 20)
+
+
+def _let_go(proc: subprocess.Popen, timeout: float) -> None:
+    """Close the owner's stdin (it stops its pool and exits); killed if it has not within ``timeout`` s."""
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.mark.timeout(150)
@@ -318,12 +323,7 @@ async def test_ranks_whose_controller_does_not_answer_are_unknown_not_idle(api):
     finally:
         if controller is not None:
             os.kill(controller, signal.SIGCONT)
-        proc.stdin.close()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _let_go(proc, 30)
 
 
 # rank 1 exits slowly (as one with torch._dynamo does: seconds), so the stop waits its grace for it and then
