@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import running_pool, until
 from workbench.errors import CellTimeout, RankError
+from workbench.pool.records import sharing
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -186,6 +187,46 @@ def test_another_notebook_runs_on_one_sub_mesh_while_this_one_runs_on_the_other(
     assert other.returncode == 0, other.stderr  # its cell saw a's start while it ran
     a.wait(60)  # and a's saw b's
     assert [sums for _, _, sums in s.pull("stamps")] == [2, 2, 2, 2]
+
+
+# a second notebook handed sub-mesh b (issue 43, part 4): its cells go there without --on; another sub-mesh
+# and what changes the whole pool are refused, each in one sentence; a sub-mesh that does not exist is refused
+# at the attach, which leaves nothing attached
+HANDED_NOTEBOOK = """\
+import sys
+import pytest
+from workbench import Session
+with pytest.raises(ValueError, match="has no sub-mesh 'zzz': its sub-meshes are a, b"):
+    Session.attach(sys.argv[1], on="zzz")
+s = Session.attach(sys.argv[1], on="b")
+try:
+    assert s.home == "b" and [r.rank for r in s.targets()] == [2, 3]
+    s.run(sys.argv[2])                      # on b: no --on needed
+    assert s.pull("mine") == [(0, 2), (1, 2)], s.pull("mine")   # b's two ranks, each in a world of 2
+    for refused, says in [(lambda: s.run("x = 1", on="a"), "handed sub-mesh b .*sub-mesh a is another"),
+                          (s.join, "a join changes the whole pool"),
+                          (lambda: s.split([1, 3]), "a split changes the whole pool"),
+                          (lambda: s.scale(2), "a scale changes the whole pool")]:
+        with pytest.raises(ValueError, match=says):
+            refused()
+finally:
+    s.detach()
+"""
+
+
+def test_a_sub_mesh_handed_to_another_notebook_runs_its_cells_there_beside_this_one(pool, tmp_path):
+    s = pool
+    clients_before = {c["pid"] for c in sharing.clients(s.pool_id)}
+    a = s.submit(MEET.format(folder=str(tmp_path), me="a", other="b"), on="a")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    cell = MEET.format(folder=str(tmp_path), me="b", other="a") + "mine = (rank, world_size)\n"
+    other = subprocess.run([sys.executable, "-c", HANDED_NOTEBOOK, s.pool_id, cell],
+                           env=env, capture_output=True, text=True, timeout=180)
+    assert other.returncode == 0, other.stderr  # its cell ran on b while ours ran on a (each saw the other)
+    a.wait(60)
+    assert [sums for _, _, sums in s.pull("stamps")] == [2, 2, 2, 2]
+    assert s.meshes == {"a": [0, 1], "b": [2, 3]}  # nothing it was refused happened
+    assert {c["pid"] for c in sharing.clients(s.pool_id)} == clients_before  # it detached, also after "zzz"
 
 
 # a notebook attached before the split: it sees the pool whole until its next turn, then runs on ranks 2-3

@@ -123,6 +123,7 @@ def _dist_parser() -> _Parser:
     auto.add_argument("mode", choices=("on", "off"))
     attach = sub.add_parser("attach", prog="%dist attach", add_help=False, allow_abbrev=False)
     attach.add_argument("pool", nargs="?", default=None, help="the pool's name or id")
+    attach.add_argument("--on", default=None, help="the sub-mesh handed to this notebook (`%%dist split`)")
     run = sub.add_parser("run", prog="%dist run", add_help=False, allow_abbrev=False,
                          usage="%dist run script.py [--ranks R | --on SUBMESH] [--timeout S] [--quiet] "
                                "[-- args...]")

@@ -52,7 +52,7 @@ class DistributedMagics(Magics):
         ``%dist stop``, ``%dist restart``, ``%dist scale N``, ``%dist check [--size-mb M]``,
         ``%dist push NAME... [--ranks R | --on SUBMESH]``, ``%dist pull NAME [--rank R] [--on SUBMESH]``,
         ``%dist auto on|off``,
-        ``%dist attach [NAME]``, ``%dist stop [--all]``,
+        ``%dist attach [NAME] [--on SUBMESH]``, ``%dist stop [--all]``,
         ``%dist run script.py [--ranks R | --on SUBMESH] [--timeout S] [--quiet] [-- args]`` (a torchrun
         script, unchanged),
         ``%dist stacks [--ranks R | --on SUBMESH] [--native]``,
@@ -113,11 +113,14 @@ class DistributedMagics(Magics):
                                  f"{', '.join(running) or 'none'}.")
             ref = running[0]
         try:
-            s = Session.attach(ref)
+            s = Session.attach(ref, on=args.on)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         print(f"attached to pool {s.name} ({s.pool_id}): {ranks_text(s.world_size)}, backend {s.backend}; "
               + _notebooks(s))
+        if s.home is not None:
+            print(f"sub-mesh {s.home} (ranks {format_ranks(s.meshes[s.home])}) is this notebook's: its "
+                  "cells, pushes and pulls go there.")
         print(format_table(s.status(), _columns(s)))
 
     def _dist_status(self, args):
@@ -202,7 +205,10 @@ class DistributedMagics(Magics):
         if not s.meshes:
             print(f"the pool is one process group already ({ranks_text(s.world_size)}).")
             return
-        s.join()
+        try:
+            s.join()
+        except ValueError as exc:  # a notebook handed one sub-mesh: the pool's own notebook joins it
+            raise UsageError(str(exc)) from None
         print(f"joined: one process group of {ranks_text(s.world_size)} (backend {s.backend}).")
 
     def _dist_check(self, args):

@@ -93,6 +93,7 @@ class Session:
         self._pool: EnginePool | None = None
         self._rooms: Rooms | None = None  # built once the pool runs (started or attached)
         self._idle: IdleRelease | None = None  # config.idle_release: stops a pool nobody uses
+        self.home: str | None = None  # the sub-mesh this notebook was handed (attach(..., on=)): its target
 
     # -- what it is ---------------------------------------------------------------------
     @property
@@ -222,16 +223,51 @@ class Session:
         return self
 
     @classmethod
-    def attach(cls, ref: str) -> Session:
+    def attach(cls, ref: str, on: str | None = None) -> Session:
         """Drive a pool that another notebook or the JupyterLab panel started, by its name or id.
 
         The same abilities as a session that started it: dead ranks and hangs named, the live
         dashboard, restart and scale. The ranks keep their process group and their state.
 
+        ``on``: a sub-mesh of the split pool handed to this notebook: its cells, pushes, pulls and stacks go
+        there unless told otherwise, another sub-mesh is refused, and what changes the whole pool (split,
+        join, scale) is left to the notebook that drives it.
+
         >>> s = Session.attach("pool-glad-heron")      # doctest: +SKIP
+        >>> s = Session.attach("pool-glad-heron", on="b")   # doctest: +SKIP
+        >>> s.run("print(rank, world_size)")                 # doctest: +SKIP
         """
         pool = EnginePool.attach(ref)
-        return cls(pool_state.config_of(pool.state))._take(pool)
+        s = cls(pool_state.config_of(pool.state))._take(pool)
+        if on is not None:
+            s._hand(on)
+        return s
+
+    def _hand(self, on: str) -> None:
+        """Take sub-mesh ``on`` as this notebook's own (:meth:`attach`); detached again if there is none."""
+        meshes = self.meshes
+        if on not in meshes:
+            name = self.name
+            self.detach()
+            raise ValueError(f"pool {name} has no sub-mesh {on!r}: " + (
+                f"its sub-meshes are {', '.join(meshes)}." if meshes else
+                "it is not split (the notebook that drives it splits it: `%dist split 2 2`)."))
+        self.home = on
+
+    def _on(self, on: str | None) -> str | None:
+        """``on``, or the sub-mesh this notebook was handed; another one is refused."""
+        if self.home is None:
+            return on
+        if on not in (None, self.home):
+            raise ValueError(f"this notebook was handed sub-mesh {self.home} (attached with --on "
+                             f"{self.home}): its cells run there; sub-mesh {on} is another notebook's.")
+        return self.home
+
+    def _whole_pool(self, what: str) -> None:
+        """Refuse ``what`` (it changes every rank) in a notebook that was handed one sub-mesh."""
+        if self.home is not None:
+            raise ValueError(f"{what} changes the whole pool, and this notebook was handed sub-mesh "
+                             f"{self.home} only: the notebook that drives the pool does it.")
 
     def _take(self, pool: EnginePool) -> Session:
         """Drive ``pool``, attached: its ranks, process group and state as they are."""
@@ -370,6 +406,7 @@ class Session:
         re-forming the process group at world size 4
         """
         recovery.check_size(n)
+        self._whole_pool("a scale")
         if self.meshes:
             raise ValueError("the pool is split into sub-meshes: `%dist join` (Session.join()) first, then "
                              "scale; split it again after.")
@@ -388,6 +425,7 @@ class Session:
         >>> s.run("print(rank, world_size)", on="b")            # doctest: +SKIP
         """
         rooms = self._live("a split")
+        self._whole_pool("a split")
         if isinstance(names, str):
             names = names.split(",")
         plan = split_plan(list(sizes), names, self.world_size)
@@ -396,7 +434,9 @@ class Session:
 
     def join(self) -> None:
         """Re-form the whole pool as one process group again (after :meth:`split`), Python state kept."""
-        self._live("a join").split({})
+        rooms = self._live("a join")
+        self._whole_pool("a join")
+        rooms.split({})
 
     @property
     def meshes(self) -> dict[str, list[int]]:
@@ -415,7 +455,7 @@ class Session:
         rooms = self._live()
         if self._idle is not None:
             self._idle.touch()  # every cell, push, pull and apply comes through here
-        return rooms.resolve(ranks, on)
+        return rooms.resolve(ranks, self._on(on))
 
     def view(self, ranks=None, on: str | None = None) -> RankView:
         """The ranks ``ranks`` (``None``: all, a rank, a list, ``"0,2-3"``; ``on``: of that sub-mesh) as one
@@ -425,6 +465,7 @@ class Session:
         >>> s.view("0-1").scatter(list(range(8)), "x")     # doctest: +SKIP
         [4, 4]
         """
+        on = self._on(on)
         if on is not None:  # that sub-mesh's pool ranks (a push there is no setup of every rank's)
             ranks = [r.rank for r in self.targets(ranks, on)]
         return RankView(ranks, resolve=self.targets, door=lambda: self.rooms.door, dead=self.dead_ranks,
