@@ -1,0 +1,413 @@
+"""A sweep: one training function, many configurations, as many trials at once as the pool's sub-meshes hold.
+
+:class:`Sweep` splits the pool into sub-meshes of ``ranks_per_trial`` ranks (:meth:`Session.split`), runs
+one configuration's trial as a cell on each (:meth:`Session.submit` with ``on=``), hands a finished trial's
+sub-mesh to the next configuration, and joins the pool at the end, also when a trial fails or the sweep is
+stopped. Inside a trial ``rank``, ``world_size`` and the default process group are the sub-mesh's, so the
+training function is the same code that trains on a whole pool. A trial is ``train(**config)`` on every
+rank of its sub-mesh; what rank 0 returns (a dict of final metrics) is the trial's result. The scheduling
+itself is :func:`slots` and :func:`configs_checked` (pure); the rest is the session's own verbs.
+
+>>> slots(4, 2), slots(5, 2), slots(4, 4)
+(['sweep0', 'sweep1'], ['sweep0', 'sweep1', 'spare'], [])
+>>> print(Results([Trial(0, {"lr": 0.1}, "done", metrics={"loss": 0.5}, seconds=1.25, mesh="sweep0",
+...                      ranks=[0, 1])]))
+trial  status  mesh    ranks  seconds  config  loss  error
+0      done    sweep0  0-1    1.25     lr=0.1  0.5
+"""
+
+from __future__ import annotations
+
+import html
+import inspect
+import queue
+import textwrap
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from workbench.errors import CellInterrupted, CellTimeout, RankError
+from workbench.pool.rankmap import format_ranks
+from workbench.remote.door import call_text
+from workbench.tables import format_table
+
+if TYPE_CHECKING:
+    from workbench.session.results import CellResult
+    from workbench.session.session import Session
+
+STATUSES = ("pending", "running", "done", "failed", "stopped")
+SPARE = "spare"  # the sub-mesh of the ranks left over when ranks_per_trial does not divide the pool
+RESULT = "_wb_sweep_result"  # the name each trial's result has on its ranks (pulled from the first)
+
+
+def slots(world: int, ranks_per_trial: int) -> list[str]:
+    """The sub-meshes a sweep splits ``world`` ranks into, in rank order: one ``sweepN`` per trial that fits
+    at once, then ``spare`` for the ranks left over (idle through the sweep). ``[]``: one trial fills the
+    pool, which is not split (its trials run one after the other on the whole pool)."""
+    count, left = divmod(world, ranks_per_trial)
+    if count == 1 and not left:
+        return []
+    return [f"sweep{i}" for i in range(count)] + ([SPARE] if left else [])
+
+
+def check_size(ranks_per_trial: int, world: int) -> None:
+    """A ``ValueError`` saying what fits when ``ranks_per_trial`` is no trial size for a pool of ``world``."""
+    if not isinstance(ranks_per_trial, int) or isinstance(ranks_per_trial, bool) or ranks_per_trial < 1:
+        raise ValueError(f"ranks_per_trial must be a whole number of ranks, at least 1 (got "
+                         f"{ranks_per_trial!r}): e.g. ranks_per_trial=1 runs {world} trials at once on this "
+                         f"pool of {world}.")
+    if ranks_per_trial > world:
+        raise ValueError(f"ranks_per_trial={ranks_per_trial} is more than the pool's {world} ranks: ask for "
+                         f"at most {world} (`%dist scale {ranks_per_trial}` grows the pool).")
+
+
+def configs_checked(configs) -> list[dict[str, Any]]:
+    """The configurations as a list of dicts, each a trial's keyword arguments of plain values (numbers,
+    strings, booleans, None, and lists, tuples and dicts of them: they are written into the trial's cell).
+
+    >>> configs_checked([{"lr": 0.1}, {"lr": 0.01, "steps": 20}])
+    [{'lr': 0.1}, {'lr': 0.01, 'steps': 20}]
+    >>> configs_checked([])
+    Traceback (most recent call last):
+    ...
+    ValueError: a sweep needs at least one configuration: e.g. configs=[{"lr": 0.1}, {"lr": 0.01}].
+    """
+    example = 'e.g. configs=[{"lr": 0.1}, {"lr": 0.01}].'
+    if isinstance(configs, dict):
+        raise ValueError(f"configs is a list of dicts, one per trial: {example}")
+    configs = list(configs)
+    if not configs:
+        raise ValueError(f"a sweep needs at least one configuration: {example}")
+    for i, config in enumerate(configs):
+        if not isinstance(config, dict):
+            raise ValueError(f"configuration {i} is {config!r}, not a dict of keyword arguments: e.g. "
+                             "{\"lr\": 0.1}.")
+        for key, value in config.items():
+            if not isinstance(key, str) or not key.isidentifier():
+                raise ValueError(f"configuration {i}: {key!r} is no keyword argument name (letters, digits, "
+                                 "_).")
+            try:
+                call_text(value)  # a literal: it is written into the trial's cell
+            except TypeError:
+                raise ValueError(f"configuration {i}: {key}={value!r} is not a plain value (a number, "
+                                 "string, bool, None, or a list, tuple or dict of them); make it one, or "
+                                 "build the object inside the training function from a plain "
+                                 "value.") from None
+    return [dict(c) for c in configs]
+
+
+def trial_source(train) -> tuple[str, str]:
+    """``(name, source)`` of the training function: a name (a function defined on the ranks in an earlier
+    ``%%distributed`` cell; no source to send) or a function of the notebook, whose source is sent with each
+    trial (it must be self-contained: its imports inside it, no closure over the notebook's variables)."""
+    if isinstance(train, str):
+        if not train.isidentifier():
+            raise ValueError(f"train={train!r} is no function name: give the name of a function defined on "
+                             "the ranks (in a %%distributed cell), or the function itself.")
+        return train, ""
+    if not callable(train) or not inspect.isfunction(train) or train.__name__ == "<lambda>":
+        raise ValueError("train is a function defined with `def` (its source goes to the ranks) or the name "
+                         f"of one defined on the ranks in a %%distributed cell; got {train!r}.")
+    try:
+        source = textwrap.dedent(inspect.getsource(train))
+    except (OSError, TypeError):
+        raise ValueError(f"the source of {train.__name__} cannot be read here: define it in a %%distributed "
+                         f"cell and pass its name, train={train.__name__!r}.") from None
+    return train.__name__, source
+
+
+def trial_code(name: str, source: str, config: dict[str, Any]) -> str:
+    """The cell of one trial: the function (where its source is sent), called with the configuration; its
+    result on every rank as plain Python (tensors and numpy values through ``tolist()``), so the kernel never
+    unpickles a tensor.
+
+    >>> print(trial_code("train", "", {"lr": 0.1}))
+    _wb_sweep_result = None
+    _wb_sweep_result = train(lr=0.1)
+    if not isinstance(_wb_sweep_result, dict):
+        _wb_sweep_result = {} if _wb_sweep_result is None else {'value': _wb_sweep_result}
+    _wb_sweep_result = {str(k): getattr(v, 'tolist', lambda: v)() for k, v in _wb_sweep_result.items()}
+    """
+    lines = [f"{RESULT} = None"]
+    if source:
+        lines.append(source.rstrip("\n"))
+    lines += [f"{RESULT} = {name}({call_text(**config)})",
+              f"if not isinstance({RESULT}, dict):",
+              f"    {RESULT} = {{}} if {RESULT} is None else {{'value': {RESULT}}}",
+              f"{RESULT} = {{str(k): getattr(v, 'tolist', lambda: v)() for k, v in {RESULT}.items()}}"]
+    return "\n".join(lines)
+
+
+@dataclass
+class Trial:
+    """One configuration's trial: its status (one of :data:`STATUSES`), the sub-mesh and pool ranks it ran
+    on, rank 0's final metrics, its wall time in seconds, and the error of a failed one."""
+
+    index: int
+    config: dict[str, Any]
+    status: str = "pending"
+    metrics: dict[str, Any] = field(default_factory=dict)
+    seconds: float | None = None
+    mesh: str | None = None
+    ranks: list[int] = field(default_factory=list)
+    error: str | None = None
+    cell: CellResult | None = field(default=None, repr=False)  # every rank's output and outcome
+
+    def row(self) -> dict[str, Any]:
+        """The trial as one flat dict: config keys and metric keys beside the trial's own."""
+        return {"trial": self.index, "status": self.status, "mesh": self.mesh,
+                "ranks": format_ranks(self.ranks) if self.ranks else "", "seconds": self.seconds,
+                "config": dict(self.config), **self.metrics, "error": self.error}
+
+
+class Results(list):
+    """The trials of a sweep in configuration order (a list of :class:`Trial`), shown as a table."""
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [t.row() for t in self]
+
+    def best(self, metric: str, mode: str = "min") -> Trial:
+        """The done trial with the lowest (``mode="min"``) or highest (``"max"``) final ``metric``."""
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode is 'min' or 'max', not {mode!r}.")
+        scored = [t for t in self if t.status == "done" and isinstance(t.metrics.get(metric), (int, float))]
+        if not scored:
+            have = sorted({k for t in self for k in t.metrics})
+            raise ValueError(f"no finished trial has a number {metric!r}; the metrics are: "
+                             f"{', '.join(have) or 'none (no trial is done)'}.")
+        pick = min if mode == "min" else max
+        return pick(scored, key=lambda t: t.metrics[metric])
+
+    def _cells(self) -> tuple[list[str], list[dict[str, str]]]:
+        metrics = list(dict.fromkeys(k for t in self for k in t.metrics))
+        columns = ["trial", "status", "mesh", "ranks", "seconds", "config", *metrics, "error"]
+        rows = []
+        for t in self:
+            row = t.row()
+            row["config"] = ", ".join(f"{k}={v!r}" for k, v in t.config.items())
+            row["seconds"] = "" if t.seconds is None else f"{t.seconds:.2f}"
+            for key in ("trial", "status", "mesh", "ranks", "error", *metrics):
+                value = row.get(key)
+                row[key] = "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+            rows.append(row)
+        return columns, rows
+
+    def __str__(self) -> str:
+        return format_table(*reversed(self._cells()))
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        columns, rows = self._cells()
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(r.get(c, ''))}</td>" for c in columns) + "</tr>"
+                       for r in rows)
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+class Sweep:
+    """Train one function on many configurations, as many trials at once as the pool has sub-meshes of
+    ``ranks_per_trial`` ranks.
+
+    ``train``: the name of a function defined on the ranks (an earlier ``%%distributed`` cell), or a
+    self-contained function of the notebook (its source is sent). Each trial calls ``train(**config)`` on
+    every rank of its sub-mesh, where ``rank``, ``world_size`` and the default group are the sub-mesh's; the
+    dict rank 0 returns is the trial's final metrics. ``configs``: a list of dicts of plain values. Ranks
+    left over (``ranks_per_trial`` not dividing the pool) wait in a sub-mesh ``spare``. A trial that raises is
+    recorded as failed with its error and the sweep goes on. At the end (done, failed or stopped) the pool
+    is joined: one group of all again, nothing left running. ``session``: default the current one;
+    ``timeout``: each trial's, in seconds (a hang fails that trial only).
+
+    >>> # %%distributed: def train(lr, steps=20): ...; return {"loss": final_loss}
+    >>> configs = [{"lr": 0.1}, {"lr": 0.03}, {"lr": 0.01}]
+    >>> sweep = wb.Sweep("train", configs, ranks_per_trial=2)       # doctest: +SKIP
+    >>> sweep.run()                                 # doctest: +SKIP
+    trial  status  mesh    ranks  seconds  config   loss   error
+    0      done    sweep0  0-1    3.10     lr=0.1   1.873
+    1      done    sweep1  2-3    3.12     lr=0.03  2.104
+    2      done    sweep0  0-1    3.05     lr=0.01  2.811
+    >>> sweep.best("loss").config                   # doctest: +SKIP
+    {'lr': 0.1}
+    >>> sweep.start(); sweep.stop()                 # doctest: +SKIP
+    """
+
+    def __init__(self, train: str | Callable, configs: Sequence[dict[str, Any]], ranks_per_trial: int, *,
+                 session: Session | None = None, timeout: float | None = None):
+        from workbench.session.session import current
+
+        self.session = session if session is not None else current()
+        self.name, self.source = trial_source(train)
+        self.ranks_per_trial = ranks_per_trial
+        self.timeout = timeout
+        self.trials = Results(Trial(i, c) for i, c in enumerate(configs_checked(configs)))
+        self._check_pool()
+        self._events: queue.Queue = queue.Queue()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._finished = threading.Event()
+
+    def _check_pool(self) -> None:
+        check_size(self.ranks_per_trial, self.session.world_size)
+        if self.session.meshes:
+            raise ValueError(f"the pool is split already ({', '.join(self.session.meshes)}): `%dist join` "
+                             "(Session.join()) first; the sweep splits it for its trials and joins it after.")
+
+    # -- the face ----------------------------------------------------------------------------------------
+    def run(self) -> Results:
+        """Run every trial and return the results once all ended (Ctrl-C stops the sweep: its trials stop,
+        the pool is joined, and the interrupt goes on)."""
+        self.start()
+        try:
+            return self.wait()
+        except KeyboardInterrupt:
+            self.stop()
+            raise
+
+    def start(self) -> Sweep:
+        """Split the pool and start the first trials; return at once (:meth:`wait`, :meth:`stop`)."""
+        if self._thread is not None:
+            raise ValueError("this sweep was started already: make a new Sweep to run it again.")
+        self._check_pool()
+        meshes = slots(self.session.world_size, self.ranks_per_trial)
+        if meshes:
+            sizes = [self.ranks_per_trial] * (len(meshes) - (SPARE in meshes))
+            if SPARE in meshes:
+                sizes.append(self.session.world_size - sum(sizes))
+            plan = self.session.split(sizes, names=meshes)
+            free = [(name, plan[name]) for name in meshes if name != SPARE]
+        else:
+            free = [(None, [r.rank for r in self.session.ranks])]
+        self._thread = threading.Thread(target=self._drive, args=(free,), name="workbench-sweep", daemon=True)
+        self._thread.start()
+        return self
+
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def wait(self, timeout: float | None = None) -> Results:
+        """The results once every trial ended and the pool is joined; ``TimeoutError`` if that takes longer
+        than ``timeout``. An error of the sweep itself (not of a trial: a split or a join refused) is raised
+        here; the trials are in :attr:`results` all the same."""
+        if self._thread is None:
+            raise ValueError("this sweep has not started: sweep.start() or sweep.run().")
+        if not self._finished.wait(timeout):
+            raise TimeoutError(f"the sweep is still running after {timeout} s: sweep.stop() stops it.")
+        if self._error is not None:
+            raise self._error
+        return self.results
+
+    def stop(self, hard: bool = False, timeout: float | None = 60.0) -> Results:
+        """Stop the sweep: no new trial starts, the running ones are interrupted (as Ctrl-C would: a Trainer
+        at its next step; ``hard``: at once), the pool is joined; returns the results."""
+        self._stopping = True
+        self._events.put(("stop", hard))
+        if self._thread is None:
+            return self.results
+        return self.wait(timeout)
+
+    @property
+    def results(self) -> Results:
+        """The trials now, in configuration order (a copy)."""
+        return Results(Trial(**{**t.__dict__, "config": dict(t.config), "metrics": dict(t.metrics),
+                                "ranks": list(t.ranks)}) for t in self.trials)
+
+    def best(self, metric: str, mode: str = "min") -> Trial:
+        """The done trial with the best final ``metric`` (:meth:`Results.best`)."""
+        return self.results.best(metric, mode)
+
+    def __repr__(self) -> str:
+        return repr(self.results)
+
+    def _repr_html_(self) -> str:
+        return self.results._repr_html_()
+
+    # -- the scheduler (its own thread) ------------------------------------------------------------------
+    def _drive(self, free: list[tuple[str | None, list[int]]]) -> None:
+        pending = deque(self.trials)
+        slots_free = deque(free)
+        running: dict[int, tuple[Trial, Any, float, tuple]] = {}  # trial index -> trial, handle, t0, slot
+        try:
+            while running or (pending and not self._stopping):
+                while slots_free and pending and not self._stopping:
+                    slot = slots_free.popleft()
+                    trial = pending.popleft()
+                    running[trial.index] = (trial, *self._launch(trial, slot), slot)
+                event = self._events.get()
+                if event[0] == "stop":
+                    for _trial, handle, _t0, _slot in running.values():
+                        handle.cell.interrupt()
+                        if event[1]:
+                            handle.cell.interrupt()
+                    continue
+                _, index, ended = event
+                trial, handle, t0, slot = running.pop(index)
+                trial.seconds = ended - t0
+                self._finish(trial, handle)
+                slots_free.append(slot)
+            for trial in pending:  # never started: the sweep was stopped first
+                trial.status = "stopped"
+        except BaseException as exc:  # the sweep's own failure: stop what runs, then join below
+            self._error = exc
+            for trial, handle, _t0, _slot in running.values():
+                handle.cell.interrupt()
+                try:
+                    handle.wait(60)
+                except BaseException:  # noqa: BLE001 - its own error is the trial's, recorded below
+                    pass
+                trial.status = "stopped"
+        finally:
+            try:
+                if self.session.meshes:
+                    self.session.join()
+            except BaseException as exc:  # e.g. a dead rank: `%dist restart`, then `%dist join`
+                self._error = self._error or exc
+            self._finished.set()
+
+    def _launch(self, trial: Trial, slot: tuple[str | None, list[int]]) -> tuple[Any, float]:
+        mesh, ranks = slot
+        trial.mesh, trial.ranks, trial.status = mesh, list(ranks), "running"
+        t0 = time.perf_counter()
+        handle = self.session.submit(trial_code(self.name, self.source, trial.config), on=mesh,
+                                     timeout=self.timeout)
+        index = trial.index
+        handle.add_done_callback(lambda _h: self._events.put(("ended", index, time.perf_counter())))
+        return handle, t0
+
+    def _finish(self, trial: Trial, handle) -> None:
+        """Record how a trial's cell ended: done with rank 0's metrics, failed with its error, or stopped."""
+        try:
+            trial.cell = handle.wait(0)
+        except CellInterrupted as exc:
+            trial.cell, trial.status = exc.result, "stopped"
+            trial.error = "stopped" if self._stopping else str(exc).splitlines()[0]
+            if not self._stopping:
+                trial.status = "failed"
+            return
+        except (RankError, CellTimeout) as exc:
+            trial.cell, trial.status = exc.result, "failed"
+            trial.error = _error_text(exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - e.g. the pool went away: this trial failed, said how
+            trial.status, trial.error = "failed", f"{type(exc).__name__}: {exc}"
+            return
+        try:
+            [metrics] = self.session.view([trial.ranks[0]]).pull(RESULT)
+        except Exception as exc:  # noqa: BLE001
+            trial.status, trial.error = "failed", f"its result could not be read: {type(exc).__name__}: {exc}"
+            return
+        trial.metrics, trial.status = dict(metrics or {}), "done"
+
+
+def _error_text(exc: BaseException) -> str:
+    """A failed trial's error in one line: the failing rank's exception (``ValueError: bad lr``), else the
+    error's first line."""
+    failures = getattr(exc, "failures", None)
+    if failures:
+        err = failures[0][1]
+        return f"{err.ename}: {err.evalue}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
