@@ -14,6 +14,7 @@ import torch
 
 from tests.conftest import running_pool, until
 from workbench import Sweep
+from workbench.errors import RankDiedError
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -148,7 +149,8 @@ def test_a_trial_that_raises_is_recorded_and_the_others_finish(pool):
     configs = [{"lr": 0.1}, {"lr": -1.0}, {"lr": 0.2}, {"lr": 0.3}, {"lr": 0.4}]
     results = Sweep("flaky", configs, ranks_per_trial=2, session=s).run()
     assert [t.status for t in results] == ["done", "failed", "done", "done", "done"], results
-    assert results[1].error == "ValueError: negative lr -1.0" and results[1].metrics == {}
+    assert results[1].error.startswith("rank 3 ") and results[1].metrics == {}  # pool rank 3: sweep1's rank 1
+    assert results[1].error.endswith("raised ValueError: negative lr -1.0")
     # the trials after the failure, on its sub-mesh too, re-formed its group
     assert [t.metrics for t in results if t.status == "done"] == [
         {"sum": [2.0], "lr": lr} for lr in (0.1, 0.2, 0.3, 0.4)]
@@ -204,3 +206,32 @@ def test_a_split_pool_is_refused(pool):
         assert s.meshes == {"a": [0, 1], "b": [2, 3]}  # untouched
     finally:
         s.join()
+
+
+# pool rank 3 (rank 1 of the second trial's sub-mesh) dies in its trial; the others sum their sub-mesh
+DIES = """
+import os, signal, torch
+def dies(i):
+    if i == 1 and rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return {"sum": t}
+"""
+
+
+def test_a_rank_killed_in_a_trial_retires_its_sub_mesh_and_the_others_finish(pool):
+    s = pool
+    s.run(DIES)
+    sweep = Sweep("dies", [{"i": i} for i in range(4)], ranks_per_trial=2, session=s).start()
+    with pytest.raises(RankDiedError, match="rank 3 is dead.*restart"):  # the join at the end
+        sweep.wait(180)
+    results = sweep.results
+    assert [t.status for t in results] == ["done", "failed", "done", "done"], results
+    assert results[1].mesh == "sweep1" and results[1].error.startswith("rank 3 ")
+    assert "died" in results[1].error
+    assert [t.mesh for t in results[2:]] == ["sweep0", "sweep0"]  # not handed the dead rank's sub-mesh
+    assert [t.metrics for t in results if t.status == "done"] == [{"sum": [2.0]}] * 3
+    assert s.restart() == [3]
+    s.join()
+    whole(s)

@@ -332,7 +332,7 @@ class Sweep:
         slots_free = deque(free)
         running: dict[int, tuple[Trial, Any, float, tuple]] = {}  # trial index -> trial, handle, t0, slot
         try:
-            while running or (pending and not self._stopping):
+            while running or (pending and slots_free and not self._stopping):
                 while slots_free and pending and not self._stopping:
                     slot = slots_free.popleft()
                     trial = pending.popleft()
@@ -341,26 +341,32 @@ class Sweep:
                 if event[0] == "stop":
                     for _trial, handle, _t0, _slot in running.values():
                         handle.cell.interrupt()
-                        if event[1]:
+                        if event[1]:  # hard: a second interrupt, as a second Ctrl-C
                             handle.cell.interrupt()
                     continue
                 _, index, ended = event
                 trial, handle, t0, slot = running.pop(index)
                 trial.seconds = ended - t0
                 self._finish(trial, handle)
-                slots_free.append(slot)
-            for trial in pending:  # never started: the sweep was stopped first
-                trial.status = "stopped"
+                dead = sorted(set(slot[1]) & set(self.session.dead_ranks()))
+                if dead:  # not handed on: its next trial would fail at once (`%dist restart` brings it back)
+                    self.session.notify(f"workbench: sweep: rank {format_ranks(dead)} of sub-mesh {slot[0]} "
+                                        "is dead; its sub-mesh takes no more trials.")
+                else:
+                    slots_free.append(slot)
         except BaseException as exc:  # the sweep's own failure: stop what runs, then join below
             self._error = exc
             for trial, handle, _t0, _slot in running.values():
                 handle.cell.interrupt()
                 try:
                     handle.wait(60)
-                except BaseException:  # noqa: BLE001 - its own error is the trial's, recorded below
+                except BaseException:  # its own error is the trial's; the sweep's is the one said
                     pass
-                trial.status = "stopped"
+                trial.status, trial.error = "stopped", f"the sweep failed: {type(exc).__name__}: {exc}"
         finally:
+            for trial in pending:  # never started: the sweep was stopped, failed, or lost its sub-meshes
+                trial.status = "stopped"
+                trial.error = None if self._stopping else "not started: no sub-mesh left to run it on"
             try:
                 if self.session.meshes:
                     self.session.join()
@@ -372,8 +378,12 @@ class Sweep:
         mesh, ranks = slot
         trial.mesh, trial.ranks, trial.status = mesh, list(ranks), "running"
         t0 = time.perf_counter()
-        handle = self.session.submit(trial_code(self.name, self.source, trial.config), on=mesh,
-                                     timeout=self.timeout)
+        try:
+            handle = self.session.submit(trial_code(self.name, self.source, trial.config), on=mesh,
+                                         timeout=self.timeout)
+        except BaseException as exc:  # the pool is gone, say: the sweep's failure (raised by wait())
+            trial.status, trial.error = "failed", f"{type(exc).__name__}: {exc}"
+            raise
         index = trial.index
         handle.add_done_callback(lambda _h: self._events.put(("ended", index, time.perf_counter())))
         return handle, t0
@@ -382,32 +392,24 @@ class Sweep:
         """Record how a trial's cell ended: done with rank 0's metrics, failed with its error, or stopped."""
         try:
             trial.cell = handle.wait(0)
-        except CellInterrupted as exc:
-            trial.cell, trial.status = exc.result, "stopped"
-            trial.error = "stopped" if self._stopping else str(exc).splitlines()[0]
-            if not self._stopping:
-                trial.status = "failed"
+        except (RankError, CellTimeout, CellInterrupted) as exc:
+            stopped = isinstance(exc, CellInterrupted) and self._stopping
+            trial.cell, trial.status = exc.result, "stopped" if stopped else "failed"
+            trial.error = "stopped by Sweep.stop()" if stopped else _error_text(exc)
             return
-        except (RankError, CellTimeout) as exc:
-            trial.cell, trial.status = exc.result, "failed"
-            trial.error = _error_text(exc)
-            return
-        except Exception as exc:  # noqa: BLE001 - e.g. the pool went away: this trial failed, said how
+        except Exception as exc:  # e.g. a dead rank refused before the cell: this trial failed, said how
             trial.status, trial.error = "failed", f"{type(exc).__name__}: {exc}"
             return
         try:
             [metrics] = self.session.view([trial.ranks[0]]).pull(RESULT)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             trial.status, trial.error = "failed", f"its result could not be read: {type(exc).__name__}: {exc}"
             return
         trial.metrics, trial.status = dict(metrics or {}), "done"
 
 
 def _error_text(exc: BaseException) -> str:
-    """A failed trial's error in one line: the failing rank's exception (``ValueError: bad lr``), else the
-    error's first line."""
-    failures = getattr(exc, "failures", None)
-    if failures:
-        err = failures[0][1]
-        return f"{err.ename}: {err.evalue}"
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    """A failed trial's error in one line: the error's own first line, which names the pool rank that failed
+    first (``rank 3 (host, cpu) raised ValueError: bad lr``, ``... died: ...``, a timeout's stalled rank)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
