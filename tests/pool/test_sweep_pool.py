@@ -131,6 +131,39 @@ def test_four_configs_on_two_rank_trials_each_as_if_trained_alone(pool):
     whole(s)
 
 
+# a wb.Trainer over a DDP model, defined on the ranks by name (a %%distributed cell)
+FIT = """
+import torch, workbench as wb
+from torch.utils.data import TensorDataset
+def fit(lr, steps=15):
+    torch.manual_seed(0)
+    model = wb.shard(wb.MLP(wb.MLPConfig(d_in=8, d_hidden=16, d_out=2, n_layers=1)), "ddp")
+    loader = wb.make_loader(TensorDataset(*wb.regression_data(256, d_in=8, d_out=2)), batch_size=16)
+    result = wb.Trainer(model, loader, lr=lr).run(steps=steps)
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    return {"loss": result.history[-1].loss, "params": params}
+"""
+
+
+def test_trainer_trials_equal_the_same_config_trained_alone_on_a_sub_mesh(pool):
+    s = pool
+    s.run(FIT)
+    runs = len(s.metrics.runs)
+    configs = [{"lr": 0.1}, {"lr": 0.03}, {"lr": 0.01, "steps": 10}]
+    results = Sweep("fit", configs, ranks_per_trial=2, session=s).run()
+    assert [t.status for t in results] == ["done"] * 3, results
+    # each trial's Trainer streamed its own run to the live metrics
+    assert until(lambda: len(s.metrics.runs) >= runs + 3, timeout=30), len(s.metrics.runs) - runs
+    s.split([2, 2], names=["a", "b"])  # the same configurations again, one at a time, alone on a sub-mesh
+    try:
+        for trial in results:
+            s.run(f"alone = fit(**{trial.config!r})['params']", on="b")
+            torch.testing.assert_close(torch.tensor(trial.metrics["params"]), s.view([2]).pull("alone")[0])
+    finally:
+        s.join()
+    whole(s)
+
+
 def test_two_trials_run_at_the_same_time(pool, tmp_path):
     s = pool
     s.run(MEET)
