@@ -25,20 +25,21 @@ import textwrap
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workbench.errors import CellInterrupted, CellTimeout, RankError
 from workbench.pool.rankmap import format_ranks
 from workbench.remote.door import call_text
+from workbench.session.sweep_optuna import Search
 from workbench.tables import format_table
 
 if TYPE_CHECKING:
     from workbench.session.results import CellResult
     from workbench.session.session import Session
 
-STATUSES = ("pending", "running", "done", "failed", "stopped")
+STATUSES = ("pending", "running", "done", "failed", "stopped", "pruned")
 SPARE = "spare"  # the sub-mesh of the ranks left over when ranks_per_trial does not divide the pool
 RESULT = "_wb_sweep_result"  # the name each trial's result has on its ranks (pulled from the first)
 
@@ -222,6 +223,14 @@ class Sweep:
     is joined: one group of all again, nothing left running. ``session``: default the current one;
     ``timeout``: each trial's, in seconds (a hang fails that trial only).
 
+    With an Optuna ``study`` (the ``optuna`` extra), ``configs`` is the search space instead: a dict of Optuna
+    distributions, or a function of the Optuna trial that calls its ``suggest_*`` and returns the config;
+    ``n_trials`` configurations are asked of the study as sub-meshes come free, each trial's final
+    ``metric`` is told to it, and its pruner (``optuna.create_study(pruner=...)``) sees each running trial's
+    live training loss (a ``wb.Trainer``'s steps, rank 0 of its sub-mesh, every ``poll`` seconds): a trial
+    it prunes is interrupted at its next step and ends ``pruned``
+    (:mod:`workbench.session.sweep_optuna`).
+
     >>> # %%distributed: def train(lr, steps=20): ...; return {"loss": final_loss}
     >>> configs = [{"lr": 0.1}, {"lr": 0.03}, {"lr": 0.01}]
     >>> sweep = wb.Sweep("train", configs, ranks_per_trial=2)       # doctest: +SKIP
@@ -233,23 +242,40 @@ class Sweep:
     >>> sweep.best("loss").config                   # doctest: +SKIP
     {'lr': 0.1}
     >>> sweep.start(); sweep.stop()                 # doctest: +SKIP
+    >>> study = optuna.create_study(pruner=optuna.pruners.MedianPruner())          # doctest: +SKIP
+    >>> space = {"lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True)}  # doctest: +SKIP
+    >>> sweep = wb.Sweep("train", space, 2, study=study, n_trials=6, metric="loss")  # doctest: +SKIP
+    >>> sweep.run()                                 # doctest: +SKIP
     """
 
-    def __init__(self, train: str | Callable, configs: Sequence[dict[str, Any]], ranks_per_trial: int, *,
-                 session: Session | None = None, timeout: float | None = None):
+    def __init__(self, train: str | Callable, configs, ranks_per_trial: int, *,
+                 session: Session | None = None, timeout: float | None = None, study=None,
+                 n_trials: int | None = None, metric: str | None = None, poll: float = 0.25):
         from workbench.session.session import current
 
         self.session = session if session is not None else current()
         self.name, self.source = trial_source(train)
         self.ranks_per_trial = ranks_per_trial
         self.timeout = timeout
-        self.trials = Results(Trial(i, c) for i, c in enumerate(configs_checked(configs)))
+        self.search: Search | None = None
+        self.poll = poll  # how often the running trials' losses go to the study's pruner, s
+        if study is None:
+            if n_trials is not None or metric is not None:
+                raise ValueError("n_trials and metric go with a study (study=optuna.create_study(...)); "
+                                 "without one the sweep runs each of configs once.")
+            self.trials = Results(Trial(i, c) for i, c in enumerate(configs_checked(configs)))
+        else:
+            self.search = Search(study, configs, n_trials, metric)
+            self.trials = Results()  # asked of the study as sub-meshes come free
+        self._pending = deque(self.trials)
         self._check_pool()
         self._events: queue.Queue = queue.Queue()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._finished = threading.Event()
+        self._runs_before: dict[int, int] = {}  # trial index -> the newest metrics run when it started
+        self._pruning: set[int] = set()  # trials the study's pruner stopped
 
     def _check_pool(self) -> None:
         check_size(self.ranks_per_trial, self.session.world_size)
@@ -328,16 +354,19 @@ class Sweep:
 
     # -- the scheduler (its own thread) ------------------------------------------------------------------
     def _drive(self, free: list[tuple[str | None, list[int]]]) -> None:
-        pending = deque(self.trials)
         slots_free = deque(free)
         running: dict[int, tuple[Trial, Any, float, tuple]] = {}  # trial index -> trial, handle, t0, slot
         try:
-            while running or (pending and slots_free and not self._stopping):
-                while slots_free and pending and not self._stopping:
+            while running or (self._more() and slots_free and not self._stopping):
+                while slots_free and self._more() and not self._stopping:
+                    trial = self._next()
                     slot = slots_free.popleft()
-                    trial = pending.popleft()
                     running[trial.index] = (trial, *self._launch(trial, slot), slot)
-                event = self._events.get()
+                try:
+                    event = self._events.get(timeout=self.poll if self.search else None)
+                except queue.Empty:  # a study's pruner looks at the running trials' losses
+                    self._prune(running)
+                    continue
                 if event[0] == "stop":
                     for _trial, handle, _t0, _slot in running.values():
                         handle.cell.interrupt()
@@ -363,8 +392,9 @@ class Sweep:
                 except BaseException:  # its own error is the trial's; the sweep's is the one said
                     pass
                 trial.status, trial.error = "stopped", f"the sweep failed: {type(exc).__name__}: {exc}"
+                self._told(trial)
         finally:
-            for trial in pending:  # never started: the sweep was stopped, failed, or lost its sub-meshes
+            for trial in self._pending:  # never started: the sweep stopped, failed, or lost its sub-meshes
                 trial.status = "stopped"
                 trial.error = None if self._stopping else "not started: no sub-mesh left to run it on"
             try:
@@ -374,22 +404,78 @@ class Sweep:
                 self._error = self._error or exc
             self._finished.set()
 
+    def _more(self) -> bool:
+        """Whether another trial is to start: a configuration not run yet, or a study with trials to ask."""
+        if self.search is None:
+            return bool(self._pending)
+        return len(self.trials) < self.search.n_trials
+
+    def _next(self) -> Trial:
+        """The next trial: the next configuration, or the study's next suggestion."""
+        if self.search is None:
+            return self._pending.popleft()
+        index = len(self.trials)
+        config = self.search.ask(index)
+        try:
+            [config] = configs_checked([config])
+        except ValueError:
+            self.search.tell(index, "failed", {})
+            raise
+        trial = Trial(index, config)
+        self.trials.append(trial)
+        return trial
+
+    def _prune(self, running: dict) -> None:
+        """Each running trial's new training losses (rank 0 of its sub-mesh, from the live metrics) to the
+        study; a trial its pruner stops is interrupted at its next step and ends ``pruned``."""
+        collector = self.session.metrics
+        if collector is None:
+            return
+        for trial, handle, _t0, _slot in running.values():
+            if trial.index in self._pruning:
+                continue
+            run = collector.latest_run(trial.ranks)
+            if run is None or run.id <= self._runs_before.get(trial.index, 0):
+                continue  # its Trainer has not started yet (the newest run there is an earlier trial's)
+            with collector.lock():
+                series = collector.step_series(run.id).get(trial.ranks[0])
+                steps, losses = (series.column("step"), series.column("loss")) if series else ([], [])
+            if self.search.should_prune(trial.index, steps, losses):
+                self._pruning.add(trial.index)
+                handle.cell.interrupt()
+
+    def _told(self, trial: Trial) -> None:
+        """A study hears how the trial ended."""
+        if self.search is not None and trial.index in self.search.asked:
+            self.search.tell(trial.index, trial.status, trial.metrics)
+
     def _launch(self, trial: Trial, slot: tuple[str | None, list[int]]) -> tuple[Any, float]:
         mesh, ranks = slot
         trial.mesh, trial.ranks, trial.status = mesh, list(ranks), "running"
+        collector = self.session.metrics
+        if collector is not None and collector.runs:  # the trial's Trainer run comes after these
+            self._runs_before[trial.index] = collector.runs[-1].id
         t0 = time.perf_counter()
         try:
             handle = self.session.submit(trial_code(self.name, self.source, trial.config), on=mesh,
                                          timeout=self.timeout)
         except BaseException as exc:  # the pool is gone, say: the sweep's failure (raised by wait())
             trial.status, trial.error = "failed", f"{type(exc).__name__}: {exc}"
+            self._told(trial)
             raise
         index = trial.index
         handle.add_done_callback(lambda _h: self._events.put(("ended", index, time.perf_counter())))
         return handle, t0
 
     def _finish(self, trial: Trial, handle) -> None:
-        """Record how a trial's cell ended: done with rank 0's metrics, failed with its error, or stopped."""
+        """Record how a trial's cell ended (done with rank 0's metrics, failed with its error, stopped, or
+        pruned: its study's pruner stopped it), and tell the study."""
+        self._ended(trial, handle)
+        if trial.index in self._pruning:
+            trial.status, trial.error = "pruned", f"pruned after step {self.search.reported[trial.index]}"
+        self._told(trial)
+
+    def _ended(self, trial: Trial, handle) -> None:
         try:
             trial.cell = handle.wait(0)
         except (RankError, CellTimeout, CellInterrupted) as exc:
