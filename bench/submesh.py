@@ -5,7 +5,8 @@ On one 4-rank local pool (gloo), in alternating rounds: ``Session.split([2, 2])`
 ``Rooms.reform()`` and ``Session.split([1, 1, 1, 1])``; then, split 2 + 2, a cell of ``steps`` steps (an
 ``all_reduce`` and a sleep of ``sleep_s``: steps that do not compete for the cores) on one sub-mesh alone,
 and the same cell on both sub-meshes at once. The ratio both/alone is about 1 where they run side by side and
-about 2 where they queue.
+about 2 where they queue. Last, ``wb.Sweep`` of four such trials on 2-rank sub-meshes (its own split and join
+included): about 2 x alone where two trials run at a time, about 4 where they queue.
 """
 
 from __future__ import annotations
@@ -22,12 +23,22 @@ for _ in range({steps}):
     time.sleep({sleep_s})
 """
 
+TRIAL = """
+import time, torch
+def steps_trial(steps, sleep_s):
+    for _ in range(steps):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        time.sleep(sleep_s)
+    return {"steps": steps}
+"""
+
 
 def run(reps: int = 5, steps: int = 100, sleep_s: float = 0.02) -> dict:
-    from workbench import Session
+    from workbench import Session, Sweep
 
     timed: dict[str, list[float]] = {"split_2_2_s": [], "join_s": [], "reform_s": [], "split_1_1_1_1_s": []}
-    alone, both = [], []
+    alone, both, swept = [], [], []
     s = Session(n=4, timeout=60, backend="gloo").start()
     try:
         s.run("import torch")
@@ -51,8 +62,17 @@ def run(reps: int = 5, steps: int = 100, sleep_s: float = 0.02) -> dict:
                 handle.wait(300)
             both.append(time.perf_counter() - t0)
         s.join()
+        s.run(TRIAL)
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            trials = Sweep("steps_trial", [{"steps": steps, "sleep_s": sleep_s}] * 4, ranks_per_trial=2,
+                           session=s).run()
+            swept.append(time.perf_counter() - t0)
+            assert [t.status for t in trials] == ["done"] * 4, trials
     finally:
         s.stop()
     ratios = [b / a for a, b in zip(alone, both, strict=True)]
+    sweep_ratios = [w / a for a, w in zip(alone, swept, strict=True)]
     return {**{k: summary(v, 1, 3) for k, v in timed.items()}, "alone_s": summary(alone, 1, 2),
-            "both_s": summary(both, 1, 2), "ratio": summary(ratios, 1, 2), "steps": steps, "sleep_s": sleep_s}
+            "both_s": summary(both, 1, 2), "ratio": summary(ratios, 1, 2), "steps": steps, "sleep_s": sleep_s,
+            "sweep_4_s": summary(swept, 1, 2), "sweep_ratio": summary(sweep_ratios, 1, 2)}

@@ -250,6 +250,11 @@ def _submesh(rec) -> list[str]:
         f"{_mmm(d['alone_s'])} |",
         f"| the same on both sub-meshes at once, s | {_mmm(d['both_s'])} |",
         f"| **both / alone** (1: side by side, 2: one after the other) | {_mmm(d['ratio'])} |",
+        *([f"| `wb.Sweep` of 4 such trials on 2-rank sub-meshes (its split and join included), s | "
+           f"{_mmm(d['sweep_4_s'])} |",
+           "| **sweep / alone** (2: two trials at a time, 4: one after the other) | "
+           f"{_mmm(d['sweep_ratio'])} |"]
+          if "sweep_4_s" in d else []),
         "",
     ]
 

@@ -210,6 +210,8 @@ def test_submesh_split_join_and_side_by_side():
     from bench.table import _submesh
 
     got = submesh.run(reps=1, steps=3, sleep_s=0.01)
-    for key in ("split_2_2_s", "join_s", "reform_s", "split_1_1_1_1_s", "alone_s", "both_s", "ratio"):
+    for key in ("split_2_2_s", "join_s", "reform_s", "split_1_1_1_1_s", "alone_s", "both_s", "ratio",
+                "sweep_4_s", "sweep_ratio"):
         assert _has_summary(got[key]), (key, got[key])
-    assert "**both / alone**" in "\n".join(_submesh({"data": got}))
+    table = "\n".join(_submesh({"data": got}))
+    assert "**both / alone**" in table and "**sweep / alone**" in table
