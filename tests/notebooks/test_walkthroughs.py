@@ -72,6 +72,7 @@ def _check_11(s):
 
 def _check_12(s):
     assert s["overlapped"] and s["alone_equal"] and s["sum_after_join"] == [4.0] * 4, s
+    assert s["sweep"] == ["done"] * 4 and s["joined_after_sweep"], s
 
 
 CHECKS = {"02": _check_02, "03": _check_03, "04": _check_04, "05": _check_05, "06": _check_06,
