@@ -26,7 +26,7 @@ _LAZY: dict[str, str] = {
     "PoolStartError": "workbench.errors", "RankError": "workbench.errors",
     "WorkbenchError": "workbench.errors",
     "CellResult": "workbench.session", "RankResult": "workbench.session", "Session": "workbench.session",
-    "current": "workbench.session", "Sweep": "workbench.session.sweep",
+    "current": "workbench.session", "Sweep": "workbench.widgets.sweep_dashboard",
     "shard": "workbench.strategies", "plan": "workbench.strategies", "unwrap": "workbench.strategies",
     "ParallelConfig": "workbench.strategies",
     "scatter": "workbench.scatter", "gather": "workbench.scatter",

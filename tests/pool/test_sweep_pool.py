@@ -164,6 +164,39 @@ def test_trainer_trials_equal_the_same_config_trained_alone_on_a_sub_mesh(pool):
     whole(s)
 
 
+def test_the_comparison_dashboard_draws_every_trainer_trial_and_marks_the_best(pool):
+    """wb.Sweep's dashboard (workbench/widgets/sweep_dashboard.py): one loss line per trial, each from the
+    trial's own Trainer run (the third trial, on a sub-mesh an earlier trial trained on, has its own 10
+    steps, not the earlier 15), named by trial and config, the best (sweep.best) marked; left as a static
+    plotly figure when the sweep ends."""
+    s = pool
+    s.run(FIT)
+    configs = [{"lr": 0.1}, {"lr": 0.03}, {"lr": 0.01, "steps": 10}]
+    sweep = Sweep("fit", configs, ranks_per_trial=2, session=s, dashboard=True)
+    results = sweep.run()
+    assert [t.status for t in results] == ["done"] * 3, results
+    dash = sweep.dashboard
+    assert dash.ended
+    best = sweep.best("loss").index
+    assert dash.best == best
+    loss = [t for t in dash.figure["data"] if t["xaxis"] == "x"]
+    names = ["trial 0: lr=0.1 (done)", "trial 1: lr=0.03 (done)", "trial 2: lr=0.01, steps=10 (done)"]
+    names[best] = f"best · {names[best]}"
+    assert [t["name"] for t in loss] == names
+    assert [t["line"]["width"] for t in loss] == [4 if i == best else 1.5 for i in range(3)]
+    assert len({t["line"]["color"] for t in loss}) == 3  # a colour per trial
+    for trace, config, trial in zip(loss, configs, results, strict=True):
+        steps = config.get("steps", 15)
+        assert len(trace["x"]) == steps and trace["x"] == sorted(set(trace["x"])), trace["x"]
+        assert trace["y"][-1] == pytest.approx(trial.metrics["loss"])  # the trial's own final loss
+    rates = [t for t in dash.figure["data"] if t["xaxis"] == "x2"]
+    assert [len(t["x"]) for t in rates] == [15, 15, 10]
+    static = dash.bundle["application/vnd.plotly.v1+json"]  # what a saved notebook keeps
+    assert static["data"] == dash.figure["data"] and "3 done" in dash.bundle["text/plain"]
+    assert f"best: trial {best}" in dash.bundle["text/plain"]
+    whole(s)
+
+
 def test_two_trials_run_at_the_same_time(pool, tmp_path):
     s = pool
     s.run(MEET)

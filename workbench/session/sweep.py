@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import html
 import inspect
+import logging
 import queue
 import textwrap
 import threading
@@ -38,6 +39,8 @@ from workbench.tables import format_table
 if TYPE_CHECKING:
     from workbench.session.results import CellResult
     from workbench.session.session import Session
+
+log = logging.getLogger(__name__)
 
 STATUSES = ("pending", "running", "done", "failed", "stopped", "pruned")
 SPARE = "spare"  # the sub-mesh of the ranks left over when ranks_per_trial does not divide the pool
@@ -275,6 +278,10 @@ class Sweep:
         self._error: BaseException | None = None
         self._finished = threading.Event()
         self._runs_before: dict[int, int] = {}  # trial index -> the newest metrics run when it started
+        self._runs: dict[int, int] = {}  # trial index -> the metrics run its Trainer trained, once seen
+        self._live: set[int] = set()  # trials running now (their sub-mesh's newest run may be theirs)
+        self._runs_lock = threading.Lock()
+        self._watchers: list[Callable[[Trial | None], None]] = []
         self._pruning: set[int] = set()  # trials the study's pruner stopped
 
     def _check_pool(self) -> None:
@@ -335,6 +342,31 @@ class Sweep:
         if self._thread is None:
             return self.results
         return self.wait(timeout)
+
+    def watch(self, fn: Callable[[Trial | None], None]) -> None:
+        """Call ``fn(trial)`` on the sweep's thread when a trial starts or ends, and ``fn(None)`` once the
+        sweep ended (the pool joined, every trial's status final): how a view (the comparison dashboard,
+        :mod:`workbench.widgets.sweep_dashboard`) follows it. Watch before :meth:`start`."""
+        self._watchers.append(fn)
+
+    def _tell_watchers(self, trial: Trial | None) -> None:
+        for fn in list(self._watchers):
+            try:
+                fn(trial)
+            except Exception:  # a view that fails never stops the sweep
+                log.exception("a sweep watcher failed")
+
+    def run_of(self, trial: Trial) -> int | None:
+        """The id of the metrics run (``session.metrics``) that ``trial``'s ``wb.Trainer`` trained, or None
+        (not started yet, or it trains no Trainer): the newest run on its ranks that began after it started,
+        kept once seen while the trial runs or when it ends (then its sub-mesh goes to the next trial)."""
+        collector = self.session.metrics
+        with self._runs_lock:  # never after its sub-mesh went on: the newest run there is the next trial's
+            if trial.index in self._live and trial.index not in self._runs and collector is not None:
+                run = collector.latest_run(trial.ranks)
+                if run is not None and run.id > self._runs_before.get(trial.index, 0):
+                    self._runs[trial.index] = run.id  # else its Trainer has not started yet
+            return self._runs.get(trial.index)
 
     @property
     def results(self) -> Results:
@@ -402,6 +434,10 @@ class Sweep:
                     self.session.join()
             except BaseException as exc:  # e.g. a dead rank: `%dist restart`, then `%dist join`
                 self._error = self._error or exc
+            for trial in self.trials:  # those the sweep's own failure stopped: their runs kept too
+                self.run_of(trial)
+            self._live.clear()
+            self._tell_watchers(None)
             self._finished.set()
 
     def _more(self) -> bool:
@@ -434,11 +470,11 @@ class Sweep:
         for trial, handle, _t0, _slot in running.values():
             if trial.index in self._pruning:
                 continue
-            run = collector.latest_run(trial.ranks)
-            if run is None or run.id <= self._runs_before.get(trial.index, 0):
-                continue  # its Trainer has not started yet (the newest run there is an earlier trial's)
+            run = self.run_of(trial)
+            if run is None:
+                continue  # its Trainer has not started yet
             with collector.lock():
-                series = collector.step_series(run.id).get(trial.ranks[0])
+                series = collector.step_series(run).get(trial.ranks[0])
                 steps, losses = (series.column("step"), series.column("loss")) if series else ([], [])
             if self.search.should_prune(trial.index, steps, losses):
                 self._pruning.add(trial.index)
@@ -464,7 +500,9 @@ class Sweep:
             self._told(trial)
             raise
         index = trial.index
+        self._live.add(index)
         handle.add_done_callback(lambda _h: self._events.put(("ended", index, time.perf_counter())))
+        self._tell_watchers(trial)
         return handle, t0
 
     def _finish(self, trial: Trial, handle) -> None:
@@ -474,6 +512,10 @@ class Sweep:
         if trial.index in self._pruning:
             trial.status, trial.error = "pruned", f"pruned after step {self.search.reported[trial.index]}"
         self._told(trial)
+        self.run_of(trial)  # its run, kept before its sub-mesh goes to the next trial
+        with self._runs_lock:
+            self._live.discard(trial.index)
+        self._tell_watchers(trial)
 
     def _ended(self, trial: Trial, handle) -> None:
         try:
