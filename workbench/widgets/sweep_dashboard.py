@@ -169,8 +169,9 @@ class SweepDashboard:
             if self.ended and not final:
                 return
             trials = list(self.sweep.trials)
-            version = self.collector.version if self.collector is not None else 0
-            seen = (version, tuple((t.index, t.status) for t in trials))
+            # what it shows changes with a status or a step record, not with each device sample
+            runs = [(t.index, t.status, self.sweep.run_of(t)) for t in trials]
+            seen = tuple((*r, self.collector.count("step", r[2]) if r[2] else 0) for r in runs)
             if seen == self._seen and not final:
                 return
             self._seen = seen
