@@ -1,5 +1,6 @@
 """Kernel-side widgets: the live training dashboard (``live_dashboard``, one logic for two views:
-``view`` in the notebook, ``polled`` for the panel) and the per-cell monitor (``cell_monitor``).
+``view`` in the notebook, ``polled`` for the panel), the per-cell monitor (``cell_monitor``) and a
+sweep's comparison dashboard (``sweep_dashboard``: ``wb.Sweep``).
 
 >>> import workbench as wb
 >>> wb.dashboard()          # doctest: +SKIP
