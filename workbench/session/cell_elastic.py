@@ -105,6 +105,22 @@ class ElasticWatch:
         return [r for r, c in self.children if r.engine_id not in self.dropped
                 and r.engine_id not in self.leaving and not c.done() and r.rank not in dead]
 
+    def _running(self) -> list[RankInfo]:
+        """The ranks a plan counts on: those still running the cell in the current group, the dead among
+        them too until a plan routes around them (a plan never leaves out a rank it has not recorded as lost:
+        one that died a moment before is in it, and its death, seen again once the rooms follow the plan,
+        is the next re-plan)."""
+        return [r for r, c in self.children if r.engine_id not in self.dropped
+                and r.engine_id not in self.leaving and not c.done()]
+
+    def _unrouted(self) -> bool:
+        """A member was found dead that no plan has routed around yet: the cell's wait loop routes around it
+        (:meth:`lost`) right after this tick, so the tick makes no plan of its own before that one (a plan
+        made now would leave the dead rank out without a fault record: a join, a leave, a hung rank's)."""
+        dead = self.rooms.health.dead
+        return any(r.engine_id not in self.dropped and r.engine_id not in self.leaving and r.rank in dead
+                   for r, _ in self.children)
+
     def _loss_unplanned(self) -> bool:
         """A member died or ended but no regroup has planned without it yet: the keeper waits for that
         plan, which records the lost rank, so its replacement starts where the launcher puts a lost rank's
@@ -133,13 +149,14 @@ class ElasticWatch:
         if self.recovering is None and self.settings is None and not self.requests \
                 and not self.rooms.beacons.trainers:
             return  # no Trainer runs anywhere: nothing to watch (O(1), not a look at every rank's beacon)
+        unrouted = self._unrouted()  # routed around first, by the wait loop's next look (CellRun._detect)
         if self.recovering is not None:
-            self._check_recovered()
-        elif self.active() is not None:
+            self._check_recovered(replan=not unrouted)
+        elif self.active() is not None and not unrouted:
             self._check_hang()
         if self.settings is not None and not self._loss_unplanned():
             self.keeper().consider(len(self.members()))
-        if self.recovering is None and self.settings is not None:
+        if self.recovering is None and self.settings is not None and not unrouted:
             while self.requests and self.recovering is None:
                 what, argument, done = self.requests.popleft()
                 try:
@@ -184,20 +201,22 @@ class ElasticWatch:
         return self._keeper
 
     def lost(self, infos: list[RankInfo], how: str, kind: str = "died",
-             detect_s: float | None = None) -> bool:
+             detect_s: float | None = None, without: list[RankInfo] = ()) -> bool:
         """Route the run around ``infos`` (dead or hung); False when it cannot (no elastic run, or too
-        few ranks would be left): the cell then fails as it would without elasticity."""
+        few ranks would be left): the cell then fails as it would without elasticity. ``without``: lost
+        too, routed around by the call that follows (their own fault record)."""
         settings = self.active()
         if settings is None:
             return False
-        gone = {r.engine_id for r in infos}
-        stay = [r for r in self.members() if r.engine_id not in gone]
+        gone = {r.engine_id for r in [*infos, *without]}
+        stay = [r for r in self._running() if r.engine_id not in gone]
         if len(stay) < settings.get("min_ranks", 1):
             return False
         joining = [r for r in infos if r.engine_id in self.joining]
         if joining and len(joining) < len(infos):  # members and joiners: one fault record each, one regroup
             others = [r for r in infos if r.engine_id not in self.joining]
-            return self.lost(others, how, kind, detect_s) and self.lost(joining, how, kind, detect_s)
+            return self.lost(others, how, kind, detect_s, without=joining) \
+                and self.lost(joining, how, kind, detect_s)
         step = self._step(stay)
         group, health, beacons = self.rooms.group, self.rooms.health, self.rooms.beacons
         before = self.recovering if self.recovering is not None and self.recovering["fault"] else None
@@ -250,7 +269,7 @@ class ElasticWatch:
     def _join(self, infos: list[RankInfo]) -> list[RankInfo]:
         """New engines (set up already) join at the members' next step boundary and run the rest; refused
         where they would take the run above the size asked for (a scale down came meanwhile)."""
-        stay, group = self.members(), self.rooms.group
+        stay, group = self._running(), self.rooms.group
         target = self._keeper.target if self._keeper is not None else None
         if target is not None and len(stay) + len(infos) > target:
             raise RuntimeError(f"not needed any more: the run has {len(stay)} of the {target} ranks "
@@ -273,8 +292,10 @@ class ElasticWatch:
 
     def _leave(self, n: int) -> list[RankInfo]:
         """Keep the first ``n`` members from the next step boundary on; the others' runs end there."""
-        members = self.members()
+        members = self._running()
         stay, leave = members[:n], members[n:]
+        if not leave:  # a loss meanwhile took the run down to n already
+            return []
         step = self._step(members)
         text = (f"rank {format_ranks(r.rank for r in leave)} left after step {{step}}; continuing on {n} "
                 f"rank{'s' if n != 1 else ''}")
@@ -295,8 +316,9 @@ class ElasticWatch:
         """The cell's ranks under their new numbers (lost ones keep their old number)."""
         self.children.renumber(self.rooms.group.ranks)
 
-    def _check_recovered(self) -> None:
-        """The regroup is done once every member beacons from the new group past the lost step."""
+    def _check_recovered(self, replan: bool = True) -> None:
+        """The regroup is done once every member beacons from the new group past the lost step; else members
+        that do not come are re-planned without (not while a death waits to be routed around: ``replan``)."""
         g, step = self.recovering["generation"], self.recovering["step"]
         beats = {r.rank: self.beat(r) for r in self.members()}
         fault = self.recovering["fault"]
@@ -323,7 +345,8 @@ class ElasticWatch:
         self._resend()
         # a member (a joining one too: it beacons from the moment it takes its plan) that the others have
         # waited for REPLAN_S while it was silent is stopped or hung
-        stuck = unanswered(self.members(), list(self.rooms.beacons.latest.values()), g, REPLAN_S)
+        stuck = unanswered(self.members(), list(self.rooms.beacons.latest.values()), g, REPLAN_S) \
+            if replan else []
         if stuck:  # members that do not come to the regroup: killed (fenced too), re-planned without them
             self.rooms.group.signal(stuck, signal.SIGKILL, breaks_group=False)
             self.lost(stuck, f"did not answer the regroup for {REPLAN_S:g} s (killed)", kind="hang",

@@ -284,6 +284,8 @@ def shrink_running(rooms: Rooms, elastic: ElasticWatch, n: int, progress, timeou
     """The elastic run going on keeps its first ``n`` ranks from the next step boundary; the others end
     their run there and their engines stop. Returns the ranks that left (their old numbers)."""
     leave = elastic.request("leave", n).result(timeout)  # RunEnded when the run ends first
+    if not leave:  # a loss meanwhile took the run down to n
+        return []
     progress(f"rank {format_ranks(r.rank for r in leave)} leave{'s' if len(leave) == 1 else ''} at the next "
              "step boundary")
     gone = {r.engine_id for r in leave}
