@@ -225,11 +225,11 @@ def test_dashboard_after_an_interrupt_and_after_a_failure(tmp_path, browser):
             assert points[0][1] >= 30 and max(points[0][1], points[1][1]) == last, (points, title)
             cell.screenshot(path=str(SHOTS / "dashboard-interrupted.png"))
 
-            # rank 1 raises at its 20th step: "failed: rank 1: ValueError: bad batch", its points kept (19:
-            # its callback raised before the publisher, a later callback, saw step 20)
+            # rank 1 raises at its 20th step: "failed: rank 1: ValueError: bad batch", its points kept (20:
+            # the step had ended; the publisher, called before the user's callbacks, recorded it)
             cell = run_cell(page, cells, 4)
             points = _static_figure(cell, "failed: rank 1: ValueError: bad batch")
-            assert points[1] == ["rank 1", 19] and points[0][1] >= 19, points
+            assert points[1] == ["rank 1", 20] and points[0][1] >= 19, points
             expect(cell.locator(".jp-OutputArea")).to_contain_text("ValueError")  # the cell's own error
             cell.screenshot(path=str(SHOTS / "dashboard-failed.png"))
             run_cell(page, cells, 5)
