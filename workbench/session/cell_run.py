@@ -575,13 +575,18 @@ class RunHandle:
         """The cell's result once it ends; raises what :meth:`Session.run` raises (e.g. RankError)."""
         return self._future.result(timeout)
 
-    def stop(self, timeout: float = 10.0, hard: bool = False) -> CellResult | None:
-        """Stop the cell as Ctrl-C would (a running Trainer at its next step boundary; ``hard``: at once,
-        like a second Ctrl-C) and wait for the ranks; returns what they produced."""
+    def interrupt(self, hard: bool = False) -> None:
+        """Ctrl-C, without waiting: a running Trainer stops at its next step boundary; ``hard``: at once,
+        like a second Ctrl-C."""
         if not self.done():
             self.cell.interrupt()
             if hard:
                 self.cell.interrupt()
+
+    def stop(self, timeout: float = 10.0, hard: bool = False) -> CellResult | None:
+        """Stop the cell as Ctrl-C would (:meth:`interrupt`) and wait for the ranks; returns what they
+        produced."""
+        self.interrupt(hard)
         try:
             return self.wait(timeout)
         except (RankError, CellInterrupted, CellTimeout) as exc:

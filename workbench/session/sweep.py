@@ -401,9 +401,7 @@ class Sweep:
                     continue
                 if event[0] == "stop":
                     for _trial, handle, _t0, _slot in running.values():
-                        handle.cell.interrupt()
-                        if event[1]:  # hard: a second interrupt, as a second Ctrl-C
-                            handle.cell.interrupt()
+                        handle.interrupt(hard=event[1])
                     continue
                 _, index, ended = event
                 trial, handle, t0, slot = running.pop(index)
@@ -418,7 +416,7 @@ class Sweep:
         except BaseException as exc:  # the sweep's own failure: stop what runs, then join below
             self._error = exc
             for trial, handle, _t0, _slot in running.values():
-                handle.cell.interrupt()
+                handle.interrupt()
                 try:
                     handle.wait(60)
                 except BaseException:  # its own error is the trial's; the sweep's is the one said
@@ -478,7 +476,7 @@ class Sweep:
                 steps, losses = (series.column("step"), series.column("loss")) if series else ([], [])
             if self.search.should_prune(trial.index, steps, losses):
                 self._pruning.add(trial.index)
-                handle.cell.interrupt()
+                handle.interrupt()
 
     def _told(self, trial: Trial) -> None:
         """A study hears how the trial ended."""
