@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -62,3 +66,24 @@ async def wait_until(api, pool_id: str, holds, timeout: float = 60.0, what: str 
             return last
         await asyncio.sleep(0.2)
     pytest.fail(f"pool {pool_id} did not {what} in {timeout} s; last seen: {last}")
+
+
+@contextlib.contextmanager
+def owner_process(script: str, grace: float = 30.0):
+    """Another process that starts a pool (``script`` prints its id, then reads stdin until it closes):
+    ``(proc, pool_id)``. At the end its stdin is closed (it stops its pool and exits); it is killed if it has
+    not exited within ``grace`` s."""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=dict(os.environ))
+    try:
+        pool_id = proc.stdout.readline().strip()
+        assert pool_id, "the other process did not start its pool"
+        yield proc, pool_id
+    finally:
+        if not proc.stdin.closed:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

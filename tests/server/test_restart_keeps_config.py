@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import psutil
@@ -20,7 +17,7 @@ import pytest
 from workbench.config import PoolConfig
 from workbench.pool.machine import netif
 
-from .conftest import wait_for
+from .conftest import owner_process, wait_for
 
 # a non-local pool with every field away from its default that an MPI pool on this machine can take
 CONFIG = dict(n=2, launcher="mpi", backend="gloo", timeout=45.0, interface="lo", idle_release=900.0,
@@ -45,29 +42,21 @@ def _manager(jp_serverapp):
 @pytest.mark.timeout(240)
 async def test_a_notebooks_mpi_pool_restarted_from_the_panel_keeps_every_field(api, jp_serverapp):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    proc = subprocess.Popen([sys.executable, "-c", OWNER], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
     fresh = None
-    try:
-        pool_id = proc.stdout.readline().strip()
-        assert pool_id, "the notebook's process did not start its pool"
-        await wait_for(api, pool_id, "running")
-        code, body, _ = await api("POST", "pools", pool_id, "restart", body={})
-        assert code == 202, body
-        fresh = await wait_for(api, body["pool"]["id"], "running", timeout=150)
-        assert fresh["id"] == pool_id and fresh["name"] == "mpi-team"
-        started = next(r for r in _manager(jp_serverapp)._started.values() if r.pool_id == pool_id)
-        assert dataclasses.asdict(started.config) == dataclasses.asdict(netif.resolve(PoolConfig(**CONFIG)))
-    finally:
-        if fresh is not None:
-            code, _, _ = await api("DELETE", "pools", fresh["id"])
-            assert code == 200
-        proc.stdin.close()
+    with owner_process(OWNER) as (_, pool_id):
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            await wait_for(api, pool_id, "running")
+            code, body, _ = await api("POST", "pools", pool_id, "restart", body={})
+            assert code == 202, body
+            fresh = await wait_for(api, body["pool"]["id"], "running", timeout=150)
+            assert fresh["id"] == pool_id and fresh["name"] == "mpi-team"
+            started = next(r for r in _manager(jp_serverapp)._started.values() if r.pool_id == pool_id)
+            assert dataclasses.asdict(started.config) == \
+                dataclasses.asdict(netif.resolve(PoolConfig(**CONFIG)))
+        finally:
+            if fresh is not None:
+                code, _, _ = await api("DELETE", "pools", fresh["id"])
+                assert code == 200
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not [p for p in left if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 

@@ -6,8 +6,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -15,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.server.conftest import wait_for, wait_until
+from tests.server.conftest import owner_process, wait_for, wait_until
 from workbench.server.handlers import ROUTES
 
 CASES = [(route.example, method) for route in ROUTES for method in route.methods]
@@ -267,11 +265,7 @@ OTHER_OWNER = textwrap.dedent("""
 
 @pytest.mark.timeout(120)
 async def test_a_pool_another_process_started_is_listed_and_stopped(api):
-    proc = subprocess.Popen([sys.executable, "-c", OTHER_OWNER], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
-    try:
-        pool_id = proc.stdout.readline().strip()
-        assert pool_id, "the other process did not start its pool"
+    with owner_process(OTHER_OWNER, grace=20) as (proc, pool_id):
         pool = await wait_for(api, pool_id, "running")
         assert pool["owner"] == {"kind": "process", "label": f"process {proc.pid}"}
         assert len(pool["ranks"]) == 2
@@ -283,18 +277,6 @@ async def test_a_pool_another_process_started_is_listed_and_stopped(api):
         code, body, _ = await api("GET", "pools")
         assert body == {"pools": []}
         assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    finally:
-        _let_go(proc, 20)
-
-
-def _let_go(proc: subprocess.Popen, timeout: float) -> None:
-    """Close the owner's stdin (it stops its pool and exits); killed if it has not within ``timeout`` s."""
-    proc.stdin.close()
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.mark.timeout(150)
@@ -304,26 +286,22 @@ async def test_ranks_whose_controller_does_not_answer_are_unknown_not_idle(api):
     "unknown", not "idle"; once it answers again they are idle or busy."""
     from workbench.pool.records import state as pool_state
 
-    proc = subprocess.Popen([sys.executable, "-c", OTHER_OWNER], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
     controller = None
-    try:
-        pool_id = proc.stdout.readline().strip()
-        assert pool_id, "the other process did not start its pool"
-        await wait_for(api, pool_id, "running")
-        await wait_until(api, pool_id, lambda p: {r["state"] for r in p["ranks"]} <= {"idle", "busy"})
-        controller = pool_state.read_state(pool_state.state_path(pool_id)).controller["pid"]
-        os.kill(controller, signal.SIGSTOP)
-        await wait_until(api, pool_id, lambda p: {r["state"] for r in p["ranks"]} == {"unknown"}, 30,
-                         "say its ranks unknown")
-        os.kill(controller, signal.SIGCONT)
-        controller = None
-        await wait_until(api, pool_id, lambda p: {r["state"] for r in p["ranks"]} <= {"idle", "busy"}, 60,
-                         "say its ranks idle again")
-    finally:
-        if controller is not None:
+    with owner_process(OTHER_OWNER) as (_, pool_id):
+        try:
+            await wait_for(api, pool_id, "running")
+            await wait_until(api, pool_id, lambda p: {r["state"] for r in p["ranks"]} <= {"idle", "busy"})
+            controller = pool_state.read_state(pool_state.state_path(pool_id)).controller["pid"]
+            os.kill(controller, signal.SIGSTOP)
+            await wait_until(api, pool_id, lambda p: {r["state"] for r in p["ranks"]} == {"unknown"}, 30,
+                             "say its ranks unknown")
             os.kill(controller, signal.SIGCONT)
-        _let_go(proc, 30)
+            controller = None
+            await wait_until(api, pool_id, lambda p: {r["state"] for r in p["ranks"]} <= {"idle", "busy"},
+                             60, "say its ranks idle again")
+        finally:
+            if controller is not None:
+                os.kill(controller, signal.SIGCONT)
 
 
 # rank 1 exits slowly (as one with torch._dynamo does: seconds), so the stop waits its grace for it and then
@@ -338,11 +316,7 @@ async def test_a_pool_its_owner_stops_is_never_said_failed(api):
     """A state is said only when true (issue 40, point 9: "failed" flashed on the card during a normal stop):
     the card's pool, looked at as fast as the server answers while its owner stops it, shows its ranks
     running and then is gone; never a rank "failed" (its engines had ended while its state file stood)."""
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_EXIT_OWNER], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
-    try:
-        pool_id = proc.stdout.readline().strip()
-        assert pool_id, "the other process did not start its pool"
+    with owner_process(SLOW_EXIT_OWNER) as (proc, pool_id):
         await wait_for(api, pool_id, "running")
         await wait_until(api, pool_id, lambda p: {r["state"] for r in p["ranks"]} <= {"idle", "busy"})
         proc.stdin.close()  # the owner stops its pool
@@ -357,10 +331,6 @@ async def test_a_pool_its_owner_stops_is_never_said_failed(api):
         assert not mine, f"the pool was still listed 60 s after its owner stopped it: {said[-1]}"
         assert not [s for s in said if "failed" in s[1] or s[0] == "failed"], said
         proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.timeout(60)
