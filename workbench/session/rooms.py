@@ -77,7 +77,7 @@ class Rooms:
         self.folders = Folders(self.door, config.timeout)
         self.recovery = Recovery(self)
         self.cells: list[CellRun] = []  # the cells running now (on disjoint sub-meshes in a split pool)
-        self.queued: list[CellRun] = []  # cells submitted in the background, not yet in their turn
+        self.submitted: list[CellRun] = []  # cells submitted in the background, from submit to their end
         self.closed = False
 
     @property
@@ -188,14 +188,13 @@ class Rooms:
     def busy_on(self, ranks: list[int]) -> bool:
         """Whether a cell (a restart ...) of this session runs on ``ranks`` now: on their sub-meshes, in a
         split pool; a cell submitted in the background counts from the moment ``submit`` returned."""
-        if any(set(ranks) & {r.rank for r in cell.targets} for cell in list(self.queued)):
+        if any(set(ranks) & {r.rank for r in cell.targets} for cell in list(self.submitted)):
             return True
         return bool(self.busy.now(keys_for(self.group.meshes, ranks)))
 
-    def queue(self, cell: CellRun) -> CellRun:
-        """Count ``cell`` as running before its thread takes its turn (:meth:`run_cell` forgets it)."""
-        self.queued.append(cell)
-        return cell
+    def submit(self, cell: CellRun) -> None:
+        """Count ``cell`` as running from now, before its thread takes its turn, until it ends."""
+        self.submitted.append(cell)
 
     def in_use(self) -> bool:
         """A cell of this session runs, or any notebook's cell ran since the last look (attached notebooks
@@ -264,7 +263,6 @@ class Rooms:
         ranks = [r.rank for r in cell.targets]
         try:
             with self.turn("a cell", ranks):
-                self._forget_queued(cell)  # busy from here on through the turn
                 # another notebook may have restarted or re-formed ranks while this one waited
                 cell.targets = self.resolve(ranks)
                 self.ensure_group(cell.targets)
@@ -274,15 +272,12 @@ class Rooms:
                     result = cell.run(code)  # new engines on their way into an elastic run stop at its end
                 finally:
                     self.cells.remove(cell)
-        finally:
-            self._forget_queued(cell)  # a turn refused (the pool stopped meanwhile) ends it too
+        finally:  # a background cell ended, or its turn was refused (the pool stopped meanwhile)
+            if cell in self.submitted:
+                self.submitted.remove(cell)
         if len(cell.targets) == len(self.group.ranks) or cell.elastic.dropped:  # every rank ran it
             self.transcript.cell(code)
         return result
-
-    def _forget_queued(self, cell: CellRun) -> None:
-        if cell in self.queued:
-            self.queued.remove(cell)
 
     def elastic_run(self):
         """The :class:`~.cell_elastic.ElasticWatch` of the cell running an elastic Trainer now, if any (it

@@ -549,7 +549,7 @@ class Session:
         >>> h.done(), h.stop()                           # doctest: +SKIP
         """
         cell = self._cell(ranks, timeout, on_output, on=on)
-        cell.rooms.queue(cell)  # busy on its ranks from now (debug, ...), before its thread takes the turn
+        cell.rooms.submit(cell)  # busy on its ranks from now (debug, ...), before its thread takes the turn
         return RunHandle(cell, code, cell.rooms.run_cell)
 
     # -- looking inside: every rank's stacks now, a failed rank's frames ------------------
