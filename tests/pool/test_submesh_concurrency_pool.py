@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import running_pool, until
 from workbench.errors import CellTimeout, RankError
 from workbench.pool.records import sharing
+from workbench.pool.records import state as pool_state
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -299,3 +300,40 @@ def test_a_split_waits_for_the_cells_running_on_the_sub_meshes(pool, tmp_path):
         assert not done.is_set() and not a.done()  # the split waits; the cell trains on
     splitter.join(60)
     assert done.is_set() and s.meshes == {"a": [0, 1], "b": [2, 3]}
+
+
+# a second notebook handed b breaks b's group (a raise) while this one's cell runs on a and then breaks a's:
+# neither write of the state file may undo the other's, and each notebook's next cell re-forms the group the
+# other broke
+BREAKS_B = """\
+import sys
+import pytest
+from workbench import Session
+from workbench.errors import RankError
+s = Session.attach(sys.argv[1], on="b")
+try:
+    with pytest.raises(RankError, match="boom"):
+        s.run(sys.argv[2])
+finally:
+    s.detach()
+"""
+
+
+def test_two_notebooks_breaking_their_sub_meshes_at_once_both_breaks_are_kept(pool, tmp_path):
+    s = pool
+    go = tmp_path / "go"
+    wait_then_raise = (f"import time\nfrom pathlib import Path\nfor _ in range(6000):\n"
+                       f"    if Path({str(go)!r}).exists(): break\n    time.sleep(0.01)\n" + RAISES)
+    a = s.submit(wait_then_raise, on="a")  # this notebook's view of b (ok) is taken before b breaks
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    other = subprocess.run([sys.executable, "-c", BREAKS_B, s.pool_id, RAISES],
+                           env=env, capture_output=True, text=True, timeout=180)
+    assert other.returncode == 0, other.stderr
+    go.touch()
+    with pytest.raises(RankError, match="boom"):
+        a.wait(60)
+    meshes = pool_state.read_state(s.pool.state_file).meshes
+    assert {name: m["ok"] for name, m in meshes.items()} == {"a": False, "b": False}, meshes
+    for mesh in ("a", "b"):  # each re-formed by this notebook's next cell on it
+        s.run("import torch; t = torch.ones(1); dist.all_reduce(t); again = t.item()", on=mesh)
+    assert s.pull("again") == [2.0, 2.0, 2.0, 2.0]

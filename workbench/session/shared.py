@@ -55,9 +55,11 @@ class Shared:
             locks.enter_context(self.lock.held(waiting=waiting, what=what, shared=not whole))
             for key in [] if whole else sorted(keys):  # one order for every notebook: no deadlock
                 locks.enter_context(sharing.CellLock(self.pool.pool_id, key).held(waiting=waiting, what=what))
-            yield
-            if not self.group.ok:  # the whole pool's group, or a sub-mesh's (each marked in its record)
-                self.publish(group_ok=WHOLE not in self.group.broken, meshes=self.group.published())
+            try:
+                yield
+            finally:  # a cell that failed is the one that broke a group: said also when the block raised
+                if not self.group.ok:  # the whole pool's group, or a sub-mesh's (each marked in its record)
+                    self.publish(group_ok=WHOLE not in self.group.broken, meshes=self.group.published())
 
     def catch_up(self) -> list[RankInfo] | None:
         """Take in what another notebook changed; the new ranks when they changed (the caller watches them),
@@ -77,6 +79,9 @@ class Shared:
         ok = state.group_ok and (changed or WHOLE not in self.group.broken)
         if not ok:
             self.group.mark_broken()
+        elif not changed:  # another notebook's cell broke a sub-mesh's group this one still thinks formed
+            self.group.broken |= {name for name, m in state.meshes.items()
+                                  if not m.get("ok", True) and name in self.group.meshes}
         if changed:
             self.group.follow(ranks, backend=state.backend, generation=state.generation,
                               endpoints=state.endpoints, ok=ok, meshes=state.meshes)
@@ -84,8 +89,14 @@ class Shared:
         return None
 
     def publish(self, **what) -> None:
-        """Write what this session changed (ranks, backend, generation, group_ok) for the others."""
-        with self._writing:
+        """Write what this session changed (ranks, backend, generation, group_ok) for the others. Sub-meshes
+        are merged with what the file says (:func:`merged_meshes`): another notebook's cell on another
+        sub-mesh may have broken or re-formed its group since this one last looked."""
+        with self._writing, sharing.StateWrite(self.pool.pool_id):
+            if "meshes" in what:
+                path = self.pool.state_file or pool_state.state_path(self.pool.pool_id)
+                state = pool_state.read_state(path) if self._mtime() is not None else None
+                what["meshes"] = merged_meshes(state.meshes if state else {}, what["meshes"])
             self.pool.update_state(**what)
             self._seen = self._mtime()
 
@@ -101,6 +112,35 @@ class Shared:
             return os.stat(path).st_mtime_ns
         except FileNotFoundError:
             return None
+
+
+def merged_meshes(on_file: dict, mine: dict) -> dict:
+    """The sub-meshes to write: ``mine``, but where both name the same sub-meshes on the same ranks, each
+    sub-mesh's newer formation wins (its generation), and at the same generation a break either saw stays
+    (only a re-form, a new generation, mends it). Another split or join (other names or ranks) is
+    ``mine`` whole: it was made holding the whole pool.
+
+    >>> a = {"ranks": [0, 1], "generation": 3, "ok": True}
+    >>> b_broken = {"ranks": [2, 3], "generation": 3, "ok": False}
+    >>> mine = {"a": {**a, "ok": False}, "b": {**b_broken, "ok": True}}  # a broke here; b's break not seen
+    >>> merged = merged_meshes({"a": a, "b": b_broken}, mine)
+    >>> {name: m["ok"] for name, m in merged.items()}
+    {'a': False, 'b': False}
+    >>> merged_meshes({"a": a, "b": {**b_broken, "generation": 4, "ok": True}}, {"a": a, "b": b_broken})["b"]
+    {'ranks': [2, 3], 'generation': 4, 'ok': True}
+    >>> merged_meshes({"a": a}, {"m0": {"ranks": [0, 1, 2, 3], "generation": 5, "ok": True}})
+    {'m0': {'ranks': [0, 1, 2, 3], 'generation': 5, 'ok': True}}
+    """
+    if {n: list(m["ranks"]) for n, m in on_file.items()} != {n: list(m["ranks"]) for n, m in mine.items()}:
+        return mine
+    merged = {}
+    for name, m in mine.items():
+        theirs = on_file[name]
+        if int(theirs["generation"]) != int(m["generation"]):
+            merged[name] = dict(max(theirs, m, key=lambda x: int(x["generation"])))
+        else:
+            merged[name] = {**m, "ok": bool(m.get("ok", True) and theirs.get("ok", True))}
+    return merged
 
 
 def _formed(meshes: dict) -> dict:

@@ -180,6 +180,23 @@ class CellLock:
         return info.get("notebook") if isinstance(info, dict) else None
 
 
+class StateWrite:
+    """Held around one read-merge-write of the pool's state file, so two notebooks writing at once each
+    merge into what the other wrote (``flock`` on ``pool-<id>.state.lock``)."""
+
+    def __init__(self, pool_id: str):
+        self.path = pool_state.state_dir() / f"pool-{pool_id}.state.lock"
+        self._fd: int | None = None
+
+    def __enter__(self) -> StateWrite:
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # held for one file write: never long
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self._fd)  # closing releases the flock
+
+
 def _flocked(st: os.stat_result) -> bool:
     """Whether a process holds a flock on the file ``st`` describes (Linux's ``/proc/locks``).
 
@@ -208,7 +225,8 @@ def note_stopped(pool_id: str, name: str | None, by: str) -> None:
         with contextlib.suppress(OSError):
             if time.time() - path.stat().st_mtime > STOPPED_KEPT_S:
                 path.unlink()
-    for lock in [pool_state.state_dir() / f"pool-{pool_id}.lock",  # and its sub-meshes' locks
+    for lock in [pool_state.state_dir() / f"pool-{pool_id}.lock",  # its state-write and sub-meshes' locks
+                 pool_state.state_dir() / f"pool-{pool_id}.state.lock",
                  *pool_state.state_dir().glob(f"pool-{pool_id}-*.lock")]:
         with contextlib.suppress(OSError):
             lock.unlink()
