@@ -8,11 +8,20 @@ export interface IRank {
   device: string;
   local_rank: number;
   state: 'starting' | 'idle' | 'busy' | 'failed' | 'unknown';
+  /** The sub-mesh it is in (`%dist split`), or null where the pool is not split. */
+  mesh?: string | null;
   cpu_percent: number | null;
   memory_bytes: number | null;
   gpu_util: number | null;
   gpu_memory_bytes: number | null;
   gpu_memory_total_bytes: number | null;
+}
+
+/** A sub-mesh of a split pool (`%dist split 2 2 --names a,b`): its own process group. */
+export interface IMesh {
+  name: string;
+  ranks: number[];
+  state: IRank['state'];
 }
 
 /** One pool of this server (started from the panel or from any notebook). */
@@ -42,6 +51,8 @@ export interface IPool {
   /** Who drives it now: the notebook (or the panel) that started it first, then the attached ones. */
   notebooks: { notebook: string; role: 'started' | 'attached'; pid: number }[];
   ranks: IRank[];
+  /** A split pool's sub-meshes, each with one state for its ranks (empty where the pool is whole). */
+  meshes?: IMesh[];
   gpu_detected: boolean;
   attach: string | null;
   /** How this server started it (what Retry shows again); `null` for pools a notebook started. */
@@ -323,6 +334,27 @@ export function rankSummary(ranks: IRank[], counts: RankCounts = rankCounts(rank
     return `${ranksWord(ranks.length)}: ${all}${present[0]}`;
   }
   return `${ranksWord(ranks.length)}: ${present.map(state => `${counts[state]} ${state}`).join(', ')}`;
+}
+
+/** A rank list the way the magics write it: `0-2,5`. */
+export function rangesText(ranks: number[]): string {
+  const sorted = [...ranks].sort((a, b) => a - b);
+  const parts: string[] = [];
+  for (let i = 0; i < sorted.length; ) {
+    let j = i;
+    while (j + 1 < sorted.length && sorted[j + 1] === sorted[j] + 1) {
+      j++;
+    }
+    parts.push(j > i ? `${sorted[i]}-${sorted[j]}` : `${sorted[i]}`);
+    i = j + 1;
+  }
+  return parts.join(',');
+}
+
+/** One sub-mesh as the card says it: `a (ranks 0-1) busy`. */
+export function meshText(mesh: IMesh): string {
+  const word = mesh.ranks.length === 1 ? 'rank' : 'ranks';
+  return `${mesh.name} (${word} ${rangesText(mesh.ranks)}) ${mesh.state}`;
 }
 
 /** `1.5 GiB`, `512 MiB`, or `–` where there is no figure. */

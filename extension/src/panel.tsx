@@ -18,6 +18,7 @@ import {
   progressText,
   rankCounts,
   RANKS_SHOWN,
+  meshText,
   ranksInOrder,
   rankSummary
 } from './model';
@@ -296,6 +297,18 @@ function PoolCard(props: {
           <span>{countsLine}</span>
         </button>
       )}
+      {pool.state === 'running' && (pool.meshes ?? []).length > 0 && (
+        // a split pool: each sub-mesh is its own group, busy or idle on its own
+        <div className="wb-Card-meta wb-Card-meshes" title="sub-meshes (%dist split; %dist join re-forms the pool)">
+          {'sub-meshes: '}
+          {(pool.meshes ?? []).map((m, i) => (
+            <span key={m.name} className={`wb-Mesh wb-mod-${m.state}`} data-mesh={m.name}>
+              {i > 0 ? ' · ' : ''}
+              {meshText(m)}
+            </span>
+          ))}
+        </div>
+      )}
       <div className="wb-Card-meta" title={kept ? kept.title : where}>
         {where}
         {kept && (
@@ -440,6 +453,7 @@ function ProblemText(props: { problem: IProblem }): JSX.Element {
 function RankTable(props: { pool: IPool; manyHosts: boolean }): JSX.Element {
   const { pool, manyHosts } = props;
   const gpu = pool.gpu_detected;
+  const split = (pool.meshes ?? []).length > 0;
   // (one host: it is named above the table, and the columns keep their room)
   return (
     <table className="wb-Ranks">
@@ -447,6 +461,7 @@ function RankTable(props: { pool: IPool; manyHosts: boolean }): JSX.Element {
         <tr>
           <th>rank</th>
           {manyHosts && <th>host</th>}
+          {split && <th title="the sub-mesh the rank is in (%dist split)">mesh</th>}
           <th>device</th>
           <th>state</th>
           {gpu ? (
@@ -473,6 +488,7 @@ function RankTable(props: { pool: IPool; manyHosts: boolean }): JSX.Element {
           >
             <td>{r.rank}</td>
             {manyHosts && <td className="wb-Rank-host">{r.host}</td>}
+            {split && <td className="wb-Rank-mesh">{r.mesh ?? ''}</td>}
             <td>{r.device}</td>
             <td>
               <span className={`wb-State wb-mod-${r.state}`}>{r.state}</span>

@@ -279,6 +279,8 @@ class PoolManager:
         if probed:
             rank_states = await self._probe(pool_id, state, rec)
         rows = []
+        meshes = state.meshes if state else {}
+        mesh_names = {rank: name for name, m in meshes.items() for rank in m["ranks"]}
         measure = self._usage.alive if pool_id in count_only else self._usage.sample
         for r in ranks:
             usage = measure(r["pid"], r["host"], r["device"], r.get("gpu_uuid"))
@@ -289,7 +291,7 @@ class PoolManager:
                 rank_state = "failed"
             rows.append({
                 "rank": r["rank"], "host": _with_place(r["host"], state), "pid": r["pid"],
-                "device": r["device"],
+                "device": r["device"], "mesh": mesh_names.get(r["rank"]),
                 "local_rank": r.get("local_rank", 0), "state": rank_state, **usage,
             })
         if phase == "starting" and rec is not None and rec.phase == "restarting":
@@ -323,6 +325,8 @@ class PoolManager:
             "name": (state.name if state else None) or (rec.config.name if rec is not None else None),
             "notebooks": await self._run(self._notebooks, pool_id, owners) if state is not None else [],
             "ranks": rows,
+            # a split pool's sub-meshes (docs/submeshes.md), each with one word for its ranks
+            "meshes": mesh_rows(meshes, rows),
             "gpu_detected": any(r["device"].startswith("cuda") for r in ranks),
             "attach": (f"%load_ext workbench\n%dist attach {(state.name if state else None) or pool_id}"
                        if phase == "running" else None),
@@ -551,6 +555,23 @@ class PoolManager:
         self._probes.clear()
         self._stack_askers.clear()
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def mesh_rows(meshes: dict[str, dict], rows: list[dict]) -> list[dict]:
+    """A split pool's sub-meshes as the card lists them: name, ranks and one state for the lot (failed if a
+    rank failed, else busy if one is, else unknown or starting if one is, else idle); [] when not split.
+
+    >>> rows = [{"rank": 0, "state": "busy"}, {"rank": 1, "state": "idle"}, {"rank": 2, "state": "idle"}]
+    >>> mesh_rows({"a": {"ranks": [0, 1]}, "b": {"ranks": [2]}}, rows)
+    [{'name': 'a', 'ranks': [0, 1], 'state': 'busy'}, {'name': 'b', 'ranks': [2], 'state': 'idle'}]
+    """
+    states = {row["rank"]: row["state"] for row in rows}
+    out = []
+    for name, mesh in meshes.items():
+        present = {states.get(rank, "unknown") for rank in mesh["ranks"]}
+        word = next((w for w in ("failed", "busy", "unknown", "starting") if w in present), "idle")
+        out.append({"name": name, "ranks": list(mesh["ranks"]), "state": word})
+    return out
 
 
 def in_words(exc: BaseException) -> str:

@@ -14,6 +14,8 @@ import {
   IWorkbenchAPI,
   keptBadge,
   MAX_BACKOFF_MS,
+  meshText,
+  rangesText,
   SETTLE_MS,
   poolHealth,
   poolProblem,
@@ -161,6 +163,12 @@ describe('text for people', () => {
     expect(progressText({ ...starting, message: 'starting controller' })).toBe(
       'starting · 2/2 engines'
     );
+  });
+
+  it('says a sub-mesh with its ranks as the magics write them: "a (ranks 0-1) busy"', () => {
+    expect(rangesText([5, 0, 1, 2])).toBe('0-2,5');
+    expect(meshText({ name: 'a', ranks: [0, 1], state: 'busy' })).toBe('a (ranks 0-1) busy');
+    expect(meshText({ name: 'solo', ranks: [3], state: 'idle' })).toBe('solo (rank 3) idle');
   });
 
   it('summarises ranks by state in one line: "64 ranks: 63 idle, 1 failed"', () => {
