@@ -22,7 +22,7 @@ from pathlib import Path
 from bench.common import ANCHOR_PINS, ANCHORS_PY, RESULTS, load_now, machine, versions
 
 SECTIONS = ("cells", "ready", "training", "dashboard", "allreduce", "memory", "recovery", "elastic", "scale",
-            "faults", "submesh")
+            "faults", "submesh", "goodput")
 FULL = {
     "cells_runs": 200,
     "ready_reps": 3,
@@ -41,6 +41,11 @@ FULL = {
     "faults_reps": 3,
     "faults_elastic_reps": 2,
     "submesh_reps": 5,
+    "goodput_steps": 1500,  # about a minute without a fault, 4 ranks on 2 cores
+    "goodput_every": (5.0, 2.0),
+    "goodput_faults": 10_000,  # a kill every N s until 95 % of the steps
+    "goodput_ranks": 4,
+    "goodput_rounds": 2,  # a shared machine's load changes: each round its own fault-free run
 }
 QUICK = {
     "cells_runs": 4,
@@ -60,6 +65,11 @@ QUICK = {
     "faults_reps": 1,
     "faults_elastic_reps": 0,
     "submesh_reps": 1,
+    "goodput_steps": 200,
+    "goodput_every": (2.0,),
+    "goodput_faults": 1,
+    "goodput_ranks": 2,
+    "goodput_rounds": 1,
 }
 
 
@@ -135,6 +145,7 @@ def main(argv=None) -> int:
         dashboard_overhead,
         elastic,
         faults_at_scale,
+        goodput,
         ready,
         recovery,
         scale,
@@ -170,6 +181,9 @@ def main(argv=None) -> int:
     section("faults",
             lambda: faults_at_scale.run(p["faults_ranks"], p["faults_reps"], p["faults_elastic_reps"]))
     section("submesh", lambda: submesh.run(reps=p["submesh_reps"]))
+    section("goodput", lambda: goodput.run(steps=p["goodput_steps"], every=p["goodput_every"],
+                                           ranks=p["goodput_ranks"], faults=p["goodput_faults"],
+                                           rounds=p["goodput_rounds"]))
     from bench.table import render
 
     table = render(args.out)

@@ -95,6 +95,18 @@ def _allreduce(rec: dict) -> tuple[str, str]:
                                                                          if "raw gloo" in lat else "-")
 
 
+def _goodput(rec: dict) -> tuple[str, str]:
+    d = rec["data"]
+    if "error" in d:
+        return "failed", "-"
+    parts = []
+    for name, row in d["summary"].items():
+        if name != "fault-free":
+            parts.append(f"{_med(row['goodput'])} at a kill {name} (kill -> next step "
+                         f"{_med(row['kill_to_step_s'], 's')})")
+    return "; ".join(parts) or "-", "torchft, Monarch: no goodput figure found (sources: RESULTS.md)"
+
+
 # (row, result file, how to read it, the aim)
 ROWS = [
     ("nothing -> 2-rank group verified", "ready", _ready,
@@ -107,6 +119,8 @@ ROWS = [
     ("DDP loop, samples/s vs torchrun (one cell / one step per cell)", "training", _training,
      ">= 0.98 / >= 0.95"),
     ("all_reduce 1 KiB latency", "allreduce", _allreduce, "within 10 % of raw gloo"),
+    ("goodput of an elastic run (4 ranks, `replace=True`) under a kill -9 every N s", "goodput", _goodput,
+     "every step, each sample once; kill -> next step <= 3 s"),
 ]
 
 

@@ -81,6 +81,8 @@ def render(folder: Path = RESULTS) -> str:
         lines += faults_table(r["faults"])
     if "submesh" in r:
         lines += _submesh(r["submesh"])
+    if "goodput" in r:
+        lines += goodput_table(r["goodput"])
     return "\n".join(lines) + "\n"
 
 
@@ -409,3 +411,66 @@ def faults_table(rec) -> list[str]:
 if __name__ == "__main__":
     print(render(Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS))
 
+
+
+def goodput_table(rec) -> list[str]:
+    """Goodput under a kill every N seconds (:mod:`bench.goodput`), then the figures others publish."""
+    from bench.goodput import PUBLISHED
+
+    d = rec["data"]
+    head = "## Goodput: an elastic run under a kill -9 every N s"
+    if "error" in d:
+        return [head, ""] + _error(rec)
+
+    def spread(s: dict) -> str:
+        if not s or s.get("median") is None:
+            return "-"
+        return f"{fmt(s['median'])} / {fmt(s['p90'])} / {fmt(s['max'])}"
+
+    out = [
+        f"{head} ({d['ranks']} gloo ranks, {d['steps']} steps, `replace=True`, {len(d['rounds'])} rounds)",
+        "",
+        "| run | goodput: median (min-max) over the rounds | faults injected (fault records) "
+        "| kill -> next step, s: median / p90 / max | kill -> back at full size, s: median / max "
+        "| each sample once | largest size |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+        f"| fault-free | 1.0 ({_mmm(d['summary']['fault-free']['steps_per_s'])} steps/s) | 0 | - | - | "
+        f"{'yes' if all(r['fault-free'].get('each_sample_once') for r in d['rounds']) else 'no'} | "
+        f"{max(r['fault-free'].get('largest_size', 0) for r in d['rounds'])} |",
+    ]
+    for name, row in d["summary"].items():
+        if name == "fault-free":
+            continue
+        full = row["kill_to_full_size_s"]
+        back = "-" if full.get("median") is None else f"{fmt(full['median'])} / {fmt(full['max'])}"
+        if row["kills_not_back_at_full_size_by_the_end"]:
+            back += f" ({row['kills_not_back_at_full_size_by_the_end']} not back by the run's end)"
+        failed = f" (failed: {'; '.join(e[:80] for e in row['failed'])})" if row["failed"] else ""
+        out.append(
+            f"| a kill {name}{failed} | {_mmm(row['goodput'])} "
+            f"| {row['faults_injected']} ({row['fault_records']}) "
+            f"| {spread(row['kill_to_step_s'])} | {back} | {'yes' if row['each_sample_once'] else 'no'} "
+            f"| {row['largest_size']} |")
+    out += ["", "Each round (steps/s, goodput, the 1-minute load average at the run's start):", ""]
+    for i, rnd in enumerate(d["rounds"], 1):
+        runs = [("fault-free", rnd["fault-free"]), *rnd["runs"].items()]
+        out.append(f"- round {i}: " + "; ".join(
+            f"{name} {fmt(row.get('steps_per_s'))} steps/s"
+            + (f" ({row['goodput']})" if "goodput" in row else "")
+            + f" at load {row.get('load_average', ['?'])[0]}"
+            + ("" if row.get("each_sample_once", True) else f", samples: {row.get('check', '')}")
+            for name, row in runs))
+    out += [
+        "",
+        "_Goodput: steps/s from the first step to the last against the fault-free run's, the same job on a "
+        "fresh pool in the same bench run. Kill -> next step: to the first step completed by a group without "
+        "the killed rank; back at full size: to the first step completed again on all ranks (the replacement "
+        "started, replayed the setup and joined). A step is a small MLP in float64 plus a 20 ms pause that "
+        "stands for its compute; faults stop at 95 % of the steps. Reproduce: `python -m bench.run --only "
+        "goodput`._",
+        "",
+        "Published fault-tolerance figures of others (different hardware, models and scale: the shape of "
+        "the measure, not a race):",
+        "",
+    ] + [f"- {line}" for line in PUBLISHED] + [""]
+    return out

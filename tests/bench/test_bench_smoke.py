@@ -215,3 +215,22 @@ def test_submesh_split_join_and_side_by_side():
         assert _has_summary(got[key]), (key, got[key])
     table = "\n".join(_submesh({"data": got}))
     assert "**both / alone**" in table and "**sweep / alone**" in table
+
+
+def test_goodput_beside_the_fault_free_run_with_one_kill(tmp_path):
+    """The goodput section at its quick size (2 ranks, one kill -9), through bench.run and its table."""
+    from bench import run
+
+    assert run.main(["--quick", "--no-anchors", "--only", "goodput", "--out", str(tmp_path)]) == 0
+    d = json.loads((tmp_path / "goodput.json").read_text())["data"]
+    (rnd,) = d["rounds"]
+    base, (faulted,) = rnd["fault-free"], rnd["runs"].values()
+    assert base["faults_injected"] == 0 and base["steps_done"] == d["steps"], base
+    assert faulted["faults_injected"] == 1 and faulted["fault_records"] >= 1, faulted
+    assert faulted["kill_to_step_s"]["n"] == 1 and faulted["goodput"] > 0, faulted
+    for row in (base, faulted):
+        assert "error" not in row and row["each_sample_once"] and row["leftover_processes"] == 0, row
+        assert row["largest_size"] == d["ranks"], row
+    table = (tmp_path / "RESULTS.md").read_text()
+    assert d["summary"]["every 2 s"]["faults_injected"] == 1 and d["summary"]["every 2 s"]["each_sample_once"]
+    assert "## Goodput" in table and "| a kill every 2 s |" in table and "Monarch" in table, table

@@ -71,6 +71,7 @@ class Chaos:
     doubled: list = field(default_factory=list)  # samples of the rank map naming one engine twice
     faults_before: int = 0  # how many fault records the session held when the run began
     watch: object = None  # the run's ElasticWatch (what the kernel decided)
+    started: float = 0.0  # time.time() when the run was submitted (the step records' clock)
 
     @property
     def done(self) -> list:
@@ -126,11 +127,13 @@ def trainer_step(s) -> int:
 
 
 def run_chaos(s, folder: str, seed: int, faults: int, steps: int, gap=(1.0, 3.0), size: int = 4,
-              kinds=KINDS, wait_s: float = 600.0, until: float = 0.9) -> Chaos:
+              kinds=KINDS, wait_s: float = 600.0, until: float = 0.9,
+              deadline_s: float | None = None) -> Chaos:
     """``faults`` faults of ``kinds`` at seeded random gaps (seconds) over a run of ``steps`` steps on ``s``
     (a pool of ``size`` ranks, the setup of :func:`setup_code` already run), none after ``until`` of the
     steps (the run's end is not a fault's). Never the last rank that holds the run's state; any other,
-    joining ones too."""
+    joining ones too. ``deadline_s``: the whole run, faults and wait, is given up after that many seconds
+    (its error then says so; the caller stops the pool), so that a run that stands still ends."""
     rng = random.Random(seed)
     out = Chaos(seed, faults_before=len(s.faults))
     stopped: list[int] = []
@@ -146,6 +149,7 @@ def run_chaos(s, folder: str, seed: int, faults: int, steps: int, gap=(1.0, 3.0)
                 out.doubled.append([r.pid for r in ranks])
 
     t0 = time.monotonic()
+    out.started = time.time()
     handle = s.submit(f"result = trainer.run(steps={steps})")
     out.watch = handle.cell.elastic
     watcher = threading.Thread(target=sample, daemon=True)
@@ -155,8 +159,11 @@ def run_chaos(s, folder: str, seed: int, faults: int, steps: int, gap=(1.0, 3.0)
         if _kill(pid):
             out.killed.append(pid)
 
+    def left() -> float:
+        return wait_s if deadline_s is None else min(wait_s, deadline_s - (time.monotonic() - t0))
+
     try:
-        while len(out.done) < faults:
+        while len(out.done) < faults and left() > 0:
             time.sleep(rng.uniform(*gap))
             if handle.done() or trainer_step(s) >= until * steps:
                 break
@@ -217,7 +224,7 @@ def run_chaos(s, folder: str, seed: int, faults: int, steps: int, gap=(1.0, 3.0)
             else:
                 did = "none (1 rank)"
             out.schedule.append((at, kind, did))
-        if len(s.ranks) != size and not handle.done():  # back to the size asked (a scale down was last)
+        if len(s.ranks) != size and not handle.done() and left() > 0:  # back to the size asked
             try:
                 s.scale(size)
                 out.schedule.append((round(time.monotonic() - t0, 2), "scale", f"scale {size} (back)"))
@@ -225,7 +232,9 @@ def run_chaos(s, folder: str, seed: int, faults: int, steps: int, gap=(1.0, 3.0)
                 out.schedule.append((round(time.monotonic() - t0, 2), "scale",
                                      f"scale {size} (back) refused: {type(exc).__name__}: {exc}"))
         try:
-            out.result = handle.wait(wait_s)
+            if left() <= 0:
+                raise TimeoutError(f"the run did not end within {deadline_s:g} s")
+            out.result = handle.wait(left())
         except BaseException as exc:  # noqa: BLE001 (the test says what went wrong)
             out.error = exc
     finally:
@@ -237,10 +246,17 @@ def run_chaos(s, folder: str, seed: int, faults: int, steps: int, gap=(1.0, 3.0)
     return out
 
 
+def records_by_pid(folder: str) -> dict[int, list]:
+    """The step records every rank wrote into ``folder``, by the pid of the process that wrote them:
+    ``[step, [epoch, offset], size, world size, indices, time.time()]`` each."""
+    return {int(path.stem.split("-")[1]): [json.loads(line) for line in path.read_text().splitlines()
+                                           if line.strip()]
+            for path in sorted(Path(folder).glob("steps-*.jsonl"))}
+
+
 def read_records(folder: str) -> list[list]:
     """The step records every rank wrote into ``folder``, one list per process."""
-    return [[json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            for path in sorted(Path(folder).glob("steps-*.jsonl"))]
+    return list(records_by_pid(folder).values())
 
 
 def committed(records: list[list]) -> dict[int, list]:
@@ -255,3 +271,24 @@ def committed(records: list[list]) -> dict[int, list]:
         key = max(tries, key=lambda k: max(t for t, _ in tries[k]))
         out[step] = [(key[0], key[1], key[2], indices) for _, indices in tries[key]]
     return out
+
+
+def check_once(records: list[list], steps: int) -> None:
+    """Every committed step's slice of its epoch taken once; the steps of an epoch tile it (raises
+    AssertionError saying which step or epoch is wrong)."""
+    from tests.faults.test_elastic import permutation  # torch: imported only by the check
+
+    by_step = committed(records)
+    assert sorted(by_step) == list(range(1, steps + 1)), \
+        f"steps missing: {sorted(set(range(1, steps + 1)) - set(by_step))[:20]}"
+    covered: dict[int, list[int]] = {}
+    for step, recs in sorted(by_step.items()):
+        (epoch, offset), size, world = recs[0][0], recs[0][1], recs[0][2]
+        covered.setdefault(epoch, []).append(offset)
+        window = permutation(epoch)[offset:offset + size]
+        mine = [i for r in recs for i in r[3]]
+        assert len(mine) == len(set(mine)) and set(mine) <= set(window), f"step {step}: foreign samples"
+        if len(recs) == world:
+            assert sorted(mine) == sorted(window), f"step {step} skipped samples"
+    for epoch, offsets in covered.items():
+        assert sorted(offsets) == list(range(0, G * len(offsets), G)), f"epoch {epoch}: {offsets}"

@@ -85,24 +85,6 @@ def joined_pid(s: Session, first: list[int], timeout: float = 120) -> int:
     return found[0]
 
 
-def check_once(records: list[list], steps: int) -> None:
-    """Every committed step's slice of its epoch taken once; the steps of an epoch tile it."""
-    by_step = chaos.committed(records)
-    assert sorted(by_step) == list(range(1, steps + 1)), \
-        f"steps missing: {sorted(set(range(1, steps + 1)) - set(by_step))[:20]}"
-    covered: dict[int, list[int]] = {}
-    for step, recs in sorted(by_step.items()):
-        (epoch, offset), size, world = recs[0][0], recs[0][1], recs[0][2]
-        covered.setdefault(epoch, []).append(offset)
-        window = permutation(epoch)[offset:offset + size]
-        mine = [i for r in recs for i in r[3]]
-        assert len(mine) == len(set(mine)) and set(mine) <= set(window), f"step {step}: foreign samples"
-        if len(recs) == world:
-            assert sorted(mine) == sorted(window), f"step {step} skipped samples"
-    for epoch, offsets in covered.items():
-        assert sorted(offsets) == list(range(0, chaos.G * len(offsets), chaos.G)), f"epoch {epoch}: {offsets}"
-
-
 def rank_lists(text: str) -> list[list[int]]:
     """The rank numbers a fault text names, per list ("ranks 1-2, 4 died" -> [[1, 2, 4]])."""
     lists = []
@@ -154,7 +136,7 @@ def finished_as_asked(s: Session, run: chaos.Chaos, steps: int, size: int) -> No
         f"seed {run.seed}: the run ended on {len(finished)} ranks, not {size}\n{said}\n{run.result}"
     assert s.world_size == size, f"seed {run.seed}: the pool is at {s.world_size} ranks, not {size}\n{said}"
     assert [s.pull("trainer.step", rank=r) for r in finished] == [steps] * size, said
-    check_once(run.records, steps)
+    chaos.check_once(run.records, steps)
     s.run("from workbench.train import full_state_dict\nfull = full_state_dict(trainer.model)",
           ranks=finished)
     want = reference(steps)
@@ -282,7 +264,7 @@ def test_replacements_that_keep_dying_stop_at_a_bound_with_one_sentence(pool, tm
     out = capsys.readouterr().out
     assert f"{TRIES} new engines in a row died before they joined the run" in out, out
     assert "`%dist restart` tries again" in out
-    check_once(run.records, steps)
+    chaos.check_once(run.records, steps)
     assert pool.world_size == 1
     pool.restart()
     assert pool.world_size == 2
