@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import alive, until
-from tests.ui.lab import CHROMIUM, CHROMIUM_ARGS, needs_chromium, notebook, open_notebook, run_cell, run_lab
+from tests.ui.lab import chromium, needs_chromium, notebook, open_notebook, run_cell, run_lab
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "build" / "ui"
@@ -47,9 +47,7 @@ def test_the_card_says_each_sub_mesh_and_which_is_busy(lab, tmp_path):
     SHOTS.mkdir(parents=True, exist_ok=True)
     pids: list[int] = []
     with sync_playwright() as p:
-        browser = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
-            headless=True, viewport={"width": 1400, "height": 950})
+        browser = chromium(p, tmp_path)
         page = browser.new_page()
         try:
             open_notebook(page, lab, "split.ipynb")
