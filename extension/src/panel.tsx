@@ -302,10 +302,13 @@ function PoolCard(props: {
         <div className="wb-Card-meta wb-Card-meshes" title="sub-meshes (%dist split; %dist join re-forms the pool)">
           {'sub-meshes: '}
           {(pool.meshes ?? []).map((m, i) => (
-            <span key={m.name} className={`wb-Mesh wb-mod-${m.state}`} data-mesh={m.name}>
+            // the separator outside the sub-mesh's own words: the line breaks there, never inside them
+            <React.Fragment key={m.name}>
               {i > 0 ? ' · ' : ''}
-              {meshText(m)}
-            </span>
+              <span className={`wb-Mesh wb-mod-${m.state}`} data-mesh={m.name}>
+                {meshText(m)}
+              </span>
+            </React.Fragment>
           ))}
         </div>
       )}
