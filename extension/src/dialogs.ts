@@ -1,10 +1,17 @@
-import { Dialog, showDialog } from '@jupyterlab/apputils';
+import {
+  Dialog,
+  ISessionContext,
+  SessionContextDialogs,
+  showDialog
+} from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
 import {
   attachedWarning,
   IInfo,
   IPool,
+  IWorkbenchAPI,
+  restartKernelWords,
   restartWhat,
   IStartForm,
   IStartOptions
@@ -70,4 +77,54 @@ export async function showStacks(
     body: widget,
     buttons: [Dialog.okButton({ label: 'Close' })]
   });
+}
+
+/**
+ * JupyterLab's kernel dialogs, with a restart that says what becomes of the notebook's pool: a kept or
+ * attached pool runs on, its ranks keeping their variables ("All variables will be lost" would say
+ * otherwise); a notebook that drives no pool gets JupyterLab's own dialog and settings.
+ */
+export class PoolAwareSessionDialogs extends SessionContextDialogs {
+  constructor(
+    private readonly _api: IWorkbenchAPI,
+    options: ISessionContext.IDialogsOptions = {}
+  ) {
+    super(options);
+  }
+
+  async restart(
+    sessionContext: ISessionContext,
+    options?: ISessionContext.IRestartOptions
+  ): Promise<boolean> {
+    let words: string | null = null;
+    try {
+      words = restartKernelWords(
+        await this._api.list(),
+        sessionContext.path,
+        sessionContext.name
+      );
+    } catch {
+      words = null; // the server gave no listing: JupyterLab's own dialog
+    }
+    const kernel = sessionContext.session?.kernel;
+    if (words === null || !kernel) {
+      return super.restart(sessionContext, options);
+    }
+    const result = await showDialog({
+      title: 'Restart Kernel?',
+      body: words,
+      buttons: [
+        Dialog.cancelButton({ ariaLabel: 'Cancel Kernel Restart' }),
+        Dialog.warnButton({
+          label: 'Restart',
+          ariaLabel: 'Confirm Kernel Restart'
+        })
+      ]
+    });
+    if (kernel.isDisposed || !result.button.accept) {
+      return false;
+    }
+    await sessionContext.restartKernel();
+    return true;
+  }
 }

@@ -4,7 +4,13 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
+import {
+  ISessionContextDialogs,
+  MainAreaWidget,
+  WidgetTracker
+} from '@jupyterlab/apputils';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
+import { ITranslator, nullTranslator } from '@jupyterlab/translation';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 import { Kernel } from '@jupyterlab/services';
 import { LabIcon } from '@jupyterlab/ui-components';
@@ -24,6 +30,8 @@ import {
 import { PoolsPanel } from './panel';
 // eslint-disable-next-line jupyter/prefer-lazy-imports
 import { DashboardPanel } from './dashboardPanel';
+// eslint-disable-next-line jupyter/prefer-lazy-imports
+import { PoolAwareSessionDialogs } from './dialogs';
 
 const POOL_ICON_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 24 24">
   <g class="jp-icon3" fill="#616161">
@@ -232,4 +240,26 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default plugin;
+/**
+ * JupyterLab's kernel dialogs (in place of `@jupyterlab/apputils-extension:sessionDialogs`, which
+ * package.json disables), whose restart says what becomes of the notebook's pool.
+ */
+const sessionDialogs: JupyterFrontEndPlugin<ISessionContextDialogs> = {
+  id: 'distributed-workbench:session-dialogs',
+  description:
+    "The kernel dialogs; a restart says whether the notebook's pool and its ranks' variables stay.",
+  provides: ISessionContextDialogs,
+  optional: [ITranslator, ISettingRegistry],
+  autoStart: true,
+  activate: (
+    app: JupyterFrontEnd,
+    translator: ITranslator | null,
+    settingRegistry: ISettingRegistry | null
+  ): ISessionContextDialogs =>
+    new PoolAwareSessionDialogs(new WorkbenchAPI(app.serviceManager.serverSettings), {
+      translator: translator ?? nullTranslator,
+      settingRegistry
+    })
+};
+
+export default [plugin, sessionDialogs];

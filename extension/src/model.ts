@@ -139,6 +139,34 @@ export function restartWhat(pool: IPool): string {
   );
 }
 
+/**
+ * What a kernel restart does to the pools the notebook at `path` (called `name`) drives, in the restart
+ * dialog's words; null where it drives none (JupyterLab's own dialog then says it all). A pool the notebook
+ * started goes with its kernel; a kept one (`%dist start --keep`) and one it attached to run on, their
+ * ranks keeping their variables, which JupyterLab's "All variables will be lost" would deny.
+ */
+export function restartKernelWords(pools: IPool[], path: string, name: string): string | null {
+  const base = path.split('/').pop();
+  const role = (pool: IPool) =>
+    pool.notebooks.find(n => n.notebook === path || n.notebook === base)?.role;
+  const driven = pools.filter(p => p.state === 'running' && role(p));
+  if (driven.length === 0) {
+    return null;
+  }
+  const fates = driven.map(pool => {
+    const label = pool.name ?? pool.id;
+    const what = `pool ${label} (${ranksWord(pool.n)})`;
+    return role(pool) === 'started' && !pool.kept
+      ? `${what}, which this notebook started, stops with the kernel, its ranks' variables too`
+      : `${what} keeps running and its ranks keep their variables: ` +
+          `\`%dist attach ${label}\` in the restarted kernel takes it up again`;
+  });
+  return (
+    `Do you want to restart the kernel of ${name}? The notebook's variables will be lost; ` +
+    `${fates.join('; ')}.`
+  );
+}
+
 /** What the server says about the Start button: the engines a start gets here, whether there are GPUs. */
 export interface IInfo {
   launchers: string[];

@@ -21,6 +21,7 @@ import {
   poolProblem,
   problemOf,
   problemText,
+  restartKernelWords,
   restartWhat,
   PoolsModel,
   rankCounts,
@@ -163,6 +164,29 @@ describe('text for people', () => {
     expect(progressText({ ...starting, message: 'starting controller' })).toBe(
       'starting · 2/2 engines'
     );
+  });
+
+  it("says in the kernel's restart dialog what becomes of the notebook's pools", () => {
+    const nb = (notebook: string, role: 'started' | 'attached') => [
+      { notebook, role, pid: 1 }
+    ];
+    const kept = pool({ name: 'team', n: 2, kept: true, notebooks: nb('work/a.ipynb', 'attached') });
+    const own = pool({ name: 'mine', n: 4, notebooks: nb('a.ipynb', 'started') });
+    const other = pool({ name: 'theirs', notebooks: nb('b.ipynb', 'started') });
+    expect(restartKernelWords([other], 'work/a.ipynb', 'a.ipynb')).toBeNull();
+    expect(restartKernelWords([kept, other], 'work/a.ipynb', 'a.ipynb')).toBe(
+      "Do you want to restart the kernel of a.ipynb? The notebook's variables will be lost; pool team " +
+        '(2 ranks) keeps running and its ranks keep their variables: `%dist attach team` in the ' +
+        'restarted kernel takes it up again.'
+    );
+    // matched by the notebook's name where the kernel knows only that; a pool it started goes with it
+    expect(restartKernelWords([own], 'work/a.ipynb', 'a.ipynb')).toBe(
+      "Do you want to restart the kernel of a.ipynb? The notebook's variables will be lost; pool mine " +
+        "(4 ranks), which this notebook started, stops with the kernel, its ranks' variables too."
+    );
+    expect(
+      restartKernelWords([{ ...own, state: 'stopping' }], 'a.ipynb', 'a.ipynb')
+    ).toBeNull();
   });
 
   it('says a sub-mesh with its ranks as the magics write them: "a (ranks 0-1) busy"', () => {
