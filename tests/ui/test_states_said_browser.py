@@ -6,7 +6,8 @@ A notebook (its kernel driven from here) starts a pool of 2, trains a short Trai
 card's "Open dashboard" docks the pool's dashboard for the first time (it must show that run within a few
 polls: it said "no training run yet" 3 s into a run), runs a busy cell (no run: a sleep), then rank 1 is
 killed (kill -9 of its engine), ``%dist restart`` brings it back and the card's Stop ends the pool. The page
-records, every 100 ms, the card's state, every rank's word in its table and the dashboard header's counts;
+records, every 100 ms, the card's state, every rank's word in its table, the dashboard header's counts and
+its device table's state column;
 this side records when each thing truly happened. No sample may say what was not so: a word may lag its
 truth by :data:`LAG_S` (the card asks every 1.5 s, the dashboard every 1 s), never more, and words that are
 never true in a window ("failed" before the kill or during the stop, "busy" with no cell, "idle" inside a
@@ -57,7 +58,10 @@ SAMPLE = """() => {
     setInterval(() => {
         const card = document.querySelector('#workbench-pools .wb-Card');
         const dash = document.querySelector('.wb-DashboardPanel');
-        const ranks = {};
+        const ranks = {}, devices = {};
+        for (const row of dash ? dash.querySelectorAll('.workbench-devices tr[data-rank]') : []) {
+            devices[row.dataset.rank] = row.cells[1]?.textContent ?? '';
+        }
         for (const row of card ? card.querySelectorAll('.wb-Ranks tbody tr') : []) {
             ranks[row.cells[0].textContent] = row.querySelector('.wb-State')?.textContent ?? '';
         }
@@ -66,7 +70,8 @@ SAMPLE = """() => {
             card: card ? {state: card.dataset.state, health: card.dataset.health, ranks,
                           counts: card.querySelector('.wb-Card-counts')?.textContent ?? ''} : null,
             dash: dash ? {header: dash.querySelector('.workbench-dashboard-header')?.textContent ?? '',
-                          status: dash.querySelector('.wb-DashboardPanel-status')?.textContent ?? ''} : null,
+                          status: dash.querySelector('.wb-DashboardPanel-status')?.textContent ?? '',
+                          devices} : null,
         });
     }, 100);
 }"""
@@ -96,7 +101,9 @@ def lies(samples: list[dict], truth: dict[str, float]) -> list[str]:
     for s in samples:
         card, dash = s["card"], s["dash"]
         words = set(card["ranks"].values()) if card else set()
-        said = dash_words(dash["header"]) if dash else set()
+        # what the dashboard says: the header's counts and the device table's state column
+        devices = dash.get("devices", {}) if dash else {}
+        said = dash_words(dash["header"]) | set(devices.values()) if dash else set()
         when = f"{s['t'] - t['ready']:+.1f} s"
         if card and s["t"] < t["ready"] and card["state"] not in ("starting",):
             found.append(f"{when}: card {card['state']} before the start returned")
@@ -120,7 +127,7 @@ def lies(samples: list[dict], truth: dict[str, float]) -> list[str]:
                 found.append(f"{when}: rank 1 killed, the card says {card['ranks'].get('1')}")
             if card and card["ranks"].get("0") == "failed":
                 found.append(f"{when}: rank 0 said failed; only rank 1 was killed")
-            if dash and dash_alive(dash["header"]) > 1:
+            if dash and (dash_alive(dash["header"]) > 1 or devices.get("1") in ("idle", "busy", "running")):
                 found.append(f"{when}: rank 1 killed, the dashboard counts 2 ranks there: {dash}")
         if within(s, t["restarted"], t["stop"]):
             if "failed" in words or said & {"failed", "lost"} or card and card["state"] != "running":
@@ -150,6 +157,9 @@ def test_lies_finds_a_lie_in_each_window():
                 sample(55), sample(70, ranks=("idle", "failed")), sample(76, "stopping", ("failed", "idle")),
                 sample(20, header="x · 1 idle · 1 lost"), sample(55, ("idle", "failed"), "x · 2 idle")]:
         assert lies([lie], truth), lie
+    frozen = sample(55, ("idle", "failed"), "x · 1 failed · 1 idle")  # the device table said what it did at
+    frozen["dash"]["devices"] = {"0": "busy", "1": "busy"}  # the run's end (seen: "busy" after the kill)
+    assert lies([frozen], truth)
 
 
 class Clock:

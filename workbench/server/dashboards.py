@@ -95,8 +95,7 @@ class Source:
             self.listen(FIRST_RECORDS_S - (self.asked - self.made))
             dashboard.refresh()
         # the ranks' states as they are now, also after the run ended (its picture keeps the rest)
-        return {**answer(self.pool_id, dashboard.summary, dashboard.view, seq, view),
-                "header": dashboard.header_now()}
+        return {**answer(self.pool_id, dashboard.summary, dashboard.view, seq, view), **dashboard.texts_now()}
 
     def listen(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s until every rank has sent a record since this source was made (a run
@@ -113,7 +112,8 @@ class Source:
         """The pool stops: its picture now (the page goes on being answered from it); :meth:`finish` then
         ends the dashboard (how its run ended goes into the same picture) and the collector."""
         dashboard = self.wake()
-        return Ended(self.pool_id, self.channel, dashboard.summary, dashboard.view, dashboard.states_now())
+        return Ended(self.pool_id, self.channel, dashboard.summary, dashboard.view, dashboard.states_now(),
+                     dashboard.texts_now()["devices"])
 
     def finish(self, ended: Ended) -> None:
         with self._lock:
@@ -131,9 +131,11 @@ class Source:
 class Ended:
     """The last picture of a pool that stopped (or is stopping): its view, no thread, no socket."""
 
-    def __init__(self, pool_id: str, channel: dict | None, summary: str, view, states: tuple | None = None):
+    def __init__(self, pool_id: str, channel: dict | None, summary: str, view, states: tuple | None = None,
+                 devices: str | None = None):
         self.pool_id, self.channel, self.summary, self.view = pool_id, channel, summary, view
-        self.states = states  # the ranks' states as the stop began (Dashboard.states_now), not as they ended
+        # the ranks' states and devices as the stop began (Dashboard.states_now), not as they ended
+        self.states, self.devices = states, devices
 
     def since(self, seq: int, view: str, stopped: bool) -> dict:
         out = answer(self.pool_id, self.summary, self.view, seq, view, stopped=stopped)
@@ -141,6 +143,7 @@ class Ended:
             from workbench.widgets.panels import header_html
 
             out["header"] = header_html(self.summary, *self.states)
+            out["devices"] = self.devices
         return out
 
 

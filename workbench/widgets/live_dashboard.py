@@ -413,18 +413,14 @@ class Dashboard:
             return
         self._texts_for = key
         with c.lock():
-            devices = {r: s.last() for r, s in c.devices.items()}
-            infos = {r: (st.host, dict(st.info)) for r, st in c.ranks.items()}
             missing = c.stats["missing"]
         plot = self._plot
         if not final:
             self.summary = describe(run, plot.step, plot.has_points) + plot.words()
         run_ranks = sorted(run.ranks) if run is not None else []
-        steps = {r: s for r, (s, _) in plot.last.items()}
         values = {
-            "header": header_html(self.summary, status, run_ranks, missing),
+            **self._state_texts(status, run_ranks, missing),
             "note": "" if plot.has_points else _note(run),
-            "devices": device_table(sorted(set(status) | set(run_ranks)), devices, infos, status, steps),
             "bars": self._bars() if plot.last else "",
         }
         view = self.view
@@ -435,11 +431,20 @@ class Dashboard:
                     setattr(view, k, v)
             self.messages += 1
 
-    def header_now(self) -> str:
-        """The header line as it stands now: the summary it showed last, and how many ranks are in each
-        state now, also once its run ended (a view that outlives the widget, polled by a page: the states
-        said at the run's end were kept there through a busy cell, a lost rank and a restart)."""
-        return header_html(self.summary, *self.states_now())
+    def texts_now(self) -> dict[str, str]:
+        """The header line and the device table as they stand now: the summary it showed last, each rank's
+        state and device now, also once its run ended (a view that outlives the widget, polled by a page:
+        the states said at the run's end were kept there through a busy cell, a lost rank and a restart)."""
+        return self._state_texts(*self.states_now())
+
+    def _state_texts(self, status: dict[int, str], run_ranks: list[int], missing: int) -> dict[str, str]:
+        c = self.collector
+        with c.lock():
+            devices = {r: s.last() for r, s in c.devices.items()}
+            infos = {r: (st.host, dict(st.info)) for r, st in c.ranks.items()}
+        steps = {r: s for r, (s, _) in self._plot.last.items()}
+        return {"header": header_html(self.summary, status, run_ranks, missing),
+                "devices": device_table(sorted(set(status) | set(run_ranks)), devices, infos, status, steps)}
 
     def states_now(self) -> tuple[dict[int, str], list[int], int]:
         """What the header counts now: each rank's state, the run's ranks, the records missing."""
