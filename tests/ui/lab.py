@@ -28,6 +28,30 @@ needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                     reason="needs Debian's chromium: apt-get install chromium")
 
 
+def chromium(p, tmp_path: Path, width: int = 1600, height: int = 1000):
+    """Debian's Chromium (``p``: Playwright's sync API), headless, its own profile in ``tmp_path``."""
+    return p.chromium.launch_persistent_context(
+        str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+        headless=True, viewport={"width": width, "height": height})
+
+
+def descendants() -> set[int]:
+    """The pids of this process's descendants now: taken before a test, for :func:`assert_nothing_left`."""
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def assert_nothing_left(before: set[int], pids=(), wait: float = 30) -> None:
+    """Every one of ``pids`` (a pool's engines) has ended within ``wait`` s, and no process this test
+    started (a descendant not in ``before``) still runs."""
+    from tests.conftest import alive, until
+
+    assert until(lambda: not alive(list(pids)), wait), alive(list(pids))
+    left = descendants() - before
+    assert not alive(list(left)), left
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 IDLE_S = 30.0  # a source no page asked for this long stops refreshing (its collector stays)
 SWEEP_S = 2.0  # how often idle sources and stopped pools are looked for
 KEEP_ENDED = 32  # the last pictures kept, of the pools that stopped most recently
+# A new source's first answer waits this long at most for a record of every rank (their publishers send
+# at least once a second): made mid-run, it said "no training run yet" before it had heard anything
+FIRST_RECORDS_S = 2.0
 
 
 class Source:
@@ -54,7 +57,8 @@ class Source:
         self.dashboard = None
         self._lock = threading.Lock()
         self.wake()
-        self.asked = time.monotonic()
+        self.asked = self.made = time.monotonic()
+        self._listened = False  # the first answer waited for the ranks' first records
 
     @property
     def awake(self) -> bool:
@@ -78,16 +82,38 @@ class Source:
         if dashboard is not None:
             dashboard.stop()
 
-    def since(self, seq: int, view: str) -> dict:
+    def since(self, seq: int, view: str, words: dict[int, str] | None = None) -> dict:
+        """``words``: what the pool's controller says each rank does now (the card's words), said by the
+        dashboard where its collector knows only that no run goes on
+        (:func:`~workbench.widgets.panels.said_states`)."""
         self.asked = time.monotonic()
         dashboard = self.wake()
-        return answer(self.pool_id, dashboard.summary, dashboard.view, seq, view)
+        if words is not None:
+            dashboard.rank_words = words
+        if not self._listened:
+            self._listened = True
+            self.listen(FIRST_RECORDS_S - (self.asked - self.made))
+            dashboard.refresh()
+        # the ranks' states as they are now, also after the run ended (its picture keeps the rest)
+        return {**answer(self.pool_id, dashboard.summary, dashboard.view, seq, view), **dashboard.texts_now()}
+
+    def listen(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until every rank has sent a record since this source was made (a run
+        going on says so in its next one); whether they all did."""
+        with self.collector.lock():
+            ranks = set(self.collector.ranks)
+
+        def heard(c) -> bool:
+            return all(c.ranks[r].pub for r in ranks)
+
+        return self.collector.wait_for(heard, max(timeout, 0.0))
 
     def last_picture(self) -> Ended:
         """The pool stops: its picture now (the page goes on being answered from it); :meth:`finish` then
         ends the dashboard (how its run ended goes into the same picture) and the collector."""
         dashboard = self.wake()
-        return Ended(self.pool_id, self.channel, dashboard.summary, dashboard.view)
+        return Ended(self.pool_id, self.channel, dashboard.summary, dashboard.view, dashboard.states_now(),
+                     dashboard.texts_now()["devices"])
 
     def finish(self, ended: Ended) -> None:
         with self._lock:
@@ -105,11 +131,20 @@ class Source:
 class Ended:
     """The last picture of a pool that stopped (or is stopping): its view, no thread, no socket."""
 
-    def __init__(self, pool_id: str, channel: dict | None, summary: str, view):
+    def __init__(self, pool_id: str, channel: dict | None, summary: str, view, states: tuple | None = None,
+                 devices: str | None = None):
         self.pool_id, self.channel, self.summary, self.view = pool_id, channel, summary, view
+        # the ranks' states and devices as the stop began (Dashboard.states_now), not as they ended
+        self.states, self.devices = states, devices
 
     def since(self, seq: int, view: str, stopped: bool) -> dict:
-        return answer(self.pool_id, self.summary, self.view, seq, view, stopped=stopped)
+        out = answer(self.pool_id, self.summary, self.view, seq, view, stopped=stopped)
+        if self.states is not None:
+            from workbench.widgets.panels import header_html
+
+            out["header"] = header_html(self.summary, *self.states)
+            out["devices"] = self.devices
+        return out
 
 
 def answer(pool_id: str, summary: str, polled, seq: int, view: str, stopped: bool = False) -> dict:
@@ -121,12 +156,14 @@ def answer(pool_id: str, summary: str, polled, seq: int, view: str, stopped: boo
 class DashboardSources:
     """The sources of the pools that pages show now, and the last pictures of those that stopped.
     ``run``: runs a blocking call off the event loop; ``find``: a running pool's state (raises for one that
-    does not run)."""
+    does not run); ``states``: what the pool's controller says each rank does (``{rank: "idle" | "busy" |
+    ...}``, the card's one source), asked at each question of a page."""
 
     def __init__(self, run: Callable[..., Awaitable], find: Callable[[str], Awaitable[dict]],
-                 idle_s: float = IDLE_S):
+                 idle_s: float = IDLE_S, states: Callable[[str], Awaitable[dict[int, str]]] | None = None):
         self._run = run
         self._find = find
+        self._states = states
         self.idle_s = idle_s
         self._sources: dict[str, Source] = {}
         self._ended: collections.OrderedDict[str, Ended] = collections.OrderedDict()
@@ -160,7 +197,8 @@ class DashboardSources:
             return await self._run(ended.since, seq, view, True)
         if isinstance(source, Ended):  # still stopping: the last picture, and the page asks again
             return await self._run(source.since, seq, view, False)
-        return await self._run(source.since, seq, view)
+        words = await self._states(pool_id) if self._states is not None else None
+        return await self._run(source.since, seq, view, words)
 
     async def watch(self, states: list[pool_state.PoolState]) -> None:
         """Keep a source for each of these running pools (the panel lists them), so that a dashboard opened

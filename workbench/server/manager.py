@@ -40,6 +40,7 @@ PANEL = "the JupyterLab panel"  # who stopped a pool, as the notebooks still att
 # How long one look at a controller (which ranks are busy) may take before the
 # listing goes on without it.
 PROBE_TIMEOUT_S = 2.0
+PROBE_FRESH_S = 1.0  # a look this recent answers the docked dashboard too (no second look per second)
 SHUTDOWN_S = 6.0  # a server's SIGTERM ends it within 10 s whatever its pools do: this much for stopping them
 # Lines of start progress kept per pool for "Show log".
 LOG_LINES = 200
@@ -125,12 +126,15 @@ class PoolManager:
                  dashboard_idle_s: float = IDLE_S):
         self._owners = owners
         self._executor = DaemonExecutor(max_workers, thread_name_prefix="workbench")  # never holds the exit
-        self.dashboards = DashboardSources(self._run, self.running_state, idle_s=dashboard_idle_s)
+        self.dashboards = DashboardSources(self._run, self.running_state, idle_s=dashboard_idle_s,
+                                           states=self._said_states)
         self._started: dict[str, _Started] = {}  # by key
         self._stopping: set[str] = set()  # pool ids being stopped (any owner)
         self._probes: dict[str, Any] = {}  # pool id -> EnginePool attached to ask the controller
         self._probe_locks: dict[str, asyncio.Lock] = {}
         self._rank_states: dict[str, dict[int, str]] = {}
+        # pool id -> (time.monotonic(), {rank: word}): what the card said last (the docked dashboard says it)
+        self._said: dict[str, tuple[float, dict[int, str]]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._usage = UsageSampler()
         self._closing = False
@@ -284,16 +288,14 @@ class PoolManager:
         measure = self._usage.alive if pool_id in count_only else self._usage.sample
         for r in ranks:
             usage = measure(r["pid"], r["host"], r["device"], r.get("gpu_uuid"))
-            alive = usage.pop("alive")
-            # a running pool's controller that gave no answer in time: neither idle nor busy is known
-            rank_state = rank_states.get(r["rank"]) or ("idle" if alive and not probed else "unknown")
-            if alive is False:
-                rank_state = "failed"
+            rank_state = rank_word(rank_states, r["rank"], usage.pop("alive"), probed)
             rows.append({
                 "rank": r["rank"], "host": _with_place(r["host"], state), "pid": r["pid"],
                 "device": r["device"], "mesh": mesh_names.get(r["rank"]),
                 "local_rank": r.get("local_rank", 0), "state": rank_state, **usage,
             })
+        if probed:
+            self._said[pool_id] = (time.monotonic(), {row["rank"]: row["state"] for row in rows})
         if phase == "starting" and rec is not None and rec.phase == "restarting":
             message = rec.message
             engines_up = sum(row["state"] != "failed" for row in rows)
@@ -360,6 +362,26 @@ class PoolManager:
             self._rank_states[pool_id] = states
             return states
 
+    async def _said_states(self, pool_id: str) -> dict[int, str]:
+        """Each rank's word as the card says it, for the pool's docked dashboard: the card's last look if it
+        is fresh (the listing looks every 1.5 s while the panel shows), else a look now; ``{}`` for a pool
+        that does not run (any more) or whose controller did not answer."""
+        said_at, said = self._said.get(pool_id, (-1e9, {}))
+        if time.monotonic() - said_at < PROBE_FRESH_S:
+            return said
+        try:
+            state = await self.running_state(pool_id)
+        except PoolNotFound:
+            return {}
+        rec = self._find_started(pool_id)
+        changing = rec is not None and rec.phase != "running"
+        if pool_id in self._stopping or len(state.ranks) < state.n or changing:
+            return {}  # starting, restarting or stopping: the listing does not look either
+        words = await self._probe(pool_id, state, rec)
+        alive = {r["rank"]: self._usage.alive(r["pid"], r["host"], r["device"], r.get("gpu_uuid"))["alive"]
+                 for r in state.ranks}
+        return {rank: rank_word(words, rank, up, True) for rank, up in alive.items()}
+
     def _probe_sync(self, pool_id: str, state: PoolState, client) -> dict[int, str]:
         if client is None:
             probe = self._probes.get(pool_id)
@@ -381,6 +403,7 @@ class PoolManager:
         for pool_id in list(self._rank_states):
             if pool_id not in keep:
                 self._rank_states.pop(pool_id, None)
+                self._said.pop(pool_id, None)
                 self._probe_locks.pop(pool_id, None)
 
     # -- start -------------------------------------------------------------------------
@@ -585,6 +608,22 @@ def in_words(exc: BaseException) -> str:
     if isinstance(exc, (WorkbenchError, ValueError)):
         return str(exc)
     return f"could not start the pool: {exc}"
+
+
+def rank_word(words: dict[int, str], rank: int, alive: bool | None, probed: bool) -> str:
+    """A rank's one word, as the card and the docked dashboard say it: ``failed`` where its engine process
+    is gone (seen at once, before its controller knows), else what the controller said (``words``), else
+    ``unknown`` where the controller was asked and gave no answer in time (``idle`` where nobody asked: a
+    pool starting).
+
+    >>> rank_word({0: "busy"}, 0, True, True), rank_word({0: "busy"}, 0, False, True)
+    ('busy', 'failed')
+    >>> rank_word({}, 0, True, True), rank_word({}, 0, True, False)
+    ('unknown', 'idle')
+    """
+    if alive is False:
+        return "failed"
+    return words.get(rank) or ("idle" if alive and not probed else "unknown")
 
 
 def _close_quietly(probe) -> None:

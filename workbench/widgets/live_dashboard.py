@@ -45,7 +45,7 @@ from pathlib import Path
 
 from workbench.metrics.collector import Collector, Run
 from workbench.widgets import figures
-from workbench.widgets.panels import describe, device_table, header_html, step_time_bars
+from workbench.widgets.panels import describe, device_table, header_html, said_states, step_time_bars
 from workbench.widgets.runplot import RECENT_STEPS, RunPlot
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,10 @@ class Dashboard:
         self._shown_at: float | None = None
         self._html_sent = -1  # self.messages when the HTML was last published
         self.collector = collector
+        # what the pool's controller says each rank does ("idle", "busy", "failed", "unknown"), where the one
+        # who shows it asks (the server's docked dashboard): said in place of the collector's "idle" and
+        # "lost", which know only training records (a busy cell that trains nothing was "2 idle")
+        self.rank_words: dict[int, str] = {}
         self.mode = run
         self.ranks = None if ranks is None else sorted(ranks)
         latest = collector.latest_run(self.ranks)
@@ -402,25 +406,21 @@ class Dashboard:
     def _send_text(self, run: Run | None, final: bool = False) -> None:
         """Send the texts that changed; ``final``: once the run ended, with the summary it ended on."""
         c = self.collector
-        status = c.status()
+        status = said_states(c.status(), self.rank_words)
         # nothing came and no rank changed state: the texts are as they were (no table built per rank)
         key = (c.version, tuple(status.items()))
         if key == self._texts_for and not final:
             return
         self._texts_for = key
         with c.lock():
-            devices = {r: s.last() for r, s in c.devices.items()}
-            infos = {r: (st.host, dict(st.info)) for r, st in c.ranks.items()}
             missing = c.stats["missing"]
         plot = self._plot
         if not final:
             self.summary = describe(run, plot.step, plot.has_points) + plot.words()
         run_ranks = sorted(run.ranks) if run is not None else []
-        steps = {r: s for r, (s, _) in plot.last.items()}
         values = {
-            "header": header_html(self.summary, status, run_ranks, missing),
+            **self._state_texts(status, run_ranks, missing),
             "note": "" if plot.has_points else _note(run),
-            "devices": device_table(sorted(set(status) | set(run_ranks)), devices, infos, status, steps),
             "bars": self._bars() if plot.last else "",
         }
         view = self.view
@@ -430,6 +430,30 @@ class Dashboard:
                 for k, v in changed.items():
                     setattr(view, k, v)
             self.messages += 1
+
+    def texts_now(self) -> dict[str, str]:
+        """The header line and the device table as they stand now: the summary it showed last, each rank's
+        state and device now, also once its run ended (a view that outlives the widget, polled by a page:
+        the states said at the run's end were kept there through a busy cell, a lost rank and a restart)."""
+        return self._state_texts(*self.states_now())
+
+    def _state_texts(self, status: dict[int, str], run_ranks: list[int], missing: int) -> dict[str, str]:
+        c = self.collector
+        with c.lock():
+            devices = {r: s.last() for r, s in c.devices.items()}
+            infos = {r: (st.host, dict(st.info)) for r, st in c.ranks.items()}
+        steps = {r: s for r, (s, _) in self._plot.last.items()}
+        return {"header": header_html(self.summary, status, run_ranks, missing),
+                "devices": device_table(sorted(set(status) | set(run_ranks)), devices, infos, status, steps)}
+
+    def states_now(self) -> tuple[dict[int, str], list[int], int]:
+        """What the header counts now: each rank's state, the run's ranks, the records missing."""
+        c = self.collector
+        status = said_states(c.status(), self.rank_words)
+        run = self._run()
+        with c.lock():
+            missing = c.stats["missing"]
+        return status, sorted(run.ranks) if run is not None else [], missing
 
     def _bars(self) -> str:
         return step_time_bars(*self._plot.bar_rows(), RECENT_STEPS)

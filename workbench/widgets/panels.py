@@ -13,7 +13,20 @@ import html
 import math
 
 STATE_COLOURS = {"running": "#2e7d32", "idle": "#607d8b", "stalled": "#ef6c00", "failed": "#c62828",
-                 "lost": "#c62828"}
+                 "lost": "#c62828", "busy": "#1565c0", "unknown": "#9e9e9e"}
+
+
+def said_states(status: dict[int, str], words: dict[int, str]) -> dict[int, str]:
+    """Each rank's word: the collector's (``status``: it knows training records only) where it knows more
+    (running, stalled, a failed cell), else what the pool's controller says (``words``: idle, busy, failed,
+    unknown), which knows whether a cell runs and whether the engine is there. The collector's "idle" of a
+    rank busy in a cell that trains nothing, or its "lost" of an engine that is back and quiet, is not said.
+
+    >>> said_states({0: "idle", 1: "lost", 2: "running", 3: "idle"}, {0: "busy", 1: "idle", 2: "busy"})
+    {0: 'busy', 1: 'idle', 2: 'running', 3: 'idle'}
+    """
+    return {rank: words.get(rank, word) if word in ("idle", "lost") else word
+            for rank, word in status.items()}
 
 
 def describe(run, step: int, has_points: bool, state: str | None = None, reason: str | None = None) -> str:
