@@ -150,14 +150,6 @@ def run_lab(tmp_path: Path, notebooks: dict[str, dict], install_kernel: str | tu
             pool_state.terminate((pool_state.read_state(path) or pool_state.PoolState()).processes)
 
 
-def chromium(p, tmp_path: Path, height: int = 950):
-    """Debian's Chromium, headless, with a profile of its own under ``tmp_path``, 1400 px wide (``p``: a
-    Playwright instance); close it after use."""
-    return p.chromium.launch_persistent_context(
-        str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
-        headless=True, viewport={"width": 1400, "height": height})
-
-
 def open_notebook(page, lab: dict, name: str) -> None:
     """Open ``name`` in JupyterLab and wait until its kernel is idle."""
     from playwright.sync_api import expect

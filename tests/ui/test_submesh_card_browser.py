@@ -47,7 +47,7 @@ def test_the_card_says_each_sub_mesh_and_which_is_busy(lab, tmp_path):
     SHOTS.mkdir(parents=True, exist_ok=True)
     pids: list[int] = []
     with sync_playwright() as p:
-        browser = chromium(p, tmp_path)
+        browser = chromium(p, tmp_path, width=1400, height=950)
         page = browser.new_page()
         try:
             open_notebook(page, lab, "split.ipynb")
