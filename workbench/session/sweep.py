@@ -624,13 +624,14 @@ class Sweep:
     def _save_checkpoint(self, trial: Trial) -> None:
         """A done trial's checkpoint (what its ``train`` returned under ``"checkpoint"``, kept on rank 0 of
         its sub-mesh) written to ``trial-N/checkpoint.pt``; with ``keep="best"`` only where it is the best
-        done trial so far (else it would be removed at once). A failed write fails the trial, saying why."""
-        if self.keep == "best" and self._best_done() is not trial:
-            return
+        done trial so far (else it would be removed at once: it is only let go of on the rank). A failed
+        write fails the trial, saying why."""
+        kept = self.keep == "all" or self._best_done() is trial
+        path = str(self._folder(trial) / "checkpoint.pt") if kept else None
         [rank0] = self.session.targets([trial.ranks[0]])
         try:
-            trial.checkpoint = self.session.rooms.door.call_one(
-                remote.save_trial_checkpoint, rank0, STATE, str(self._folder(trial) / "checkpoint.pt"))
+            door = self.session.rooms.door
+            trial.checkpoint = door.call_one(remote.save_trial_checkpoint, rank0, STATE, path)
         except Exception as exc:
             trial.status = "failed"
             trial.error = f"its checkpoint could not be written: {type(exc).__name__}: {exc}"
