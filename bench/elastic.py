@@ -53,29 +53,16 @@ def run(reps: int = 2, ranks: int = 3, steps: int = 120, oversubscribe: bool = F
                 s.restart()  # the new engine replays SETUP, and the next run gives it the state
                 out["restart_s"].append(time.monotonic() - t0)
             victim = (1, 0, 2)[rep % 3] % ranks  # rank 0 too: it hosts the store the ranks left meet at
-            handle = s.submit(f"trainer.run(steps={steps})")
-            if not _under_way(s, beacons, random.randrange(5, 15)):
-                notes.append("the run did not get going")
-                handle.wait(300 + 10 * ranks)
+            killed = kill_in_run(s, beacons, victim, steps, notes)
+            if killed is None:
                 continue
-            t_kill = time.time()
-            os.kill(s.ranks[victim].pid, signal.SIGKILL)
-            try:
-                result = handle.wait(300 + 10 * ranks)
-            except Exception as exc:
-                notes.append(f"the cell failed after the kill: {str(exc)[:200]}")
-                continue
-            if sorted(r.outcome for r in result.ranks) != ["lost"] + ["ok"] * (ranks - 1):
-                notes.append(f"outcomes {[r.outcome for r in result.ranks]}")
-            event = s.pull("trainer.elastic.events[-1]", rank=0)
-            records = [rec for rank_log in s.pull("taken.steps") for rec in rank_log]
-            after = [t for step, t, _, _ in records if step > event["step"] and t > t_kill]
-            if after:
-                out["kill_to_step_s"].append(min(after) - t_kill)
+            t_kill, event, records = killed
+            after = first_step_after(event, records, t_kill)
+            if after is not None:
+                out["kill_to_step_s"].append(after)
             gaps, twice = _coverage(records)
             lost.append(gaps)
             doubled.append(twice)
-            s.run("taken.steps.clear()")
     finally:
         beacons.close()
         s.stop()
@@ -88,6 +75,38 @@ def run(reps: int = 2, ranks: int = 3, steps: int = 120, oversubscribe: bool = F
         "reps": reps,
         "notes": notes,
     }
+
+
+def kill_in_run(s, beacons, victim: int, steps: int, notes: list[str]) -> tuple[float, dict, list] | None:
+    """One elastic run of ``steps`` (the trainer :data:`SETUP` built on every rank) with rank ``victim``
+    killed (``kill -9``) once it is well under way: ``(the kill's time, rank 0's regroup event, every step
+    record of the ranks left)``, the records then cleared; None where it went otherwise (said in ``notes``).
+    Also :mod:`bench.submesh`'s elastic regroup, beside its split and join."""
+    ranks = s.world_size
+    handle = s.submit(f"trainer.run(steps={steps})")
+    if not _under_way(s, beacons, random.randrange(5, 15)):
+        notes.append("the run did not get going")
+        handle.wait(300 + 10 * ranks)
+        return None
+    t_kill = time.time()
+    os.kill(s.ranks[victim].pid, signal.SIGKILL)
+    try:
+        result = handle.wait(300 + 10 * ranks)
+    except Exception as exc:
+        notes.append(f"the cell failed after the kill: {str(exc)[:200]}")
+        return None
+    if sorted(r.outcome for r in result.ranks) != ["lost"] + ["ok"] * (ranks - 1):
+        notes.append(f"outcomes {[r.outcome for r in result.ranks]}")
+    event = s.pull("trainer.elastic.events[-1]", rank=0)
+    records = [rec for rank_log in s.pull("taken.steps") for rec in rank_log]
+    s.run("taken.steps.clear()")
+    return t_kill, event, records
+
+
+def first_step_after(event: dict, records: list, t_kill: float) -> float | None:
+    """Seconds from the kill to the first step completed after the regroup (the ranks' own clock)."""
+    after = [t for step, t, _, _ in records if step > event["step"] and t > t_kill]
+    return min(after) - t_kill if after else None
 
 
 def _coverage(records) -> tuple[int, int]:

@@ -257,6 +257,11 @@ def _submesh(rec) -> list[str]:
            "| **sweep / alone** (2: two trials at a time, 4: one after the other) | "
            f"{_mmm(d['sweep_ratio'])} |"]
           if "sweep_4_s" in d else []),
+        *([f"| elastic regroup after a `kill -9` of 1 of the 4 (the group of 3 formed, state synced), s | "
+           f"{_mmm(d['elastic_regroup_s'])} |",
+           "| the same: `kill -9` to the next step of the elastic run, s | "
+           f"{_mmm(d['elastic_kill_to_step_s'])} |"]
+          if "elastic_regroup_s" in d else []),
         "",
     ]
 

@@ -209,12 +209,13 @@ def test_submesh_split_join_and_side_by_side():
     from bench import submesh
     from bench.table import _submesh
 
-    got = submesh.run(reps=1, steps=3, sleep_s=0.01)
+    got = submesh.run(reps=1, steps=3, sleep_s=0.01, elastic_steps=40)
     for key in ("split_2_2_s", "join_s", "reform_s", "split_1_1_1_1_s", "alone_s", "both_s", "ratio",
-                "sweep_4_s", "sweep_ratio"):
+                "sweep_4_s", "sweep_ratio", "elastic_regroup_s", "elastic_kill_to_step_s"):
         assert _has_summary(got[key]), (key, got[key])
+    assert got["elastic_notes"] == [], got["elastic_notes"]
     table = "\n".join(_submesh({"data": got}))
-    assert "**both / alone**" in table and "**sweep / alone**" in table
+    assert "**both / alone**" in table and "**sweep / alone**" in table and "elastic regroup" in table
 
 
 def test_goodput_beside_the_fault_free_run_with_one_kill(tmp_path):

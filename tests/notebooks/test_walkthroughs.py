@@ -73,6 +73,7 @@ def _check_11(s):
 def _check_12(s):
     assert s["overlapped"] and s["alone_equal"] and s["sum_after_join"] == [4.0] * 4, s
     assert s["sweep"] == ["done"] * 4 and s["joined_after_sweep"], s
+    assert s["kept"] and s["best_eval_equal"], s  # the best trial's checkpoint only, loaded and evaluated
 
 
 CHECKS = {"02": _check_02, "03": _check_03, "04": _check_04, "05": _check_05, "06": _check_06,

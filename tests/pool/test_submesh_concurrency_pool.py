@@ -230,6 +230,54 @@ def test_a_sub_mesh_handed_to_another_notebook_runs_its_cells_there_beside_this_
     assert {c["pid"] for c in sharing.clients(s.pool_id)} == clients_before  # it detached, also after "zzz"
 
 
+# the same hand-over through the magics, as a person types it in the second notebook: `%dist attach POOL --on
+# b`, then a `%%distributed` cell without --on lands on b's ranks only; `%dist stop` there detaches
+MAGIC_NOTEBOOK = """\
+import sys
+from IPython.testing.globalipapp import get_ipython
+from IPython.utils.capture import capture_output
+ip = get_ipython()
+ip.run_line_magic("load_ext", "workbench")
+def run(cell):
+    with capture_output() as cap:
+        result = ip.run_cell(cell)
+    shown = cap.stdout + cap.stderr
+    assert result.success, shown
+    return shown
+shown = run(f"%dist attach {sys.argv[1]} --on b")
+assert "sub-mesh b (ranks 2-3) is this notebook's" in shown, shown
+try:
+    shown = run("%%distributed\\n" + sys.argv[2])
+    assert "[rank 2] on 0 2" in shown and "[rank 3] on 1 2" in shown, shown
+    assert "[rank 0]" not in shown and "[rank 1]" not in shown, shown
+finally:
+    print(run("%dist stop"))
+"""
+
+
+def test_a_sub_mesh_handed_over_with_the_attach_magic_takes_the_other_notebooks_cells(pool, tmp_path):
+    """``%dist attach POOL --on b`` in a second IPython process: its ``%%distributed`` cell (no ``--on``) runs
+    on b (pool ranks 2-3, a world of 2) beside this notebook's cell on a, and nowhere else. Were ``--on``
+    ignored, its cell would take the whole pool: it would wait for a's cell, which waits for it (a's fails
+    after 60 s), and ranks 0-1 would hold what it set."""
+    s = pool
+    clients_before = {c["pid"] for c in sharing.clients(s.pool_id)}
+    a = s.submit(MEET.format(folder=str(tmp_path), me="a", other="b"), on="a")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    cell = (MEET.format(folder=str(tmp_path), me="b", other="a")
+            + "via_magic = (rank, world_size)\nprint('on', rank, world_size)\n")
+    other = subprocess.run([sys.executable, "-c", MAGIC_NOTEBOOK, s.pool_id, cell],
+                           env=env, capture_output=True, text=True, timeout=180)
+    assert other.returncode == 0, other.stdout + other.stderr
+    assert "detached from pool" in other.stdout, other.stdout
+    a.wait(60)  # a's cell saw b's start while it ran
+    assert s.view([2, 3]).pull("via_magic") == [(0, 2), (1, 2)]
+    with pytest.raises(NameError, match="via_magic"):  # the cell never ran on a's ranks
+        s.view([0, 1]).pull("via_magic")
+    assert s.meshes == {"a": [0, 1], "b": [2, 3]}
+    assert {c["pid"] for c in sharing.clients(s.pool_id)} == clients_before
+
+
 # a notebook attached before the split: it sees the pool whole until its next turn, then runs on ranks 2-3
 STALE_NOTEBOOK = """\
 import sys, time

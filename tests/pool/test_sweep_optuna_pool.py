@@ -26,7 +26,8 @@ def fit(offset, steps, lr=1e-3):
     x, y = wb.regression_data(256, d_in=8, d_out=2)
     loader = wb.make_loader(TensorDataset(x, y + offset), batch_size=16)
     result = wb.Trainer(model, loader, lr=lr).run(steps=steps)
-    return {"loss": result.history[-1].loss, "steps": result.history[-1].step}
+    return {"loss": result.history[-1].loss, "steps": result.history[-1].step,
+            "checkpoint": model.state_dict()}
 """
 BAD_STEPS = 5000  # what a bad trial would train if nothing pruned it (many seconds)
 
@@ -50,14 +51,17 @@ def space(trial) -> dict:
     return {"offset": offset, "steps": 30 if offset == 0 else BAD_STEPS}
 
 
-def test_the_pruner_stops_bad_trials_while_the_good_ones_finish(pool):
+def test_the_pruner_stops_bad_trials_while_the_good_ones_finish(pool, tmp_path):
     s = pool
     study = optuna.create_study(direction="minimize", pruner=optuna.pruners.ThresholdPruner(upper=5.0))
     for offset in (0.0, 10.0, 0.0, 10.0):  # the study's first suggestions, in order
         study.enqueue_trial({"offset": offset})
     results = Sweep("fit", space, ranks_per_trial=2, session=s, study=study, n_trials=4, metric="loss",
-                    timeout=120).run()
+                    timeout=120, checkpoint_dir=tmp_path, keep="all").run()
     assert [t.status for t in results] == ["done", "pruned", "done", "pruned"], results
+    # a pruned trial leaves no checkpoint, a done one its own (keep="all")
+    assert [(tmp_path / f"trial-{i}" / "checkpoint.pt").exists() for i in range(4)] == [True, False] * 2
+    assert [t.checkpoint is not None for t in results] == [True, False] * 2
     assert [t.config["offset"] for t in results] == [0.0, 10.0, 0.0, 10.0]
     for trial in results[1::2]:  # stopped early, at a step boundary, by Optuna's pruner
         step = int(trial.error.removeprefix("pruned after step "))
@@ -92,6 +96,6 @@ def test_a_study_needs_its_trial_count_and_metric(pool):
         Sweep("fit", space, ranks_per_trial=2, session=pool, study=study, metric="loss")
     with pytest.raises(ValueError, match="metric"):
         Sweep("fit", space, ranks_per_trial=2, session=pool, study=study, n_trials=2)
-    with pytest.raises(ValueError, match="go with a study"):
+    with pytest.raises(ValueError, match="n_trials goes with a study"):
         Sweep("fit", [{"offset": 0.0, "steps": 1}], ranks_per_trial=2, session=pool, n_trials=2)
     assert pool.meshes == {}

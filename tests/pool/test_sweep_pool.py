@@ -38,7 +38,8 @@ def regression(lr, steps=30, seed=0):
         torch.nn.functional.mse_loss(model(x[rank::world]), y[rank::world]).backward()
         opt.step()
     params = torch.cat([p.detach().flatten() for p in model.module.parameters()])
-    return {"loss": torch.nn.functional.mse_loss(model(x), y).item(), "params": params, "world": world}
+    return {"loss": torch.nn.functional.mse_loss(model(x), y).item(), "params": params, "world": world,
+            "checkpoint": model.module.state_dict()}  # no metric: written only where the sweep has a folder
 
 
 def alone(lr, steps=30, seed=0) -> torch.Tensor:
@@ -124,11 +125,94 @@ def test_four_configs_on_two_rank_trials_each_as_if_trained_alone(pool):
         assert trial.metrics["world"] == 2  # the sub-mesh's world
         assert trial.ranks in ([0, 1], [2, 3]) and trial.seconds > 0
         torch.testing.assert_close(torch.tensor(trial.metrics["params"]), alone(**trial.config))
+        assert "checkpoint" not in trial.metrics and trial.checkpoint is None  # no checkpoint_dir: none
     losses = [t.metrics["loss"] for t in results]
     assert results.best("loss").index == losses.index(min(losses)) != losses.index(max(losses))
     assert results.best("loss", mode="max").index == losses.index(max(losses))
     assert "sweep0" in repr(results) and "<table>" in results._repr_html_()
     whole(s)
+
+
+def flat(state: dict) -> torch.Tensor:
+    """A Linear's state dict as the trial's ``params``: weight, then bias, flattened."""
+    return torch.cat([state["weight"].flatten(), state["bias"].flatten()])
+
+
+@pytest.mark.parametrize("keep", ["best", "all"])
+def test_the_best_trials_checkpoint_is_kept_and_loads_its_final_parameters(pool, tmp_path, keep):
+    s = pool
+    folder = tmp_path / "sweep"
+    configs = [{"lr": 0.1}, {"lr": 0.05}, {"lr": 0.02, "steps": 20}, {"lr": 0.01, "seed": 1}]
+    sweep = Sweep(regression, configs, ranks_per_trial=2, session=s, checkpoint_dir=folder, metric="loss",
+                  keep=keep)
+    results = sweep.run()
+    assert [t.status for t in results] == ["done"] * 4, results
+    best = sweep.best()  # the sweep's metric and mode: the lowest loss
+    assert best.index == results.best("loss").index
+    for trial in results:
+        path = folder / f"trial-{trial.index}" / "checkpoint.pt"
+        kept = keep == "all" or trial.index == best.index
+        assert (trial.checkpoint, path.exists()) == ((str(path), True) if kept else (None, False)), trial
+        assert "checkpoint" not in trial.metrics
+        if kept:  # loads into that trial's own final parameters, here and on the ranks
+            state = torch.load(trial.checkpoint, weights_only=True)
+            torch.testing.assert_close(flat(state), torch.tensor(trial.metrics["params"]))
+    assert f"trial-{best.index}/checkpoint.pt" in repr(results) and "checkpoint" in results._repr_html_()
+    s.run(f"import torch; m = torch.nn.Linear(4, 1); m.load_state_dict(torch.load({best.checkpoint!r}, "
+          "weights_only=True)); loaded = torch.cat([p.detach().flatten() for p in m.parameters()])")
+    for loaded in s.pull("loaded"):
+        torch.testing.assert_close(loaded, torch.tensor(best.metrics["params"]))
+    whole(s)
+
+
+# rank 0 of a trial returns its checkpoint; with a negative lr rank 1 then raises, once rank 0 has returned
+# (a file it leaves on its way out): the trial fails after rank 0 handed in its checkpoint
+SAVES = """
+import time, torch
+from pathlib import Path
+def saves(lr, returned):
+    if lr < 0 and rank == 1:
+        for _ in range(6000):
+            if Path(returned).exists():
+                raise ValueError(f"negative lr {lr}")
+            time.sleep(0.01)
+        raise TimeoutError("rank 0 never returned")
+    if rank == 0:
+        Path(returned).touch()
+    return {"lr": lr, "checkpoint": {"w": torch.full((2,), lr)}}
+"""
+
+
+def test_a_failed_trial_leaves_no_checkpoint_even_with_keep_all(pool, tmp_path):
+    s = pool
+    s.run(SAVES)
+    folder = tmp_path / "sweep"
+    configs = [{"lr": lr, "returned": str(tmp_path / f"returned-{i}")}
+               for i, lr in enumerate([0.1, -1.0, 0.3])]
+    results = Sweep("saves", configs, ranks_per_trial=2, session=s, checkpoint_dir=folder, keep="all").run()
+    assert [t.status for t in results] == ["done", "failed", "done"], results
+    assert results[1].error.endswith("raised ValueError: negative lr -1.0")
+    assert results[1].checkpoint is None and not (folder / "trial-1").exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["trial-0", "trial-2"]
+    for trial in (results[0], results[2]):
+        state = torch.load(trial.checkpoint, weights_only=True)
+        torch.testing.assert_close(state["w"], torch.full((2,), trial.config["lr"]))
+    whole(s)
+
+
+@pytest.mark.parametrize(("where", "keep", "metric", "says"), [
+    ("a-file", "best", "loss", "is a file, not a folder"),
+    ("folder", "best", None, "metric="),
+    ("folder", "last", "loss", "'best' .* or 'all'"),
+], ids=["dir-is-a-file", "best-without-metric", "bad-keep"])
+def test_bad_checkpoint_input_is_a_value_error_and_the_pool_stays_unsplit(pool, tmp_path, where, keep,
+                                                                          metric, says):
+    (tmp_path / "a-file").write_text("not a folder")
+    with pytest.raises(ValueError, match=says):
+        Sweep(regression, [{"lr": 0.1}, {"lr": 0.2}], ranks_per_trial=2, session=pool,
+              checkpoint_dir=tmp_path / where, keep=keep, metric=metric)
+    assert pool.meshes == {} and (tmp_path / "a-file").read_text() == "not a folder"
+    assert not (tmp_path / "folder").exists()
 
 
 # a wb.Trainer over a DDP model, defined on the ranks by name (a %%distributed cell)

@@ -185,6 +185,22 @@ def join_running(plan: dict):
     return elastic.join_running(plan)
 
 
+# --- a sweep's trial checkpoint (workbench.train.checkpoint; workbench.session.sweep) ---
+
+
+@endpoint(ONE)
+def save_trial_checkpoint(name: str, path: str | None) -> str | None:
+    """On rank 0 of a sweep's finished trial: the checkpoint its cell left as ``name`` written to ``path``
+    (:func:`workbench.train.checkpoint.save_file`: complete or not at all) and dropped from the namespace;
+    its path, or None where the trial returned none (or ``path`` is None: only dropped, not kept)."""
+    state = _namespace().pop(name, None)
+    if state is None or path is None:
+        return None
+    from workbench.train import checkpoint
+
+    return checkpoint.save_file(state, path)
+
+
 # --- live metrics (workbench.metrics.publisher) ---
 
 

@@ -22,14 +22,17 @@ import html
 import inspect
 import logging
 import queue
+import shutil
 import textwrap
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench import remote
 from workbench.errors import CellInterrupted, CellTimeout, RankError
 from workbench.pool.rankmap import format_ranks
 from workbench.remote.door import call_text
@@ -45,6 +48,9 @@ log = logging.getLogger(__name__)
 STATUSES = ("pending", "running", "done", "failed", "stopped", "pruned")
 SPARE = "spare"  # the sub-mesh of the ranks left over when ranks_per_trial does not divide the pool
 RESULT = "_wb_sweep_result"  # the name each trial's result has on its ranks (pulled from the first)
+CHECKPOINT = "checkpoint"  # the key of a trial's returned dict that is its checkpoint, not a metric
+STATE = "_wb_sweep_checkpoint"  # a finished trial's checkpoint on rank 0 of its sub-mesh, until written
+KEEP = ("best", "all")
 
 
 def slots(world: int, ranks_per_trial: int) -> list[str]:
@@ -123,32 +129,78 @@ def trial_source(train) -> tuple[str, str]:
     return train.__name__, source
 
 
-def trial_code(name: str, source: str, config: dict[str, Any]) -> str:
+def trial_code(name: str, source: str, config: dict[str, Any], checkpoint: bool = False) -> str:
     """The cell of one trial: the function (where its source is sent), called with the configuration; its
     result on every rank as plain Python (tensors and numpy values through ``tolist()``), so the kernel never
-    unpickles a tensor.
+    unpickles a tensor. The result's ``"checkpoint"`` (a state dict, say) is no metric: where the sweep keeps
+    checkpoints, rank 0 of the sub-mesh keeps it as ``_wb_sweep_checkpoint`` (the sweep writes it once the
+    trial is done: :func:`workbench.remote.save_trial_checkpoint`); else it is dropped.
 
-    >>> print(trial_code("train", "", {"lr": 0.1}))
-    _wb_sweep_result = None
+    >>> print(trial_code("train", "", {"lr": 0.1}, checkpoint=True))
+    _wb_sweep_result = _wb_sweep_checkpoint = None
     _wb_sweep_result = train(lr=0.1)
     if not isinstance(_wb_sweep_result, dict):
         _wb_sweep_result = {} if _wb_sweep_result is None else {'value': _wb_sweep_result}
+    _wb_sweep_checkpoint = _wb_sweep_result.pop('checkpoint', None)
+    if rank != 0:
+        _wb_sweep_checkpoint = None
     _wb_sweep_result = {str(k): getattr(v, 'tolist', lambda: v)() for k, v in _wb_sweep_result.items()}
     """
-    lines = [f"{RESULT} = None"]
+    lines = [f"{RESULT} = {STATE} = None"]
     if source:
         lines.append(source.rstrip("\n"))
     lines += [f"{RESULT} = {name}({call_text(**config)})",
               f"if not isinstance({RESULT}, dict):",
               f"    {RESULT} = {{}} if {RESULT} is None else {{'value': {RESULT}}}",
-              f"{RESULT} = {{str(k): getattr(v, 'tolist', lambda: v)() for k, v in {RESULT}.items()}}"]
+              f"{STATE} = {RESULT}.pop({CHECKPOINT!r}, None)"]
+    if checkpoint:
+        lines += ["if rank != 0:", f"    {STATE} = None"]
+    else:
+        lines += [f"{STATE} = None"]
+    lines += [f"{RESULT} = {{str(k): getattr(v, 'tolist', lambda: v)() for k, v in {RESULT}.items()}}"]
     return "\n".join(lines)
+
+
+def checkpoint_folder(checkpoint_dir, keep: str, metric: str | None) -> Path | None:
+    """The sweep's checkpoint folder, made and absolute (the ranks may run elsewhere than the kernel's working
+    folder), or None without one; a ``ValueError`` saying what fits for a ``keep`` that is neither ``"best"``
+    nor ``"all"``, ``keep="best"`` without the ``metric`` that says which is best, or a path that is no
+    folder.
+
+    >>> checkpoint_folder(None, "best", None) is None
+    True
+    >>> checkpoint_folder("/tmp/s", "last", "loss")
+    Traceback (most recent call last):
+    ...
+    ValueError: keep is 'best' (the best trial's checkpoint, the others removed) or 'all', not 'last'.
+    """
+    if keep not in KEEP:
+        raise ValueError(f"keep is 'best' (the best trial's checkpoint, the others removed) or 'all', not "
+                         f"{keep!r}.")
+    if checkpoint_dir is None:
+        return None
+    if keep == "best" and metric is None:
+        raise ValueError("keep='best' keeps the checkpoint of the trial with the best final metric: name "
+                         "it, e.g. metric=\"loss\" (mode=\"min\" or \"max\"), or keep every one with "
+                         "keep=\"all\".")
+    folder = Path(checkpoint_dir).expanduser().resolve()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"checkpoint_dir={str(checkpoint_dir)!r} is a file, not a folder: name a folder "
+                         "(made if missing); each trial's checkpoint goes to trial-N/checkpoint.pt in it.")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"checkpoint_dir={str(checkpoint_dir)!r} cannot be made: {exc.strerror or exc}; "
+                         "name a folder you can write.") from None
+    return folder
 
 
 @dataclass
 class Trial:
     """One configuration's trial: its status (one of :data:`STATUSES`), the sub-mesh and pool ranks it ran
-    on, rank 0's final metrics, its wall time in seconds, and the error of a failed one."""
+    on, rank 0's final metrics, its wall time in seconds, the error of a failed one, and the path of its
+    checkpoint (None: it returned none, the sweep has no ``checkpoint_dir``, or the checkpoint was removed:
+    not the best, or the trial did not finish)."""
 
     index: int
     config: dict[str, Any]
@@ -158,13 +210,15 @@ class Trial:
     mesh: str | None = None
     ranks: list[int] = field(default_factory=list)
     error: str | None = None
+    checkpoint: str | None = None
     cell: CellResult | None = field(default=None, repr=False)  # every rank's output and outcome
 
     def row(self) -> dict[str, Any]:
         """The trial as one flat dict: config keys and metric keys beside the trial's own."""
         return {"trial": self.index, "status": self.status, "mesh": self.mesh,
                 "ranks": format_ranks(self.ranks) if self.ranks else "", "seconds": self.seconds,
-                "config": dict(self.config), **self.metrics, "error": self.error}
+                "config": dict(self.config), **self.metrics, "error": self.error,
+                "checkpoint": self.checkpoint}
 
 
 class Results(list):
@@ -188,12 +242,14 @@ class Results(list):
     def _cells(self) -> tuple[list[str], list[dict[str, str]]]:
         metrics = list(dict.fromkeys(k for t in self for k in t.metrics))
         columns = ["trial", "status", "mesh", "ranks", "seconds", "config", *metrics, "error"]
+        if any(t.checkpoint for t in self):
+            columns.append("checkpoint")
         rows = []
         for t in self:
             row = t.row()
             row["config"] = ", ".join(f"{k}={v!r}" for k, v in t.config.items())
             row["seconds"] = "" if t.seconds is None else f"{t.seconds:.2f}"
-            for key in ("trial", "status", "mesh", "ranks", "error", *metrics):
+            for key in ("trial", "status", "mesh", "ranks", "error", "checkpoint", *metrics):
                 value = row.get(key)
                 row[key] = "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
             rows.append(row)
@@ -234,6 +290,15 @@ class Sweep:
     it prunes is interrupted at its next step and ends ``pruned``
     (:mod:`workbench.session.sweep_optuna`).
 
+    ``metric`` and ``mode`` (``"min"`` or ``"max"``; a study's direction with a study) say which trial is
+    best (:meth:`best`). ``checkpoint_dir``: a folder (made if missing) where each trial's checkpoint goes,
+    ``trial-N/checkpoint.pt``: what ``train`` returns under ``"checkpoint"`` (a state dict, say; it is no
+    metric), written by rank 0 of its sub-mesh with ``torch.save``, complete or not at all. ``keep="best"``
+    (default) keeps only the best trial's by ``metric``, removing the others' as trials end; ``"all"`` keeps
+    every finished trial's. A failed, pruned or stopped trial leaves none. The path is the trial's
+    ``checkpoint`` (``None`` where removed): ``torch.load(sweep.best().checkpoint, weights_only=True)``, in
+    the notebook or on the ranks.
+
     >>> # %%distributed: def train(lr, steps=20): ...; return {"loss": final_loss}
     >>> configs = [{"lr": 0.1}, {"lr": 0.03}, {"lr": 0.01}]
     >>> sweep = wb.Sweep("train", configs, ranks_per_trial=2)       # doctest: +SKIP
@@ -253,7 +318,8 @@ class Sweep:
 
     def __init__(self, train: str | Callable, configs, ranks_per_trial: int, *,
                  session: Session | None = None, timeout: float | None = None, study=None,
-                 n_trials: int | None = None, metric: str | None = None, poll: float = 0.25):
+                 n_trials: int | None = None, metric: str | None = None, mode: str | None = None,
+                 checkpoint_dir=None, keep: str = "best", poll: float = 0.25):
         from workbench.session.session import current
 
         self.session = session if session is not None else current()
@@ -263,15 +329,24 @@ class Sweep:
         self.search: Search | None = None
         self.poll = poll  # how often the running trials' losses go to the study's pruner, s
         if study is None:
-            if n_trials is not None or metric is not None:
-                raise ValueError("n_trials and metric go with a study (study=optuna.create_study(...)); "
-                                 "without one the sweep runs each of configs once.")
+            if n_trials is not None:
+                raise ValueError("n_trials goes with a study (study=optuna.create_study(...)); without one "
+                                 "the sweep runs each of configs once.")
             self.trials = Results(Trial(i, c) for i, c in enumerate(configs_checked(configs)))
         else:
             self.search = Search(study, configs, n_trials, metric)
             self.trials = Results()  # asked of the study as sub-meshes come free
+            if mode is not None and mode != self.search.mode:
+                raise ValueError(f"mode={mode!r} but the study is to {self.search.mode}imize: leave mode out "
+                                 "(the study's direction is the sweep's).")
+            mode = self.search.mode
+        if mode not in (None, "min", "max"):
+            raise ValueError(f"mode is 'min' or 'max', not {mode!r}.")
+        self.metric, self.mode = metric, mode or "min"  # which trial is best
         self._pending = deque(self.trials)
         self._check_pool()
+        self.checkpoint_dir = checkpoint_folder(checkpoint_dir, keep, metric)  # last: it makes the folder
+        self.keep = keep
         self._events: queue.Queue = queue.Queue()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -374,9 +449,13 @@ class Sweep:
         return Results(Trial(**{**t.__dict__, "config": dict(t.config), "metrics": dict(t.metrics),
                                 "ranks": list(t.ranks)}) for t in self.trials)
 
-    def best(self, metric: str, mode: str = "min") -> Trial:
-        """The done trial with the best final ``metric`` (:meth:`Results.best`)."""
-        return self.results.best(metric, mode)
+    def best(self, metric: str | None = None, mode: str | None = None) -> Trial:
+        """The done trial with the best final ``metric`` (:meth:`Results.best`); by default the sweep's
+        ``metric`` and ``mode``."""
+        metric = metric if metric is not None else self.metric
+        if metric is None:
+            raise ValueError("which metric? sweep.best(\"loss\"), or Sweep(..., metric=\"loss\").")
+        return self.results.best(metric, mode if mode is not None else self.mode)
 
     def __repr__(self) -> str:
         return repr(self.results)
@@ -427,6 +506,9 @@ class Sweep:
             for trial in self._pending:  # never started: the sweep stopped, failed, or lost its sub-meshes
                 trial.status = "stopped"
                 trial.error = None if self._stopping else "not started: no sub-mesh left to run it on"
+            for trial in self.trials:  # those the sweep's own failure stopped leave no checkpoint either
+                if trial.status != "done" and trial.mesh is not None:
+                    self._remove_checkpoint(trial)
             try:
                 if self.session.meshes:
                     self.session.join()
@@ -489,10 +571,13 @@ class Sweep:
         collector = self.session.metrics
         if collector is not None and collector.runs:  # the trial's Trainer run comes after these
             self._runs_before[trial.index] = collector.runs[-1].id
+        if self.checkpoint_dir is not None:  # one of an earlier sweep in the same folder is not this trial's
+            self._remove_checkpoint(trial)
         t0 = time.perf_counter()
         try:
-            handle = self.session.submit(trial_code(self.name, self.source, trial.config), on=mesh,
-                                         timeout=self.timeout)
+            code = trial_code(self.name, self.source, trial.config, self.checkpoint_dir is not None)
+            handle = self.session.submit(code,
+                                         on=mesh, timeout=self.timeout)
         except BaseException as exc:  # the pool is gone, say: the sweep's failure (raised by wait())
             trial.status, trial.error = "failed", f"{type(exc).__name__}: {exc}"
             self._told(trial)
@@ -509,6 +594,7 @@ class Sweep:
         self._ended(trial, handle)
         if trial.index in self._pruning:
             trial.status, trial.error = "pruned", f"pruned after step {self.search.reported[trial.index]}"
+        self._keep_checkpoints(trial)
         self._told(trial)
         self.run_of(trial)  # its run, kept before its sub-mesh goes to the next trial
         with self._runs_lock:
@@ -532,6 +618,55 @@ class Sweep:
             trial.status, trial.error = "failed", f"its result could not be read: {type(exc).__name__}: {exc}"
             return
         trial.metrics, trial.status = dict(metrics or {}), "done"
+
+    # -- checkpoints: written by rank 0 of a done trial; the kernel removes what is not kept (the folder is
+    # one it sees) ---------------------------------------------------------------------------------------
+    def _save_checkpoint(self, trial: Trial) -> None:
+        """A done trial's checkpoint (what its ``train`` returned under ``"checkpoint"``, kept on rank 0 of
+        its sub-mesh) written to ``trial-N/checkpoint.pt``; with ``keep="best"`` only where it is the best
+        done trial so far (else it would be removed at once: it is only let go of on the rank). A failed
+        write fails the trial, saying why."""
+        kept = self.keep == "all" or self._best_done() is trial
+        path = str(self._folder(trial) / "checkpoint.pt") if kept else None
+        [rank0] = self.session.targets([trial.ranks[0]])
+        try:
+            door = self.session.rooms.door
+            trial.checkpoint = door.call_one(remote.save_trial_checkpoint, rank0, STATE, path)
+        except Exception as exc:
+            trial.status = "failed"
+            trial.error = f"its checkpoint could not be written: {type(exc).__name__}: {exc}"
+
+    def _best_done(self) -> Trial | None:
+        """The best done trial by the sweep's metric and mode; None while no done trial has the metric."""
+        try:
+            return Results(t for t in self.trials if t.status == "done").best(self.metric, self.mode)
+        except ValueError:
+            return None
+
+    def _folder(self, trial: Trial) -> Path:
+        return self.checkpoint_dir / f"trial-{trial.index}"
+
+    def _remove_checkpoint(self, trial: Trial) -> None:
+        trial.checkpoint = None
+        if self.checkpoint_dir is not None:
+            shutil.rmtree(self._folder(trial), ignore_errors=True)
+
+    def _keep_checkpoints(self, trial: Trial) -> None:
+        """After ``trial`` ended: a done one's checkpoint written, none kept of a trial not done (a pruned one
+        that returned is not written; a stale one of an earlier sweep is removed); with ``keep="best"``
+        only the best done trial's (by the sweep's ``metric`` and ``mode``) of those ended so far."""
+        if self.checkpoint_dir is None:
+            return
+        if trial.status == "done":
+            self._save_checkpoint(trial)
+        if trial.status != "done":  # also one whose checkpoint could not be written: nothing half left
+            self._remove_checkpoint(trial)
+        if self.keep == "all":
+            return
+        best = self._best_done()
+        for other in self.trials:
+            if other is not best and other.checkpoint is not None:
+                self._remove_checkpoint(other)
 
 
 def _error_text(exc: BaseException) -> str:

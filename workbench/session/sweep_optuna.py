@@ -47,6 +47,7 @@ class Search:
         if not isinstance(metric, str) or not metric:
             raise ValueError("metric names the final metric told to the study, e.g. metric=\"loss\".")
         self.optuna = optuna
+        self.mode = "max" if study.direction == optuna.study.StudyDirection.MAXIMIZE else "min"  # the best
         self.study, self.space, self.n_trials, self.metric = study, space, n_trials, metric
         self.asked: dict[int, Any] = {}  # sweep trial index -> Optuna trial
         self.reported: dict[int, int] = {}  # sweep trial index -> the last step reported

@@ -22,6 +22,7 @@ PosixPath('ckpt/step-000020')
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -152,6 +153,22 @@ def resume(directory, trainer, *, fallback: bool = False) -> int:
     state = load_state(directory, trainer.state_dict(), fallback=fallback, optional=("rng.",))
     trainer.load_state_dict(state)
     return trainer.step
+
+
+def save_file(state, path) -> str:
+    """One rank's ``state`` (a model's ``state_dict()``, say) as one ``torch.save`` file at ``path``, complete
+    or not at all: written beside it, flushed to disk, then renamed over it. ``torch.load(path,
+    weights_only=True)`` reads it back. What a sweep's trial returns as its ``"checkpoint"`` is written so,
+    by rank 0 of its sub-mesh (:mod:`workbench.session.sweep`); returns the path written."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = final.with_name(f".{final.name}.partial")
+    with open(partial, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, final)
+    return str(final)
 
 
 class Checkpoint(Callback):

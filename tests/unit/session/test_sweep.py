@@ -8,9 +8,11 @@ import pytest
 
 from workbench.session.sweep import (
     RESULT,
+    STATE,
     Results,
     Trial,
     check_size,
+    checkpoint_folder,
     configs_checked,
     slots,
     trial_code,
@@ -65,6 +67,44 @@ def test_a_trial_cell_calls_the_function_and_leaves_plain_metrics():
         assert namespace[RESULT] == metrics
 
 
+def test_a_trial_cell_keeps_the_returned_checkpoint_on_rank_0_only_and_out_of_the_metrics():
+    state = {"weight": [1.0, 2.0]}
+    for rank in (0, 1):
+        namespace = {"rank": rank, "train": lambda: {"loss": 0.5, "checkpoint": state}}
+        exec(trial_code("train", "", {}, checkpoint=True), namespace)
+        assert namespace[RESULT] == {"loss": 0.5}
+        assert namespace[STATE] == (state if rank == 0 else None)  # written from there once the trial is done
+    namespace = {"rank": 0, "train": lambda: {"loss": 0.5, "checkpoint": state}}
+    exec(trial_code("train", "", {}), namespace)  # a sweep without checkpoint_dir keeps none
+    assert namespace[RESULT] == {"loss": 0.5} and namespace[STATE] is None
+
+
+def test_save_file_writes_a_whole_file_torch_loads(tmp_path):
+    import torch
+
+    from workbench.train.checkpoint import save_file
+
+    state = {"weight": torch.arange(4.0)}
+    path = tmp_path / "trial-0" / "checkpoint.pt"
+    assert save_file(state, path) == str(path)
+    torch.testing.assert_close(torch.load(path, weights_only=True), state)
+    assert [p.name for p in path.parent.iterdir()] == ["checkpoint.pt"]  # no partial file left
+
+
+def test_checkpoint_folder_is_made_or_refused_saying_what_fits(tmp_path):
+    assert checkpoint_folder(tmp_path / "a" / "b", "best", "loss") == tmp_path / "a" / "b"
+    assert (tmp_path / "a" / "b").is_dir()
+    (tmp_path / "file").write_text("x")
+    for where, keep, metric, says in [(tmp_path / "file", "all", None, "is a file, not a folder"),
+                                      (tmp_path / "c", "best", None, "metric="),
+                                      (tmp_path / "c", "last", "loss", "'best' .* or 'all'"),
+                                      (tmp_path / "file" / "under", "all", None, "cannot be made")]:
+        with pytest.raises(ValueError, match=says):
+            checkpoint_folder(where, keep, metric)
+    assert not (tmp_path / "c").exists()
+    assert checkpoint_folder(None, "best", None) is None  # no folder: no checkpoints, no metric needed
+
+
 def square(x):
     return {"y": x * x}
 
@@ -109,4 +149,8 @@ def test_the_table_shows_every_trial_in_text_and_html():
     page = r._repr_html_()
     assert page.count("<tr>") == 5 and "lr=0.001" in page
     assert r.rows()[0] == {"trial": 0, "status": "done", "mesh": "sweep0", "ranks": "0-1", "seconds": 1.0,
-                           "config": {"lr": 0.1}, "loss": 0.5, "error": None}
+                           "config": {"lr": 0.1}, "loss": 0.5, "error": None, "checkpoint": None}
+    r[2].checkpoint = "/s/trial-2/checkpoint.pt"  # a checkpoint kept: its column, empty where none
+    lines = str(r).splitlines()
+    assert lines[0].split()[-1] == "checkpoint" and lines[3].split()[-1] == "/s/trial-2/checkpoint.pt"
+    assert lines[1].split()[-1] == "0.5" and "/s/trial-2/checkpoint.pt</td>" in r._repr_html_()

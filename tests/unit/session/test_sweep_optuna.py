@@ -46,3 +46,10 @@ def test_a_space_function_suggests_and_bad_arguments_say_what_to_give():
                        ((study, {}, 0, "loss"), "n_trials"), ((study, {}, 1, ""), "metric")]:
         with pytest.raises(ValueError, match=says):
             Search(*args)
+
+
+def test_the_studys_direction_is_which_trial_is_best():
+    """The sweep's mode (which trial's checkpoint it keeps, Sweep.best) is the study's direction."""
+    for direction, mode in [("minimize", "min"), ("maximize", "max")]:
+        study = optuna.create_study(direction=direction)
+        assert Search(study, {}, n_trials=1, metric="accuracy").mode == mode
