@@ -7,6 +7,11 @@ Each (N, side) runs in a fresh IPython shell (as :mod:`bench.scale`), sides alte
 ``rounds`` times; the kernel's CPU (``getrusage``) per cell and the wall time per cell, medians.
 
     python -m bench.fanout --n 8,32,128 --out /tmp/fanout.json
+
+``--compare DIR``: instead of hubs off and on, hubs on in the tree at DIR (a checkout of an earlier commit:
+``git worktree add DIR <commit>``) and in this tree, alternating per N: a change's before and after.
+
+    python -m bench.fanout --n 8,128 --compare /tmp/base --out /tmp/fanout.json
 """
 
 from __future__ import annotations
@@ -54,13 +59,15 @@ def one(n: int, rounds: int, block: int, settle_s: float) -> dict:
     return out
 
 
-def run(sizes, rounds: int, block: int, settle_s: float) -> dict:
+def run(sizes, rounds: int, block: int, settle_s: float, compare: str | None = None) -> dict:
     results = []
+    sides = {"before": ("1", compare), "after": ("1", str(ROOT))} if compare else \
+        {side: (flag, str(ROOT)) for side, flag in SIDES.items()}
     for n in sizes:
-        for side, flag in SIDES.items():
-            env = {**os.environ, "WORKBENCH_FANOUT": flag}
+        for side, (flag, tree) in sides.items():
+            env = {**os.environ, "WORKBENCH_FANOUT": flag, "PYTHONPATH": tree}
             got = run_json([sys.executable, "-m", "bench.fanout", "--one", str(n), "--rounds", str(rounds),
-                            "--block", str(block), "--settle", str(settle_s)], timeout=900, env=env, cwd=ROOT)
+                            "--block", str(block), "--settle", str(settle_s)], timeout=900, env=env, cwd=tree)
             got["side"] = side
             results.append(got)
             print(table([got]), file=sys.stderr, flush=True)
@@ -89,6 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--block", type=int, default=10)
     ap.add_argument("--settle", type=float, default=10.0)
+    ap.add_argument("--compare", help="a checkout of an earlier commit: its hubs against this tree's")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     if args.one:
@@ -96,7 +104,7 @@ def main(argv=None) -> int:
 
         print(json.dumps(one(args.one, args.rounds, args.block, args.settle)), flush=True)
         return 0
-    data = run([int(x) for x in args.n.split(",")], args.rounds, args.block, args.settle)
+    data = run([int(x) for x in args.n.split(",")], args.rounds, args.block, args.settle, args.compare)
     print(data["table"])
     print_json(data, args.out)
     return 0
