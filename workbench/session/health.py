@@ -130,7 +130,8 @@ class Health:
     # -- the watcher -------------------------------------------------------------------
     def _loop(self) -> None:
         # The poller and the ranks without a pidfd are made again only when what is watched changed (a
-        # watch, a death, a knock): rebuilt at every look they cost the kernel ~50 us a rank a second.
+        # watch, a death) or while knocks are in flight (their sockets come and go: rare, remote ranks
+        # only): rebuilt at every look they cost the kernel ~50 us a rank a second.
         key, poller, fds, knocking, unwatched = None, None, {}, {}, []
         while not self._stop.is_set():
             with self._lock:
@@ -139,9 +140,9 @@ class Health:
             for handle in retired:
                 close_handle(handle)
             knocks = [pending for _, _, pending in self._knocks]
-            now_key = (id(local), self._generation, len(dead), tuple(id(k) for k in knocks))
-            if now_key != key:
-                key, poller = now_key, select.poll()
+            now_key = (id(local), self._generation, len(dead))
+            if knocks or now_key != key:
+                key, poller = (None if knocks else now_key), select.poll()
                 poller.register(self._wake_r, select.POLLIN)
                 fds = {h: rank for rank, h in local.items() if isinstance(h, int) and rank not in dead}
                 for fd in fds:
