@@ -40,6 +40,9 @@ HUNG_SILENCE_S = 60.0
 KNOCK_AFTER_S, KNOCK_EVERY_S, KNOCK_TIMEOUT_S = 2.0, 1.0, 1.0
 # How often the watcher looks at beacons (and, without pidfds, at local processes).
 LOOK_S = 0.05
+# ...and where every rank has a pidfd (a local pool) and no knock is in flight: a death wakes the watcher at
+# once through its pidfd; the look then only retries a death not yet reported (a cell ran meanwhile).
+PIDFD_LOOK_S = 0.5
 
 
 class Health:
@@ -152,7 +155,7 @@ class Health:
                     poller.register(fd, select.POLLOUT)
                 # the ranks a look must visit: those no pidfd watches (remote, or a Process without pidfds)
                 unwatched = [r for r in self._ranks if not isinstance(local.get(r.rank), int)]
-            for fd, events in poller.poll(LOOK_S * 1000):
+            for fd, events in poller.poll((LOOK_S if unwatched or knocks else PIDFD_LOOK_S) * 1000):
                 if fd == self._wake_r:
                     os.read(self._wake_r, 4096)
                 elif fd in knocking:
