@@ -37,6 +37,9 @@ FULL = {
     "scale_sizes": (2, 4, 8, 16, 32, 64),
     "scale_rounds": 3,
     "scale_settle_s": 30.0,
+    "fanout_sizes": (8, 32, 128),  # issue 42: hubs off (before) and on (after), alternating per size
+    "fanout_rounds": 3,
+    "fanout_settle_s": 10.0,
     "faults_ranks": 32,
     "faults_reps": 3,
     "faults_elastic_reps": 2,
@@ -61,6 +64,9 @@ QUICK = {
     "scale_sizes": (2,),
     "scale_rounds": 1,
     "scale_settle_s": 2.0,
+    "fanout_sizes": (2,),
+    "fanout_rounds": 1,
+    "fanout_settle_s": 1.0,
     "faults_ranks": 4,
     "faults_reps": 1,
     "faults_elastic_reps": 0,
@@ -144,6 +150,7 @@ def main(argv=None) -> int:
         cells,
         dashboard_overhead,
         elastic,
+        fanout,
         faults_at_scale,
         goodput,
         ready,
@@ -176,8 +183,11 @@ def main(argv=None) -> int:
             pool.stop()
     section("recovery", lambda: recovery.run(reps=p["recovery_reps"]))
     section("elastic", lambda: elastic.run(reps=p["elastic_reps"]))
-    section("scale",
-            lambda: scale.run(p["scale_sizes"], rounds=p["scale_rounds"], settle_s=p["scale_settle_s"]))
+    section("scale", lambda: {
+        **scale.run(p["scale_sizes"], rounds=p["scale_rounds"], settle_s=p["scale_settle_s"]),
+        "fanout": fanout.run(p["fanout_sizes"], rounds=p["fanout_rounds"], block=10,
+                             settle_s=p["fanout_settle_s"]),
+    })
     section("faults",
             lambda: faults_at_scale.run(p["faults_ranks"], p["faults_reps"], p["faults_elastic_reps"]))
     section("submesh", lambda: submesh.run(reps=p["submesh_reps"]))

@@ -371,7 +371,19 @@ def scale_table(rec) -> list[str]:
                 "threads; `gloo_tcp_loop` is gloo's transport loop, which wakes every 10 ms in each rank "
                 "whatever the group does; `... main`: the processes' main threads, the others carry the "
                 "process's name):", "", *idle]
-    return out + [""]
+    return out + fanout_table(d.get("fanout")) + [""]
+
+
+def fanout_table(d: dict | None) -> list[str]:
+    """Fan-out per host (:mod:`bench.fanout`, issue 42): the three cells at each N with hubs off (before:
+    a request and replies per rank) and on (after: one request, one merged reply per host), alternating."""
+    if not d:
+        return []
+    from bench.fanout import table
+
+    return ["", "### Fan-out per host: hubs off (before) and on (after), settled cells, medians", "",
+            "Kernel CPU from `getrusage` (every thread of the kernel's process), per cell.", ""] + \
+        (_error({"data": d}) or [table(d.get("runs") or [])])
 
 
 def _ratio(ours, theirs) -> str:

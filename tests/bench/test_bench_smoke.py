@@ -173,7 +173,7 @@ def test_summary_fills_the_performance_table_between_its_markers(tmp_path):
 
 def test_scale_sweep_and_a_kill_at_scale_render_their_tables(tmp_path):
     """The sweep beside a bare ipyparallel cluster, and the kill's timeline, at smoke sizes."""
-    from bench import faults_at_scale, scale
+    from bench import fanout, faults_at_scale, scale
     from bench.table import faults_table, scale_table
 
     sweep = scale.run((2,), rounds=1, block=2, settle_s=2.0)  # the smoke: not the 30 s of a real sweep
@@ -187,6 +187,14 @@ def test_scale_sweep_and_a_kill_at_scale_render_their_tables(tmp_path):
     table = "\n".join(scale_table(sweep))
     assert "| 2 | " in table and "x) |" in table, table
     assert "\n- 2 ranks: `" in table, table
+    # issue 42's fan-out beside it: hubs off (before) and on (after), alternating, in the same table
+    sweep["fanout"] = fanout.run((2,), rounds=1, block=2, settle_s=1.0)
+    runs = sweep["fanout"]["runs"]
+    assert [(r["n"], r["side"], r["fanout"]) for r in runs] == [(2, "before", "0"), (2, "after", "1")], runs
+    assert [r["hubs"] for r in runs] == [0, 1] and all(r["leftover"] == 0 for r in runs), runs
+    assert all(r[k]["kernel_cpu_ms"] > 0 for r in runs for k in ("trivial", "print", "pull")), runs
+    table = "\n".join(scale_table(sweep))
+    assert "hubs off (before) and on (after)" in table and "| 2 | after | 1 |" in table, table
     kills = faults_at_scale.run(n=4, reps=1, elastic_reps=0)
     kill = kills["kill"]["kills"][0]
     assert kills["kill"]["leftover"] == 0 and kill["one_rank_named"], kill

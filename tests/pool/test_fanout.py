@@ -108,3 +108,59 @@ def test_without_fanout_a_cell_is_a_request_per_rank(monkeypatch):
     finally:
         s.stop()
     assert alive(pids) == []
+
+
+HELD = """\
+import io
+if rank == 2:
+    io.open({go!r}).read()
+"""
+
+
+def test_with_hubs_a_ranks_stacks_error_post_mortem_and_death_name_that_rank(monkeypatch, tmp_path):
+    """What comes back merged per host still says which rank it is: the stacks of a held rank (from its own
+    pid), a rank's error and its post-mortem frames (evaluated on that rank), a rank that died (the fault and
+    the cell's outcome)."""
+    monkeypatch.setenv("WORKBENCH_FANOUT", "1")
+    monkeypatch.setenv("WORKBENCH_HOST_SIZE", "2")
+    s = Session(n=4, timeout=90).start()
+    pids = s.pids()
+    try:
+        assert s.hubs() == {"h0": (0, 1), "h1": (2, 3)}
+        go = tmp_path / "go"
+        os.mkfifo(go)
+        handle = s.submit(HELD.format(go=str(go)))
+        try:
+            def held():  # rank 2 waits in io.open at cell line 3, named first; the others finished the cell
+                found = s.stacks()
+                return [g.ranks for g in found.groups] == [[2], [0, 1, 3]] and \
+                    found.groups[0].headline == "<module> at cell line 3" and found
+            found = until(held, 30, every=0.2) and held()
+            assert found, s.stacks().format()
+            assert found.missing == []
+            # each answer came from its rank's own process
+            assert {r: found.answers[r]["pid"] for r in range(4)} == {r.rank: r.pid for r in s.ranks}
+        finally:
+            try:  # lets rank 2 go (ENXIO: it was not waiting yet)
+                os.close(os.open(go, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+            result = handle.wait(30)
+        assert [r.outcome for r in result.ranks] == ["ok"] * 4
+
+        with pytest.raises(RankError) as raised:
+            _cell(s, "def f(here):\n    raise ValueError(f'bad {rank}')\nif rank == 1:\n    f(rank * 7)")
+        assert raised.value.rank == 1 and "bad 1" in str(raised.value)
+        post = s.debug(1)
+        assert post.rank == 1 and "bad 1" in str(post.error)
+        assert s.debug(1, expr="(rank, here)") == "(1, 7)"  # the frames are rank 1's own
+
+        with pytest.raises(RankError) as raised:
+            _cell(s, "import os, time\nif rank == 3:\n    os._exit(3)\ntime.sleep(0.5)")
+        result = raised.value.result
+        assert raised.value.rank == 3 and result.fault is not None and result.fault.rank == 3, result
+        outcomes = [r.outcome for r in result.ranks]
+        assert outcomes[3] == "died" and "died" not in outcomes[:3], outcomes
+    finally:
+        s.stop()
+    assert alive(pids) == []

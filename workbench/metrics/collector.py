@@ -208,24 +208,32 @@ class Collector:
                     self.stats["bad_messages"] += 1
                 log.debug("dropped a message that is not this pool's: %s", exc)
                 return
-            # a host's hub batches its ranks' messages, one a line (JSON holds no raw newline)
-            for one in data.split(b"\n") if topic == wire.HOST_METRICS else (data,):
-                self.ingest(one)
+            # a host's hub batches its ranks' messages, one a line (JSON holds no raw newline): taken as
+            # one (one lock, one wake-up of the waiting views, the listeners once), not once a rank
+            self.ingest_many(data.split(b"\n") if topic == wire.HOST_METRICS else [data])
 
         wire.receive(ctx, sock, self._closed, take)
 
     def ingest(self, data: bytes, now: float | None = None) -> list[dict]:
         """Take one wire message; returns its new events. Never raises on a bad message."""
-        try:
-            msg = records.decode(data)
-        except Exception as exc:
-            with self._cv:
-                self.stats["bad_messages"] += 1
-            log.debug("dropped a message that is not a metrics message: %s", exc)
+        return self.ingest_many([data], now)
+
+    def ingest_many(self, batch: list[bytes], now: float | None = None) -> list[dict]:
+        """Take wire messages that came together (a host's batch); returns their new events, in order.
+        Never raises on a bad message (it is counted, the others are taken)."""
+        msgs = []
+        for data in batch:
+            try:
+                msgs.append(records.decode(data))
+            except Exception as exc:
+                with self._cv:
+                    self.stats["bad_messages"] += 1
+                log.debug("dropped a message that is not a metrics message: %s", exc)
+        if not msgs:
             return []
         now = time.monotonic() if now is None else now
         with self._cv:
-            new_events = self._ingest(msg, now)
+            new_events = [event for msg in msgs for event in self._ingest(msg, now)]
             self.version += 1
             listeners = list(self._listeners)
             self._cv.notify_all()

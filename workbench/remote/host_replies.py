@@ -81,6 +81,11 @@ class HostCell:
         self._targets = [t.engine_id for t in targets]
         self._children = [HostReply(t.engine_id) for t in targets]
         self._by_rank = {t.rank: child for t, child in zip(targets, self._children, strict=True)}
+        # the ranks whose end has not come, and the ranks whose end was an error, in the order they came:
+        # the wait loop asks these at every wake-up, never each rank's reply (what it does per tick does not
+        # grow with the ranks)
+        self._waiting = set(self._by_rank)
+        self.errored: list[HostReply] = []
         self.ar = None  # the broadcast call itself (attach): its reply says every rank has left the cell
         self.lines: list[tuple[str, str, list[Line]]] = []  # (hub, stream, merged lines) not yet handed on
         self.displays: list[tuple[int, dict]] = []  # (rank, display) not yet handed on
@@ -99,9 +104,14 @@ class HostCell:
                     child.output.metadata["outputs"].append(content)
                     self.displays.append((int(rank), content))
             for record in msg.get("done") or []:
-                child = self._by_rank.get(int(record["rank"]))
+                rank = int(record["rank"])
+                child = self._by_rank.get(rank)
                 if child is not None:
+                    first = not child.done()
                     child.end(record)
+                    self._waiting.discard(rank)
+                    if first and child.output.metadata["error"] is not None:
+                        self.errored.append(child)
             wakers = list(self._wakers)
             finished = self.done() and self._when_done
             callbacks, self._when_done = (self._when_done, []) if finished else ([], self._when_done)
@@ -122,7 +132,11 @@ class HostCell:
         return self.ar is None or self.ar.done()
 
     def done(self) -> bool:
-        return all(child.done() for child in self._children)
+        return not self._waiting
+
+    def waiting(self) -> set[int]:
+        """The ranks whose end has not come yet."""
+        return self._waiting
 
     def on_message(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` whenever a host's message came (the wait loop's wake-up)."""

@@ -276,9 +276,19 @@ class CellRun:
         step_time = max(float(t.get("step_time") or 0.0) for t in trainers)
         return min(30.0, max(STOP_GRACE_S, 2 * step_time + 0.5))
 
+    def _hosts_hold_all(self) -> bool:
+        """Whether the cell's replies are one :class:`HostCell` holding every running rank (no engine joined
+        during the cell): then what the wait loop asks of the ranks at each wake-up, it asks the HostCell,
+        whose answer does not grow with the ranks."""
+        replies = self.replies
+        return isinstance(replies, HostCell) and len(self.children) == len(replies._children)
+
     def _finished(self) -> bool:
         dead, dropped = self.health.dead, self.elastic.dropped
-        done = all(c.done() or r.engine_id in dropped or r.rank in dead for r, c in self.children)
+        if not dead and not dropped and self._hosts_hold_all():
+            done = self.replies.done()
+        else:
+            done = all(c.done() or r.engine_id in dropped or r.rank in dead for r, c in self.children)
         if done and isinstance(self.replies, HostCell) and not self.replies.settled():
             # every rank's end came (from its hub) a moment before its engine left the cell: wait for that
             # too (the next command finds it idle), unless a rank is gone (its reply never comes)
@@ -289,9 +299,9 @@ class CellRun:
         dead = self.health.dead
         # the engine that holds a dead rank's number now (a rank that left or failed to join keeps an old
         # number that a newer rank holds: it is not the one that died)
-        holders = {r.engine_id for r in self.group.ranks if r.rank in dead}
+        holders = {r.engine_id for r in self.group.ranks if r.rank in dead} if dead else set()
         lost = [r for r, _ in self.children
-                if r.engine_id in holders and r.engine_id not in self.elastic.dropped]
+                if r.engine_id in holders and r.engine_id not in self.elastic.dropped] if holders else []
         how = dead[lost[0].rank] if lost else ""
         if lost and self.elastic.lost(lost, "died" if how == "exited" else how):
             return  # an elastic run goes on without them
@@ -301,7 +311,7 @@ class CellRun:
             self._start_fault(now, "died", lost[0], text, AFTER_DEATH)
             self.health.announce(r.rank for r in lost)  # one fault: never "died while idle" after it
             return
-        for r, c in self.children:
+        for r, c in self._with_errors():
             err = c.output.metadata["error"]
             if err is None or faults.is_secondary(err.ename, str(err.evalue),
                                                   self._origin(r, c.output.metadata["completed"], err)):
@@ -312,6 +322,17 @@ class CellRun:
             detect = time.time() - done.timestamp() if hasattr(done, "timestamp") else None
             self._start_fault(now, "exception", r, f"{err.ename}: {err.evalue}", AFTER_FAILURE, detect)
             return
+
+    def _with_errors(self) -> list:
+        """(rank, reply) of the ranks whose reply may hold an error, in the ranks' order: with hubs only those
+        whose end said so (none: nothing to visit), else every rank."""
+        if not self._hosts_hold_all():
+            return self.children
+        errored = self.replies.errored
+        if not errored:
+            return []
+        ids = {id(c) for c in errored}
+        return [(r, c) for r, c in self.children if id(c) in ids]
 
     def _hang(self, now: float) -> None:
         """The timeout passed: name the stalled ranks and the last collective all ranks completed."""

@@ -40,6 +40,9 @@ HUNG_SILENCE_S = 60.0
 KNOCK_AFTER_S, KNOCK_EVERY_S, KNOCK_TIMEOUT_S = 2.0, 1.0, 1.0
 # How often the watcher looks at beacons (and, without pidfds, at local processes).
 LOOK_S = 0.05
+# ...and where every rank has a pidfd (a local pool) and no knock is in flight: a death wakes the watcher at
+# once through its pidfd; the look then only retries a death not yet reported (a cell ran meanwhile).
+PIDFD_LOOK_S = 0.5
 
 
 class Health:
@@ -129,36 +132,48 @@ class Health:
 
     # -- the watcher -------------------------------------------------------------------
     def _loop(self) -> None:
+        # The poller and the ranks without a pidfd are made again only when what is watched changed (a
+        # watch, a death) or while knocks are in flight (their sockets come and go: rare, remote ranks
+        # only): rebuilt at every look they cost the kernel ~50 us a rank a second.
+        key, poller, fds, knocking, unwatched = None, None, {}, {}, []
         while not self._stop.is_set():
             with self._lock:
                 retired, self._retired = self._retired, []
                 local, dead = self._local, self.dead
             for handle in retired:
                 close_handle(handle)
-            poller = select.poll()
-            poller.register(self._wake_r, select.POLLIN)
-            fds = {h: rank for rank, h in local.items() if isinstance(h, int) and rank not in dead}
-            for fd in fds:
-                poller.register(fd, select.POLLIN)
-            knocking = {fd: pending for _, _, pending in self._knocks for fd in pending.fds()}
-            for fd in knocking:  # a knock's handshake, answered beside the exits: nothing waits for it
-                poller.register(fd, select.POLLOUT)
-            for fd, events in poller.poll(LOOK_S * 1000):
+            knocks = [pending for _, _, pending in self._knocks]
+            now_key = (id(local), self._generation, len(dead))
+            if knocks or now_key != key:
+                key, poller = (None if knocks else now_key), select.poll()
+                poller.register(self._wake_r, select.POLLIN)
+                fds = {h: rank for rank, h in local.items() if isinstance(h, int) and rank not in dead}
+                for fd in fds:
+                    poller.register(fd, select.POLLIN)
+                knocking = {fd: pending for pending in knocks for fd in pending.fds()}
+                for fd in knocking:  # a knock's handshake, answered beside the exits: nothing waits for it
+                    poller.register(fd, select.POLLOUT)
+                # the ranks a look must visit: those no pidfd watches (remote, or a Process without pidfds)
+                unwatched = [r for r in self._ranks if not isinstance(local.get(r.rank), int)]
+            for fd, events in poller.poll((LOOK_S if unwatched or knocks else PIDFD_LOOK_S) * 1000):
                 if fd == self._wake_r:
                     os.read(self._wake_r, 4096)
                 elif fd in knocking:
                     knocking[fd].answered(fd)
                 elif events & select.POLLIN:  # the process exited
                     self._found(fds[fd], "exited", local)
-            self._look(local)
+            self._look(local, unwatched)
 
-    def _look(self, local: dict) -> None:
-        self._knock_silent(local)
+    def _look(self, local: dict, unwatched: list[RankInfo] | None = None) -> None:
+        """One look at the ranks no pidfd watches (``unwatched``; default: every rank without one)."""
+        if unwatched is None:
+            unwatched = [r for r in self._ranks if not isinstance(local.get(r.rank), int)]
+        self._knock_silent(local, unwatched)
         for host, how in self._lost_hosts().items():  # e.g. a pod deleted, as the Kubernetes API said
             ranks = [r.rank for r in self._ranks if r.host == host and r.rank not in self.dead]
             if ranks:
                 self._found_together(ranks, how, local)
-        for r in list(self._ranks):
+        for r in unwatched:
             if r.rank in self.dead:
                 continue
             handle = local.get(r.rank)
@@ -194,7 +209,7 @@ class Health:
             finally:
                 done()
 
-    def _knock_silent(self, local: dict) -> None:
+    def _knock_silent(self, local: dict, unwatched: list[RankInfo]) -> None:
         """Knock at the gloo ports of the remote ranks silent for ``KNOCK_AFTER_S`` (all due at once, each
         at most every ``KNOCK_EVERY_S``), and take in the knocks that are answered or out of time. The
         knocks' sockets are polled in :meth:`_loop`: the watcher never waits for an answer."""
@@ -206,7 +221,7 @@ class Health:
             if generation == self._generation:
                 self._knocked.update((r, (started, found.get(r))) for r in pending.keys)
         in_flight = {r for _, _, pending in self._knocks for r in pending.keys}
-        due = [r.rank for r in self._ranks if r.rank not in self.dead and local.get(r.rank) is None
+        due = [r.rank for r in unwatched if r.rank not in self.dead and local.get(r.rank) is None
                and r.rank not in in_flight and self.beacons.silent_for(r.rank) > KNOCK_AFTER_S
                and now - self._knocked.get(r.rank, (float("-inf"), None))[0] >= KNOCK_EVERY_S]
         if due:

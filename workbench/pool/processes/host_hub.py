@@ -5,10 +5,12 @@ The engines of its host send the hub what they would send the relay (:mod:`workb
 sends the relay, signed with the pool's key:
 
 - **beacons** as one table (:data:`~workbench.wire.HOST_BEACONS`): the latest beacon of each rank that said
-  something new, and the ranks heard, every :data:`BUSY_TABLE_S` while one is busy, else every
-  :data:`IDLE_TABLE_S` (the kernel's silence clock of each rank moves with the table);
+  something new (a busy rank's, whole, at least every :data:`FULL_BEAT_S`), and the ranks heard, every
+  :data:`BUSY_TABLE_S` while one is busy, else every :data:`IDLE_TABLE_S` (the kernel's silence clock of each
+  rank moves with the table);
 - **metrics** batched (:data:`~workbench.wire.HOST_METRICS`): the ranks' messages as they were, one batch
-  every :data:`METRICS_S`;
+  :data:`METRICS_S` after a step or an event came, else (device samples only) :data:`DEVICE_METRICS_S` after
+  the first;
 - **cells** (:data:`~workbench.wire.HOST_CELL`): the host's ranks' lines merged by position
   (:class:`workbench.lines.Merger`: identical lines once, the number spread), their displays, and each rank's
   end (its outcome, traceback, value and its own text, bounded) — all the ends of a cell in one message when
@@ -48,7 +50,11 @@ from workbench.lines import STREAMS, Line, Merger
 TICK_S = 0.05  # the hub's pace while a cell runs: merged lines go at most this late
 BUSY_TABLE_S = 0.25  # a beacon table this often while a rank of the host is busy (an agent's own pace)
 IDLE_TABLE_S = 1.0  # ...and this often between cells (the kernel's silence clock needs one a second)
-METRICS_S = 0.1  # metrics batched this long (the publishers' own flush interval)
+METRICS_S = 0.1  # metrics batched this long (the publishers' own flush interval)...
+# ...where the batch holds steps or events (a loss point for the widget); device samples alone (a rank's one
+# a second) wait this long for the host's other ranks' samples: one message a second a host, not one a rank
+DEVICE_METRICS_S = 1.0
+FULL_BEAT_S = 1.0  # a busy rank's beacon that says nothing new goes whole at most this often (else: heard)
 # The ends of a cell's ranks wait this long for the host's other ranks' ends (one message for all of them);
 # an error goes at once. WORKBENCH_HUB_DONE_HOLD_S sets it (a test that counts messages holds longer).
 DONE_HOLD_S = float(os.environ.get("WORKBENCH_HUB_DONE_HOLD_S", "0.25"))
@@ -201,6 +207,7 @@ class BeaconTable:
         self.heard: set[int] = set()
         self.busy = False
         self.last = -1e9
+        self.sent_at: dict[int, float] = {}  # when each rank's beacon last went whole
 
     def take(self, beat: dict, now: float) -> None:
         rank = int(beat["rank"])
@@ -210,23 +217,71 @@ class BeaconTable:
         self.latest[rank] = beat
         self.heard.add((rank, str(beat.get("pub"))))
         before = self.sent.get(rank)
-        if beat.get("busy") or before is None or any(v != before.get(k) for k, v in beat.items()
-                                                       if k not in ("t", "seq")):
+        # a busy rank's beacon that says nothing new (its line, its collective, ... unchanged) goes as heard
+        # only (the kernel's silence clock moves as with the whole), and whole once a FULL_BEAT_S: the kernel
+        # parses a host's busy table, not each rank's copy of what it already has, four times a second
+        if before is None or now - self.sent_at.get(rank, -1e9) >= FULL_BEAT_S and beat.get("busy") or \
+                any(v != before.get(k) for k, v in beat.items() if k not in ("t", "seq")):
             self.changed.add(rank)
-            self.busy = self.busy or bool(beat.get("busy"))
+        self.busy = self.busy or bool(beat.get("busy"))
 
     def table(self, now: float) -> dict | None:
         """The table due now (None: not yet)."""
         since = now - self.last
         if not ((self.changed and since >= (BUSY_TABLE_S if self.busy else TICK_S)) or
+                (self.busy and self.heard and since >= BUSY_TABLE_S) or
                 (self.heard and since >= IDLE_TABLE_S)):
             return None
         beats = [self.latest[r] for r in sorted(self.changed)]
         msg = {"hub": self.hub, "beats": beats, "heard": [list(h) for h in sorted(self.heard)]}
         for beat in beats:
             self.sent[int(beat["rank"])] = beat
+            self.sent_at[int(beat["rank"])] = now
         self.changed, self.heard, self.busy, self.last = set(), set(), False, now
         return msg
+
+
+class MetricsBatch:
+    """The host's ranks' metrics messages, sent as one batch: :data:`METRICS_S` after a step or an event came
+    (a loss point for the live view), else :data:`DEVICE_METRICS_S` after the first device sample.
+
+    >>> b = MetricsBatch()
+    >>> b.take(b'{"pub":"a","rank":0,"host":"h","device":[[0,1.0]]}', now=0.0)
+    >>> b.due(now=0.5), b.due(now=1.0)
+    (False, True)
+    >>> b.take(b'{"pub":"a","rank":0,"host":"h","step":[[0,1.0]]}', now=0.6)     # a step: sooner
+    >>> b.due(now=0.69), b.due(now=0.7), len(b.parts(max_bytes=1_000)), b.bodies
+    (False, True, 1, [])
+    """
+
+    def __init__(self):
+        self.bodies: list[bytes] = []
+        self.due_at = 0.0
+
+    def take(self, body: bytes, now: float) -> None:
+        if not self.bodies:
+            self.due_at = now + DEVICE_METRICS_S
+        if b'"step":' in body or b'"event":' in body:  # wire JSON has no spaces (records.encode)
+            self.due_at = min(self.due_at, now + METRICS_S)
+        self.bodies.append(body)
+
+    def due(self, now: float) -> bool:
+        return bool(self.bodies) and now >= self.due_at - 1e-9
+
+    def parts(self, max_bytes: int) -> list[bytes]:
+        """The batch as newline-joined messages of at most ``max_bytes`` each (a message larger alone);
+        emptied."""
+        out, batch, size = [], [], 0
+        for body in self.bodies:  # newline-joined JSON messages (JSON has no raw newline)
+            if batch and size + len(body) > max_bytes:
+                out.append(b"\n".join(batch))
+                batch, size = [], 0
+            batch.append(body)
+            size += len(body) + 1
+        if batch:
+            out.append(b"\n".join(batch))
+        self.bodies = []
+        return out
 
 
 class Hub:
@@ -252,8 +307,7 @@ class Hub:
         self.commands = wire.subscriber(self.ctx, relay["out"], wire.COMMAND)
         self.cells = HostCells(self.label, pool=settings.get("pool"))
         self.beacons = BeaconTable(self.label)
-        self.metrics: list[bytes] = []
-        self.metrics_since = 0.0
+        self.metrics = MetricsBatch()
         self.joiner = wire.Joiner()
         self.dropped = 0
 
@@ -264,7 +318,7 @@ class Hub:
         poller.register(self.inbox, zmq.POLLIN)
         poller.register(self.commands, zmq.POLLIN)
         while not stop():
-            ready = dict(poller.poll(int(TICK_S * 1000) if self.cells.cells or self.metrics else
+            ready = dict(poller.poll(int(TICK_S * 1000) if self.cells.cells or self.metrics.bodies else
                                      int(IDLE_TABLE_S * 1000 / 4)))
             now = time.monotonic()
             if self.commands in ready:
@@ -287,9 +341,7 @@ class Hub:
             if topic == wire.STACKS:
                 self.to_relay.send_multipart(frames)  # as it was: it names its rank
             elif topic == wire.METRICS:
-                if not self.metrics:
-                    self.metrics_since = now
-                self.metrics.append(body)
+                self.metrics.take(body, now)
             elif topic == wire.BEACON:
                 self.beacons.take(json.loads(body), now)
             elif topic == wire.CELL_RECORD:
@@ -307,16 +359,9 @@ class Hub:
         table = self.beacons.table(now)
         if table is not None:
             self.send_up(wire.HOST_BEACONS, json.dumps(table).encode())
-        if self.metrics and now - self.metrics_since >= METRICS_S:
-            batch, size = [], 0
-            for body in self.metrics:  # newline-joined JSON messages (JSON has no raw newline)
-                if batch and size + len(body) > wire.PART_BYTES:
-                    self.send_up(wire.HOST_METRICS, b"\n".join(batch))
-                    batch, size = [], 0
-                batch.append(body)
-                size += len(body) + 1
-            self.send_up(wire.HOST_METRICS, b"\n".join(batch))
-            self.metrics = []
+        if self.metrics.due(now):
+            for part in self.metrics.parts(wire.PART_BYTES):
+                self.send_up(wire.HOST_METRICS, part)
 
     def send_up(self, topic: bytes, body: bytes) -> None:
         import zmq
