@@ -191,10 +191,15 @@ def run_cell(page, cells, i: int, wait: bool = True, timeout: float = 120_000):
     from playwright.sync_api import expect
 
     cell = cells.nth(i)
+    select = page.locator(".jp-Dialog").get_by_role("button", name="Select")
     for attempt in range(3):
         try:
+            # under load JupyterLab may still ask which kernel to start after the notebook's is idle (once,
+            # at 64 ranks): the notebook names its kernel, so the dialog's choice is it
+            if select.count():
+                select.click()
             cell.scroll_into_view_if_needed()
-            cell.locator(".jp-InputPrompt").click()
+            cell.locator(".jp-InputPrompt").click(timeout=15_000)
         except PlaywrightError:  # a notebook just opened may render its cells anew: find the cell again
             if attempt == 2:
                 raise
