@@ -26,28 +26,53 @@ def rank_states(client, engines: dict[int, int], dead: Iterable[int] = (), timeo
     known dead (failed whatever the controller's books say). Raises :class:`NoAnswer` when the controller
     does not answer within ``timeout`` s (ipyparallel's ``queue_status`` would wait for ever).
 
-    >>> class Client:  # the controller's books: engine 1 is gone, engine 2 has a task queued
-    ...     ids, results = [0, 2], {}
+    >>> class Client:  # the controller's books: engine 1 is gone, engines 2 and 3 have a request queued;
+    ...     ids = [0, 2, 3]  # m3 is this client's, answered already (the controller has not heard yet)
+    ...     history, outstanding = ["m3"], set()
     ...     def queue_status(self, targets, verbose):
-    ...         return {0: {"queue": [], "tasks": []}, 2: {"queue": ["m1"], "tasks": []}}
-    >>> rank_states(Client(), {0: 0, 1: 1, 2: 2})
-    {0: 'idle', 1: 'failed', 2: 'busy'}
+    ...         return {0: {"queue": [], "tasks": []}, 2: {"queue": ["m1"], "tasks": []},
+    ...                 3: {"queue": ["m3"], "tasks": []}}
+    >>> rank_states(Client(), {0: 0, 1: 1, 2: 2, 3: 3})
+    {0: 'idle', 1: 'failed', 2: 'busy', 3: 'idle'}
     """
     dead = set(dead)
     alive = set(client.ids)
     queues = answered(lambda: client.queue_status(targets=[e for e in engines.values() if e in alive],
                                                   verbose=True), timeout)
+    listed = {eid: [*q.get("queue", []), *q.get("tasks", [])]
+              for eid, q in queues.items() if isinstance(q, dict)}  # (its "unassigned" is a list)
+    done = answered_here(client, {m for ids in listed.values() for m in ids})
     out = {}
     for rank, engine_id in engines.items():
         if rank in dead or engine_id not in alive:
             out[rank] = "failed"
             continue
-        q = queues.get(engine_id, {})
-        # the controller hears of a finished task a moment after its client does: what the client already
-        # has a result for is not pending, whatever the controller's books say
-        pending = [m for m in [*q.get("queue", []), *q.get("tasks", [])] if m not in client.results]
+        pending = [m for m in listed.get(engine_id, []) if m not in done]
         out[rank] = "busy" if pending else "idle"
     return out
+
+
+def answered_here(client, msg_ids: set[str]) -> set[str]:
+    """The requests among ``msg_ids`` (pending in the controller's books) that ``client`` sent and has the
+    reply of: not pending, whatever the books say.
+
+    The controller's scheduler hands a reply to the client first and tells the hub after; the hub files it
+    when it gets to it, later under load (64 ranks, the JupyterLab panel asking too). So right after a call
+    on every rank (``%dist start``'s last) the books can still hold requests the client has its replies
+    for. ``client.results`` cannot tell them: ipyparallel drops a result from it as soon as the request's
+    future is done. Its ``history`` (every request it sent that expects a reply, in order) and
+    ``outstanding`` (those whose reply has not come) can: a request of the history that is no longer
+    outstanding was answered. Another client's request (another notebook's, or any to a look-only client)
+    is not in the history: pending, as the books say.
+
+    >>> client = type("C", (), {"history": ["a", "b", "c"], "outstanding": {"c"}})()
+    >>> sorted(answered_here(client, {"b", "c", "x"}))
+    ['b']
+    """
+    if not msg_ids:
+        return set()
+    outstanding = client.outstanding  # a set its I/O thread changes: asked one id at a time, never copied
+    return {m for m in list(client.history) if m in msg_ids and m not in outstanding}
 
 
 def answered(ask, timeout: float):
