@@ -35,6 +35,23 @@ def chromium(p, tmp_path: Path, width: int = 1600, height: int = 1000):
         headless=True, viewport={"width": width, "height": height})
 
 
+@contextlib.contextmanager
+def lab_page(p, tmp_path: Path, lab: dict, failure_shot: Path, **size):
+    """A page of Debian's Chromium (:func:`chromium`, ``size``: its width and height) for the block on
+    ``lab``; should the block fail, a screenshot to ``failure_shot`` and the server log's tail printed; the
+    browser closed after."""
+    browser = chromium(p, tmp_path, **size)
+    page = browser.new_page()
+    try:
+        yield page
+    except Exception:
+        page.screenshot(path=str(failure_shot))
+        print(lab["log"].read_text()[-4000:])
+        raise
+    finally:
+        browser.close()
+
+
 def descendants() -> set[int]:
     """The pids of this process's descendants now: taken before a test, for :func:`assert_nothing_left`."""
     import psutil

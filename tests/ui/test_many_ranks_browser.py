@@ -28,8 +28,8 @@ import pytest
 from tests.conftest import alive, until
 from tests.ui.lab import (
     assert_nothing_left,
-    chromium,
     descendants,
+    lab_page,
     needs_chromium,
     notebook,
     open_notebook,
@@ -63,11 +63,9 @@ def test_rank_tabs_and_the_docked_dashboard_stay_usable_at_64_ranks(tmp_path):
     pids: list[int] = []
     busy: list[str] = []  # the lines of the start's table that said a rank busy
     with run_lab(tmp_path, {"many.ipynb": NOTEBOOK}) as lab, sync_playwright() as p:
-        browser = chromium(p, tmp_path, height=1100)
-        page = browser.new_page()
-        raised: list[str] = []
-        page.on("pageerror", lambda e: raised.append(str(e)))
-        try:
+        with lab_page(p, tmp_path, lab, SHOTS / "40-64-failure.png", height=1100) as page:
+            raised: list[str] = []
+            page.on("pageerror", lambda e: raised.append(str(e)))
             open_notebook(page, lab, "many.ipynb")
             page.locator('li.lm-TabBar-tab[data-id="workbench-pools"]').click()
             panel = page.locator("#workbench-pools")
@@ -145,12 +143,6 @@ def test_rank_tabs_and_the_docked_dashboard_stay_usable_at_64_ranks(tmp_path):
             expect(cells.nth(2).locator(".jp-OutputArea")).to_contain_text("stopped pool")
             expect(panel.locator(".wb-Card")).to_have_count(0, timeout=60_000)
             assert until(lambda: not alive(pids), 60), alive(pids)
-        except Exception:
-            page.screenshot(path=str(SHOTS / "40-64-failure.png"))
-            print(lab["log"].read_text()[-4000:])
-            raise
-        finally:
-            browser.close()
     assert_nothing_left(before, pids)
     # checked last, after every other check passed (issue 40, point 9)
     assert not busy, f"%dist start's table said {len(busy)} of {N} ranks busy right after ready: {busy[:3]}"

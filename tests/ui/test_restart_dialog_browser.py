@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import alive, until
-from tests.ui.lab import chromium, needs_chromium, notebook, open_notebook, rest, run_cell, run_lab
+from tests.ui.lab import lab_page, needs_chromium, notebook, open_notebook, rest, run_cell, run_lab
 
 SHOTS = Path(__file__).resolve().parents[2] / "build" / "ui"
 
@@ -31,49 +31,44 @@ def test_the_restart_dialog_says_the_kept_pool_and_its_variables_stay(tmp_path):
     notebooks = {"kept.ipynb": notebook(start), "plain.ipynb": notebook("x = 1")}
     pids: list[int] = []
     with run_lab(tmp_path, notebooks, start_s=240) as lab, sync_playwright() as p:
-        browser = chromium(p, tmp_path, width=1400, height=900)
-        page = browser.new_page()
         try:
-            open_notebook(page, lab, "kept.ipynb")
-            cells = page.locator(".jp-Notebook .jp-Cell")
-            run_cell(page, cells, 0, timeout=240_000)
-            expect(cells.nth(0).locator(".jp-OutputArea")).to_contain_text("kept by the Jupyter server")
-            [pool] = rest(lab, "GET", "workbench/pools")["pools"]
-            pids = [r["pid"] for r in pool["ranks"]]
-            def drives() -> bool:  # the listing names this notebook among those driving the pool
-                return any(n["notebook"].endswith("kept.ipynb")
-                           for n in rest(lab, "GET", "workbench/pools")["pools"][0]["notebooks"])
+            failed = SHOTS / "failure-restart-dialog.png"
+            with lab_page(p, tmp_path, lab, failed, width=1400, height=900) as page:
+                open_notebook(page, lab, "kept.ipynb")
+                cells = page.locator(".jp-Notebook .jp-Cell")
+                run_cell(page, cells, 0, timeout=240_000)
+                expect(cells.nth(0).locator(".jp-OutputArea")).to_contain_text("kept by the Jupyter server")
+                [pool] = rest(lab, "GET", "workbench/pools")["pools"]
+                pids = [r["pid"] for r in pool["ranks"]]
+                def drives() -> bool:  # the listing names this notebook among those driving the pool
+                    return any(n["notebook"].endswith("kept.ipynb")
+                               for n in rest(lab, "GET", "workbench/pools")["pools"][0]["notebooks"])
 
-            assert until(drives, timeout=30)  # the dialog reads that
+                assert until(drives, timeout=30)  # the dialog reads that
 
-            page.evaluate(RESTART)
-            dialog = page.locator(".jp-Dialog")
-            expect(dialog).to_contain_text("Restart Kernel?", timeout=30_000)
-            expect(dialog).to_contain_text(
-                "The notebook's variables will be lost; pool team (2 ranks) keeps running and its ranks keep "
-                "their variables: `%dist attach team` in the restarted kernel takes it up again.")
-            assert "All variables will be lost" not in dialog.inner_text()
-            page.screenshot(path=str(SHOTS / "40-10-restart-dialog-kept-pool.png"))
-            dialog.locator("button.jp-mod-warn").click()  # Restart
-            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(
-                timeout=90_000)
-            # the kernel restarted (the old one no longer drives the pool) and the pool runs on, every rank
-            assert until(lambda: not drives(), timeout=60)
-            [after] = rest(lab, "GET", "workbench/pools")["pools"]
-            assert after["state"] == "running" and [r["pid"] for r in after["ranks"]] == pids
+                page.evaluate(RESTART)
+                dialog = page.locator(".jp-Dialog")
+                expect(dialog).to_contain_text("Restart Kernel?", timeout=30_000)
+                expect(dialog).to_contain_text(
+                    "The notebook's variables will be lost; pool team (2 ranks) keeps running and its ranks "
+                    "keep their variables: `%dist attach team` in the restarted kernel takes it up again.")
+                assert "All variables will be lost" not in dialog.inner_text()
+                page.screenshot(path=str(SHOTS / "40-10-restart-dialog-kept-pool.png"))
+                dialog.locator("button.jp-mod-warn").click()  # Restart
+                expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(
+                    timeout=90_000)
+                # the kernel restarted (the old one no longer drives the pool); the pool runs on, every rank
+                assert until(lambda: not drives(), timeout=60)
+                [after] = rest(lab, "GET", "workbench/pools")["pools"]
+                assert after["state"] == "running" and [r["pid"] for r in after["ranks"]] == pids
 
-            # a notebook that drives no pool: JupyterLab's own dialog, through the same plugin
-            open_notebook(page, lab, "plain.ipynb")
-            page.evaluate(RESTART)
-            expect(dialog).to_contain_text("All variables will be lost.", timeout=30_000)
-            dialog.locator("button.jp-mod-reject").click()  # Cancel
-            expect(dialog).to_have_count(0)
-        except Exception:
-            page.screenshot(path=str(SHOTS / "failure-restart-dialog.png"))
-            print(lab["log"].read_text()[-4000:])
-            raise
+                # a notebook that drives no pool: JupyterLab's own dialog, through the same plugin
+                open_notebook(page, lab, "plain.ipynb")
+                page.evaluate(RESTART)
+                expect(dialog).to_contain_text("All variables will be lost.", timeout=30_000)
+                dialog.locator("button.jp-mod-reject").click()  # Cancel
+                expect(dialog).to_have_count(0)
         finally:
-            browser.close()
             for found in rest(lab, "GET", "workbench/pools")["pools"]:
                 rest(lab, "DELETE", f"workbench/pools/{found['id']}")
     assert until(lambda: not alive(pids), timeout=30), f"left running: {alive(pids)}"

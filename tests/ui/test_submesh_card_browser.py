@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import alive, until
-from tests.ui.lab import chromium, needs_chromium, notebook, open_notebook, run_cell, run_lab
+from tests.ui.lab import lab_page, needs_chromium, notebook, open_notebook, run_cell, run_lab
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "build" / "ui"
@@ -47,9 +47,7 @@ def test_the_card_says_each_sub_mesh_and_which_is_busy(lab, tmp_path):
     SHOTS.mkdir(parents=True, exist_ok=True)
     pids: list[int] = []
     with sync_playwright() as p:
-        browser = chromium(p, tmp_path, width=1400, height=950)
-        page = browser.new_page()
-        try:
+        with lab_page(p, tmp_path, lab, SHOTS / "failure-submesh-card.png", width=1400, height=950) as page:
             open_notebook(page, lab, "split.ipynb")
             page.locator('li.lm-TabBar-tab[data-id="workbench-pools"]').click()
             panel = page.locator("#workbench-pools")
@@ -84,10 +82,4 @@ def test_the_card_says_each_sub_mesh_and_which_is_busy(lab, tmp_path):
             run_cell(page, cells, 4, timeout=60_000)
             expect(panel.locator(".wb-Card")).to_have_count(0, timeout=30_000)
             assert until(lambda: not alive(pids), timeout=30, every=0.2), alive(pids)
-        except Exception:
-            page.screenshot(path=str(SHOTS / "failure-submesh-card.png"))
-            print(lab["log"].read_text()[-4000:])
-            raise
-        finally:
-            browser.close()
     shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)
