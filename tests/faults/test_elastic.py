@@ -228,6 +228,45 @@ def test_a_rank_that_hangs_is_killed_and_routed_around(four):
         torch.testing.assert_close(got, reference(steps))
 
 
+# the victim dies as the run starts; the others' beacons saying their run started come 0.5 s late (their
+# beacon thread held, as on a loaded machine): the kernel sees the death before any beacon of the run
+DIES_AT_START = """
+import os, signal, threading, time
+from workbench.engine import agent
+class DiesAtStart(wb.Callback):
+    def __init__(self, pid):
+        self.pid = pid
+    def on_run_start(self, trainer):
+        if os.getpid() == self.pid:
+            os.kill(self.pid, signal.SIGKILL)
+        held = threading.Event()
+        def hold():
+            with agent._agent._target_lock:
+                held.set()
+                time.sleep(0.5)
+        threading.Thread(target=hold, daemon=True).start()
+        held.wait()
+"""
+
+
+def test_a_rank_lost_as_the_run_starts_before_any_beacon_says_it_runs_is_routed_around(four):
+    """CI stop 46: a rank killed early in a run failed the cell as a plain fault, the kernel's beacons still
+    showing the survivors' elastic Trainer between runs. The kernel now waits for their next beacons."""
+    victim, steps = random.Random().randrange(4), 20
+    print(f"rank {victim} dies as the run starts")
+    four.run(setup_code())
+    four.run("trainer.run(steps=1)")  # a run before: the beacons say an elastic Trainer is here, not running
+    four.run(DIES_AT_START + f"trainer.callbacks[1] = DiesAtStart({four.ranks[victim].pid})")
+    result = four.run(f"result = trainer.run(steps={steps - 1})")
+    assert sorted(r.outcome for r in result.ranks) == ["lost", "ok", "ok", "ok"], [
+        (r.rank.rank, r.outcome, r.stderr[-500:]) for r in result.ranks]
+    assert four.faults[-1].first_failure == f"rank {victim} died after step 1; continuing on 3 ranks"
+    assert four.world_size == 3 and four.pull("trainer.step") == [steps] * 3
+    check_every_sample_once(four.pull("log.steps"), steps)
+    for got in final_params(four):
+        torch.testing.assert_close(got, reference(steps))
+
+
 def test_fsdp_takes_the_lost_shards_from_the_last_checkpoint(four, tmp_path):
     rng = random.Random()
     victim, at_step, steps = rng.randrange(4), rng.randrange(6, 14), 30

@@ -77,9 +77,13 @@ _plans: collections.deque = collections.deque()  # regroup plans (None: the kern
 _plan_posted = threading.Condition()
 
 
-def trainer_says(**status) -> None:
+def trainer_says(*, fresh: bool = False, **status) -> None:
     """Update what the beacon says of the Trainer, and beat within a fifth of a period: a Ctrl-C picks the
-    step-boundary stop from the beacons only once they say a Trainer runs (``session/cell_run.py``)."""
+    step-boundary stop from the beacons only once they say a Trainer runs (``session/cell_run.py``).
+    ``fresh``: what it said of an earlier Trainer or run is forgotten first (a plain Trainer's run after an
+    elastic one's must not say "elastic")."""
+    if fresh:
+        trainer_status.clear()
     trainer_status.update(status)
     if _agent is not None:
         _agent.wake()

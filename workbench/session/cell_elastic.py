@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 REPLAN_S = 5.0
 REPLAN_QUIET_S = 2.0  # ... and that have been silent this long (a member only slow to come still beacons)
 RESEND_S = 0.5  # a member still waiting in an older group than the plan's is sent it again this often
+# A loss seen while no elastic run is known to go on waits at most this long for the survivors' beacons sent
+# after it: the one saying their elastic run started may still be on its way (a rank lost as the run starts,
+# or a kernel whose beacon thread lags under load, failed the cell as a plain fault: CI, stop 46)
+STALE_VIEW_S = 1.0
 
 
 class Children(list):
@@ -91,6 +95,7 @@ class ElasticWatch:
         self.faults: list = []
         self.recovering: dict | None = None  # the regroup in progress: since, generation, step
         self._progress: dict[int, tuple] = {}  # engine id -> ((steps begun, collectives), since when)
+        self._loss_seen: dict[frozenset, tuple[float, float]] = {}  # lost engine ids -> (monotonic, wall)
 
     # -- what runs --------------------------------------------------------------------------------
     def beat(self, info: RankInfo) -> dict | None:
@@ -143,6 +148,23 @@ class ElasticWatch:
         return self.settings
 
     # -- routing around ---------------------------------------------------------------------------
+    def undecided(self, infos: list[RankInfo]) -> bool:
+        """Whether the loss of ``infos`` waits a tick before it is routed around or fails the cell: no
+        elastic run is known to go on (:meth:`active`), but a survivor's latest beacon, sent before the loss
+        was seen, shows an elastic Trainer between runs; for at most ``STALE_VIEW_S``. A pool without an
+        elastic Trainer never waits: its losses are named at once."""
+        if self.active() is not None:
+            return False
+        key = frozenset(r.engine_id for r in infos)
+        seen = self._loss_seen.setdefault(key, (time.monotonic(), time.time()))
+        if time.monotonic() - seen[0] > STALE_VIEW_S:
+            return False
+        for beat in filter(None, map(self.beat, self.members())):
+            trainer = beat.get("trainer") or {}
+            if "elastic" in trainer and not trainer.get("running") and beat.get("t", 0.0) < seen[1]:
+                return True
+        return False
+
     def tick(self) -> None:
         """From the cell's wait loop: notice a regroup that completed, or a rank that hangs; carry out
         the changes asked for from other threads (``%dist restart``, ``%dist scale``)."""

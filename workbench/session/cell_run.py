@@ -303,6 +303,8 @@ class CellRun:
         lost = [r for r, _ in self.children
                 if r.engine_id in holders and r.engine_id not in self.elastic.dropped] if holders else []
         how = dead[lost[0].rank] if lost else ""
+        if lost and self.elastic.undecided(lost):
+            return  # the survivors' next beacons say whether their elastic run goes on (a tick or a few)
         if lost and self.elastic.lost(lost, "died" if how == "exited" else how):
             return  # an elastic run goes on without them
         if lost:  # a whole host gone (off this machine) is named as such: one fault

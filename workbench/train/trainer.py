@@ -370,7 +370,7 @@ class Trainer:
         self.run_error = None  # what ends this run early (TrainingInterrupted, an error), for on_run_end
         for cb in self.hooks():
             cb.on_run_start(self)
-        agent.trainer_says(running=True, step=self.step, **status)
+        agent.trainer_says(fresh=True, running=True, step=self.step, **status)
         try:
             _memory_peaks(self.device)  # the first step's peak counts from here
             yield
