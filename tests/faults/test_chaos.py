@@ -193,9 +193,10 @@ def test_a_loss_while_a_rank_joins_is_one_re_plan_that_takes_the_joiner_along(po
 
 
 # A member that said it is ready for a join plan (as the others and the joiner did) dies before it connects:
-# the others are then in ``init_process_group`` of that plan, which no newer plan interrupts. The pool's
-# timeout is raised to 900 s on the engines, so that the time the others stay there is longer than this test
-# waits for the run (with the pool's 60 s, the survivor went on 57 s after the last loss, in a script run).
+# the others are then in ``init_process_group`` of that plan, which no newer plan interrupted before the fix
+# (rendezvous.InterruptibleStore). The pool's timeout is raised to 900 s on the engines, so that the time the
+# others stayed there is longer than this test waits for the run (with the pool's 60 s, the survivor went on
+# 57 s after the last loss, in a script run). Before the fix: the run never ended within the 240 s (failed).
 DIE_IN_JOIN_INIT = """
 from workbench.engine import rendezvous as _rv
 _rv._state["timeout_s"] = 900
