@@ -192,6 +192,47 @@ def test_a_loss_while_a_rank_joins_is_one_re_plan_that_takes_the_joiner_along(po
     finished_as_asked(pool, run, steps, 3)
 
 
+# A member that said it is ready for a join plan (as the others and the joiner did) dies before it connects:
+# the others are then in ``init_process_group`` of that plan, which no newer plan interrupted before the fix
+# (rendezvous.InterruptibleStore). The pool's timeout is raised to 900 s on the engines, so that the time the
+# others stayed there is longer than this test waits for the run (with the pool's 60 s, the survivor went on
+# 57 s after the last loss, in a script run). Before the fix: the run never ended within the 240 s (failed).
+DIE_IN_JOIN_INIT = """
+from workbench.engine import rendezvous as _rv
+_rv._state["timeout_s"] = 900
+_init_group_before = _rv._init_group
+
+def _die_in_join_init(backend, store, rank, world_size, dev, rendezvous_s=None):
+    if world_size == 4 and os.path.exists(os.path.join({folder!r}, f"die-{{os.getpid()}}")):
+        os.kill(os.getpid(), 9)
+    return _init_group_before(backend, store, rank, world_size, dev, rendezvous_s)
+
+_rv._init_group = _die_in_join_init
+"""
+
+
+def test_a_member_lost_as_a_join_plan_s_group_forms_leaves_no_rank_deaf_to_the_re_plans(pool, tmp_path):
+    """The goodput bench's stall (a kill every 2 s): a member was lost the moment a replacement's join plan
+    went out, then another member, then the joiner ("regrouping on 1 rank", never "continuing"; the new
+    engines were given up after 120 s each, "died before it joined (TimeoutError)"). The lost member had
+    said it was ready for the join plan's group: the others sat in that group's ``init_process_group``
+    (bounded only by the pool's timeout) and took none of the re-plans meanwhile."""
+    steps = 600
+    first = [r.pid for r in pool.ranks]
+    run = start_run(pool, tmp_path, steps, extra=DIE_IN_JOIN_INIT.format(folder=str(tmp_path)))
+    (tmp_path / f"die-{first[2]}").touch()  # dies in the 4-rank group of the next join plan
+    os.kill(first[3], signal.SIGKILL)  # its replacement's join plan is that group
+    assert until(lambda: first[2] not in [r.pid for r in pool.ranks], 120), \
+        f"rank 2 ({first[2]}) never died forming the join plan's group"
+    joiner = [r.pid for r in pool.ranks if r.pid not in first]
+    os.kill(first[1], signal.SIGKILL)  # a member, while the re-plan that takes the joiner along forms
+    for pid in joiner:
+        os.kill(pid, signal.SIGKILL)  # and the joiner: rank 0 is left alone
+    run.killed = [first[3], first[2], first[1], *joiner]
+    ended(pool, run, tmp_path, timeout=240)
+    finished_as_asked(pool, run, steps, 4)
+
+
 @pytest.mark.parametrize("pool", [3], indirect=True)
 def test_a_scale_down_while_a_replacement_starts_is_not_undone_by_it(pool, tmp_path):
     """F3: the pool over-replaced (5 ranks of 4 asked, once 8): a replacement was one per loss, not the

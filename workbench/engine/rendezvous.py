@@ -197,6 +197,63 @@ class RegroupAbandoned(RuntimeError):
     connected (lost in between). The caller takes the next plan."""
 
 
+class InterruptibleStore(dist.Store):
+    """``store`` whose waits end with :class:`RegroupAbandoned` once ``superseded()`` (the kernel re-planned):
+    what ``init_process_group`` of a regroup meets through, so that the members never wait in it for one
+    that was lost after it said it was ready (its peers' addresses never come). Polled every
+    :data:`REGROUP_POLL_S`, within the wait's own timeout."""
+
+    def __init__(self, store, superseded: Callable[[], bool], generation: int):
+        super().__init__()
+        self.store, self.superseded, self.generation = store, superseded, generation
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        wait_s = (timeout or self.store.timeout).total_seconds()
+        t0 = time.monotonic()
+        while not self.store.check(keys):
+            if self.superseded():
+                raise RegroupAbandoned(f"a newer plan came while group {self.generation} formed")
+            if time.monotonic() - t0 > wait_s:
+                raise dist.DistStoreError(f"{', '.join(keys)} not set within {wait_s:g} s")
+            time.sleep(REGROUP_POLL_S)
+
+    def get(self, key: str) -> bytes:
+        self.wait([key])
+        return self.store.get(key)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self.wait(keys)
+        return self.store.multi_get(keys)
+
+    def set(self, key: str, value) -> None:
+        self.store.set(key, value)
+
+    def multi_set(self, keys: list[str], values: list) -> None:
+        self.store.multi_set(keys, values)
+
+    def add(self, key: str, value: int) -> int:
+        return self.store.add(key, value)
+
+    def compare_set(self, key: str, expected, desired) -> bytes:
+        return self.store.compare_set(key, expected, desired)
+
+    def check(self, keys: list[str]) -> bool:
+        return self.store.check(keys)
+
+    def delete_key(self, key: str) -> bool:
+        return self.store.delete_key(key)
+
+    def num_keys(self) -> int:
+        return self.store.num_keys()
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self.store.set_timeout(timeout)
+
+
+def _never() -> bool:
+    return False
+
+
 def await_members(store, world_size: int, generation: int, wait_s: float,
                   superseded: Callable[[], bool]) -> None:
     """Until every member of group ``generation`` said it is ready in ``store``; never longer than
@@ -253,11 +310,15 @@ def regroup(plan: dict, superseded: Callable[[], bool] = agent.plan_pending,
     store.set(f"ready/{rank}", "1")
     await_members(store, world_size, plan["generation"], wait_s, superseded)
     dev = _state.get("device", torch.device("cpu"))
-    try:  # a member lost after it said ready never connects: the next plan forms without it
-        _init_group(_state["backend"], store, rank, world_size, dev,
+    # a member lost after it said ready never connects: a newer plan (the kernel routed around it) ends the
+    # wait for it at once, the next plan forms without it
+    forming = InterruptibleStore(store, superseded, plan["generation"])
+    try:
+        _init_group(_state["backend"], forming, rank, world_size, dev,
                     rendezvous_s=min(wait_s, _state["timeout_s"]))
-    except RuntimeError as exc:  # the connect timed out (DistStoreError, a RuntimeError)
+    except RuntimeError as exc:  # superseded, or the connect timed out (DistStoreError, a RuntimeError)
         raise RegroupAbandoned(f"group {plan['generation']} did not form: {exc}") from None
+    forming.superseded = _never  # the group formed: its later store waits (new_group) are not the plan's
     agent.regroup_status.clear()
     _state.update(rank=rank, world_size=world_size, generation=plan["generation"], pool_rank=rank)
     now = agent.current()
