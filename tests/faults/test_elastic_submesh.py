@@ -1,0 +1,99 @@
+"""An elastic Trainer on a sub-mesh regroups within it (issue 43, docs/submeshes.md): a real 4-rank pool
+split 2 + 2, the elastic run of ``tests/faults/test_elastic.py`` on sub-mesh a, a cell of collectives on b.
+A rank of a killed with SIGKILL mid-run: a's run goes on on the survivor (world size 1 inside a), b's cell
+runs on untouched (its group and generation unchanged, each of its steps summing 2 ranks), every sample of
+each epoch taken exactly once, the reference's parameters; the pool's rank numbers are kept (the lost rank
+keeps its number, dead, out of every sub-mesh), and ``%dist restart`` brings a back to 2 ranks.
+
+No timed asserts: every wait is for a condition (a beacon, a handle, a file), bounded by the test's
+timeout."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+
+import pytest
+import torch
+
+from tests.conftest import PidsLimit, running_pool, until
+from tests.faults.test_elastic import check_every_sample_once, reference, setup_code
+from tests.pool.test_submesh_concurrency_pool import HOLD
+from workbench.pool.watch.beacons import BeaconReceiver
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with PidsLimit(700), running_pool(n=4, timeout=60, backend="gloo") as s:
+        s.split([2, 2], names=["a", "b"])
+        yield s
+
+
+def steps_reached(s, ranks: list[int], step: int, timeout: float = 60) -> bool:
+    """Every rank of ``ranks`` (pool ranks) has a Trainer running past ``step``, as their beacons say."""
+    beacons = BeaconReceiver(s.pool.channel)
+
+    def there(rank: int) -> bool:
+        trainer = (beacons.latest.get(rank) or {}).get("trainer") or {}
+        return trainer.get("running", False) and trainer.get("step", 0) >= step
+
+    try:
+        return until(lambda: all(there(r) for r in ranks), timeout, every=0.01)
+    finally:
+        beacons.close()
+
+
+def test_a_rank_killed_in_a_sub_mesh_s_elastic_run_is_routed_around_within_it(pool, tmp_path):
+    s, group = pool, pool.rooms.group
+    rng = random.Random()
+    victim, at_step, steps = rng.randrange(2), rng.randrange(2, 14), 40
+    survivor = 1 - victim
+    print(f"victim rank {victim} of sub-mesh a, killed after step {at_step}")
+    s.run(setup_code(), on="a")
+    pids = [r.pid for r in s.ranks]
+    b_generation = group.mesh_generation["b"]
+    release = tmp_path / "release"
+    hold = HOLD.replace("range(6000)", "range(24000)")  # at most 240 s: a's whole run, the loss included
+    assert hold != HOLD
+    b = s.submit(hold.format(release=str(release)), on="b")  # collectives on b all through a's run
+    try:
+        assert until(lambda: any(t.keys == {"b"} for t in s.rooms.busy.now()), timeout=30)
+        handle = s.submit(f"result = trainer.run(steps={steps})", on="a")
+        assert steps_reached(s, [0, 1], at_step), "the run on a did not get going"
+        os.kill(pids[victim], signal.SIGKILL)
+        result = handle.wait(120)  # no RankError: the run went on within a
+        outcomes = sorted(r.outcome for r in result.ranks)
+        assert outcomes == ["lost", "ok"], [(r.rank.rank, r.outcome, r.stderr[-500:]) for r in result.ranks]
+        assert not b.done()  # b's cell ran on through the loss and the regroup
+        assert group.mesh_generation["b"] == b_generation  # b's group untouched
+    finally:
+        release.touch()
+    b.wait(60)  # ended well: each step's all_reduce summed b's 2 ranks (HOLD asserts it)
+    fault = s.faults[-1]
+    assert fault.kind == "died", fault
+    assert f"rank {victim} died after step" in fault.first_failure, fault.first_failure
+    assert fault.first_failure.endswith("continuing on 1 rank"), fault.first_failure
+    assert fault.recover_s is not None, "the kernel never saw a step completed after the regroup"
+    # the pool's numbers kept: the survivor and b's ranks keep theirs, the lost rank is in no sub-mesh
+    assert [r.pid for r in s.ranks] == pids
+    assert s.meshes == {"a": [survivor], "b": [2, 3]}
+    s.run("inside = (rank, world_size, dist.get_world_size(), trainer.step)", on="a")
+    assert s.pull("inside", on="a") == [(0, 1, 1, steps)]  # the survivor is rank 0 of 1 inside a
+    events = s.pull("trainer.elastic.events", on="a")[0]
+    assert events[-1]["lost"] == [victim] and events[-1]["world_size"] == 1, events
+    check_every_sample_once(s.pull("log.steps", on="a"), steps)
+    s.run("from workbench.train import full_state_dict\nfull = full_state_dict(trainer.model)", on="a")
+    torch.testing.assert_close(s.pull("full", on="a")[0], reference(steps))
+    s.run("t = torch.ones(1)\ndist.all_reduce(t)\nsummed = t.item()", on="a")  # a plain cell, a's group of 1
+    s.run("import torch\nt = torch.ones(1)\ndist.all_reduce(t)\nsummed = t.item()", on="b")
+    assert s.pull("summed", on="a") == [1.0] and s.pull("summed", on="b") == [2.0, 2.0]
+    # `%dist restart`: a new engine at the lost rank's number, in sub-mesh a again (it starts empty, as a
+    # dead rank's new engine in a sub-mesh does), a's group of 2 formed anew
+    assert s.restart() == [victim]
+    assert s.meshes == {"a": [0, 1], "b": [2, 3]} and s.world_size == 4
+    s.run("import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n"
+          "back = (rank, world_size, t.item())", on="a")
+    assert s.pull("back", on="a") == [(0, 2, 2.0), (1, 2, 2.0)]
