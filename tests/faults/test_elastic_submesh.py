@@ -49,7 +49,7 @@ def steps_reached(s, ranks: list[int], step: int, timeout: float = 60) -> bool:
 def test_a_rank_killed_in_a_sub_mesh_s_elastic_run_is_routed_around_within_it(pool, tmp_path):
     s, group = pool, pool.rooms.group
     rng = random.Random()
-    victim, at_step, steps = rng.randrange(2), rng.randrange(2, 14), 40
+    victim, at_step, steps, more = rng.randrange(2), rng.randrange(2, 14), 40, 20
     survivor = 1 - victim
     print(f"victim rank {victim} of sub-mesh a, killed after step {at_step}")
     s.run(setup_code(), on="a")
@@ -90,10 +90,17 @@ def test_a_rank_killed_in_a_sub_mesh_s_elastic_run_is_routed_around_within_it(po
     s.run("t = torch.ones(1)\ndist.all_reduce(t)\nsummed = t.item()", on="a")  # a plain cell, a's group of 1
     s.run("import torch\nt = torch.ones(1)\ndist.all_reduce(t)\nsummed = t.item()", on="b")
     assert s.pull("summed", on="a") == [1.0] and s.pull("summed", on="b") == [2.0, 2.0]
-    # `%dist restart`: a new engine at the lost rank's number, in sub-mesh a again (it starts empty, as a
-    # dead rank's new engine in a sub-mesh does), a's group of 2 formed anew
+    # `%dist restart`: a new engine at the lost rank's number, in sub-mesh a again, set up by replaying the
+    # cells that ran on every rank and on a (not b's); a's group of 2 formed anew, b's too (a restart re-forms
+    # every group, in the whole pool's turn)
     assert s.restart() == [victim]
     assert s.meshes == {"a": [0, 1], "b": [2, 3]} and s.world_size == 4
-    s.run("import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n"
-          "back = (rank, world_size, t.item())", on="a")
-    assert s.pull("back", on="a") == [(0, 2, 2.0), (1, 2, 2.0)]
+    assert [r.pid for r in s.ranks if r.rank != victim] == [p for i, p in enumerate(pids) if i != victim]
+    assert s.view([victim]).pull("'held' in globals()") == [False]  # b's cell never ran there
+    s.run(f"result = trainer.run(steps={more})", on="a")  # at the run boundary: state from the survivor
+    assert s.pull("(rank, world_size, trainer.step)", on="a") == [(0, 2, steps + more), (1, 2, steps + more)]
+    assert s.pull("len(log.steps)", rank=victim, on="a") == more  # the new rank trained the last steps
+    check_every_sample_once(s.pull("log.steps", on="a"), steps + more)
+    s.run("from workbench.train import full_state_dict\nfull = full_state_dict(trainer.model)", on="a")
+    for got in s.pull("full", on="a"):
+        torch.testing.assert_close(got, reference(steps + more))

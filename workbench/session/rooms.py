@@ -277,9 +277,15 @@ class Rooms:
             if cell in self.submitted:
                 self.submitted.remove(cell)
         if len(cell.targets) == len(self.group.ranks) or cell.elastic.dropped and not cell.elastic.mesh:
-            # every rank ran it (a sub-mesh's run that lost a rank: not every rank of the pool)
-            self.transcript.cell(code)
+            self.transcript.cell(code)  # every rank ran it
+        elif self._whole_mesh(cell.targets) or cell.elastic.dropped:  # every rank of one sub-mesh ran it
+            self.transcript.cell(code, engines=[r.engine_id for r in cell.targets])
         return result
+
+    def _whole_mesh(self, targets: list[RankInfo]) -> bool:
+        """Whether ``targets`` are every rank of one sub-mesh (a new engine there replays their cells)."""
+        ranks = sorted(r.rank for r in targets)
+        return any(ranks == sorted(members) for members in self.group.meshes.values())
 
     def elastic_run(self):
         """The :class:`~.cell_elastic.ElasticWatch` of the cell running an elastic Trainer now, if any (it
