@@ -3,7 +3,9 @@ split 2 + 2, the elastic run of ``tests/faults/test_elastic.py`` on sub-mesh a, 
 A rank of a killed with SIGKILL mid-run: a's run goes on on the survivor (world size 1 inside a), b's cell
 runs on untouched (its group and generation unchanged, each of its steps summing 2 ranks), every sample of
 each epoch taken exactly once, the reference's parameters; the pool's rank numbers are kept (the lost rank
-keeps its number, dead, out of every sub-mesh), and ``%dist restart`` brings a back to 2 ranks.
+keeps its number, dead, out of every sub-mesh), and ``%dist restart`` brings a back to 2 ranks, the new
+engine set up so that the next ``trainer.run()`` goes on on both from the survivor's state. A rank of a that
+hangs is killed and routed around in the same way.
 
 No timed asserts: every wait is for a condition (a beacon, a handle, a file), bounded by the test's
 timeout."""
@@ -20,6 +22,7 @@ import torch
 from tests.conftest import PidsLimit, running_pool, until
 from tests.faults.test_elastic import check_every_sample_once, reference, setup_code
 from tests.pool.test_submesh_concurrency_pool import HOLD
+from workbench.errors import RankDiedError
 from workbench.pool.watch.beacons import BeaconReceiver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -90,6 +93,8 @@ def test_a_rank_killed_in_a_sub_mesh_s_elastic_run_is_routed_around_within_it(po
     s.run("t = torch.ones(1)\ndist.all_reduce(t)\nsummed = t.item()", on="a")  # a plain cell, a's group of 1
     s.run("import torch\nt = torch.ones(1)\ndist.all_reduce(t)\nsummed = t.item()", on="b")
     assert s.pull("summed", on="a") == [1.0] and s.pull("summed", on="b") == [2.0, 2.0]
+    with pytest.raises(RankDiedError, match=f"rank {victim} "):  # a cell on the whole pool: the rank is dead
+        s.run("x = 1")
     # `%dist restart`: a new engine at the lost rank's number, in sub-mesh a again, set up by replaying the
     # cells that ran on every rank and on a (not b's); a's group of 2 formed anew, b's too (a restart re-forms
     # every group, in the whole pool's turn)
@@ -104,3 +109,26 @@ def test_a_rank_killed_in_a_sub_mesh_s_elastic_run_is_routed_around_within_it(po
     s.run("from workbench.train import full_state_dict\nfull = full_state_dict(trainer.model)", on="a")
     for got in s.pull("full", on="a"):
         torch.testing.assert_close(got, reference(steps + more))
+
+
+def test_a_rank_that_hangs_in_a_sub_mesh_s_elastic_run_is_killed_and_routed_around_within_it(pool):
+    s, group = pool, pool.rooms.group
+    if s.dead_ranks():  # a test before failed half-way: the pool back at 2 + 2
+        s.restart()
+    assert s.meshes == {"a": [0, 1], "b": [2, 3]}
+    victim, at_step, steps = random.Random().randrange(2), random.Random().randrange(2, 14), 30
+    print(f"rank {victim} of sub-mesh a hangs at step {at_step}")
+    s.run(setup_code(), on="a")
+    s.run(f"trainer.callbacks[1] = HangAt({at_step}, {s.ranks[victim].pid})", on="a")
+    b_generation = group.mesh_generation["b"]
+    result = s.run(f"result = trainer.run(steps={steps})", on="a")
+    assert sorted(r.outcome for r in result.ranks) == ["lost", "ok"]
+    fault = s.faults[-1]
+    assert fault.kind == "hang"
+    said = f"rank {victim} hung for 3 s (killed) after step {at_step}"
+    assert said in fault.first_failure, fault.first_failure
+    assert s.meshes == {"a": [1 - victim], "b": [2, 3]} and group.mesh_generation["b"] == b_generation
+    assert s.pull("(world_size, trainer.step)", on="a") == [(1, steps)]
+    check_every_sample_once(s.pull("log.steps", on="a"), steps)
+    s.run("from workbench.train import full_state_dict\nfull = full_state_dict(trainer.model)", on="a")
+    torch.testing.assert_close(s.pull("full", on="a")[0], reference(steps))
