@@ -15,6 +15,9 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,6 +36,23 @@ def pool():
     with PidsLimit(700), running_pool(n=4, timeout=60, backend="gloo") as s:
         s.split([2, 2], names=["a", "b"])
         yield s
+
+
+# a second notebook attached to the pool after a's run lost a rank (argv: pool, survivor, victim)
+ATTACHED = """\
+import sys
+from workbench import Session
+s = Session.attach(sys.argv[1])
+survivor, victim = int(sys.argv[2]), int(sys.argv[3])
+try:
+    assert s.meshes == {"a": [survivor], "b": [2, 3]}, s.meshes
+    assert s.rooms.group.left_out == {victim: "a"}, s.rooms.group.left_out
+    s.run("seen = (rank, world_size)", on="a")
+    assert s.pull("seen", on="a") == [(0, 1)]
+    assert not [f for f in s.faults if "while idle" in f.first_failure], s.faults
+finally:
+    s.detach()
+"""
 
 
 def steps_reached(s, ranks: list[int], step: int, timeout: float = 60) -> bool:
@@ -95,6 +115,12 @@ def test_a_rank_killed_in_a_sub_mesh_s_elastic_run_is_routed_around_within_it(po
     assert s.pull("summed", on="a") == [1.0] and s.pull("summed", on="b") == [2.0, 2.0]
     with pytest.raises(RankDiedError, match=f"rank {victim} "):  # a cell on the whole pool: the rank is dead
         s.run("x = 1")
+    # a notebook attached now learns it from the state file: a's survivor, the lost rank out of a (said once)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    other = subprocess.run([sys.executable, "-c", ATTACHED, s.pool_id, str(survivor), str(victim)], env=env,
+                           capture_output=True, text=True, timeout=180)
+    assert other.returncode == 0, other.stderr
+    assert "died while the pool was idle" not in other.stdout, other.stdout  # its loss was said, once
     # `%dist restart`: a new engine at the lost rank's number, in sub-mesh a again, set up by replaying the
     # cells that ran on every rank and on a (not b's); a's group of 2 formed anew, b's too (a restart re-forms
     # every group, in the whole pool's turn)

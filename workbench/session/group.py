@@ -126,6 +126,7 @@ class ProcessGroup:
         meshes = meshes or {}
         self.meshes = {name: list(m["ranks"]) for name, m in meshes.items()}
         self.mesh_generation = {name: int(m["generation"]) for name, m in meshes.items()}
+        self.left_out = {int(r): name for name, m in meshes.items() for r in m.get("left_out", ())}
         self.broken = {name for name, m in meshes.items() if not m.get("ok", True)} if ok else {WHOLE}
         self.destroyed = [] if ok else self.destroyed
         self.endpoints = {int(rank): eps for rank, eps in endpoints.items()}
@@ -136,10 +137,14 @@ class ProcessGroup:
         self.endpoints = {**self.endpoints, **endpoints} if self.meshes else dict(endpoints)
 
     def published(self) -> dict[str, dict]:
-        """The sub-meshes as the pool's state file keeps them (:meth:`follow` reads them back)."""
-        return {name: {"ranks": list(ranks), "generation": self.mesh_generation.get(name, self.generation),
-                       "ok": WHOLE not in self.broken and name not in self.broken}
-                for name, ranks in self.meshes.items()}
+        """The sub-meshes as the pool's state file keeps them (:meth:`follow` reads them back); ``left_out``:
+        where a sub-mesh's elastic run went on without ranks (:attr:`left_out`), those ranks."""
+        meshes = {name: {"ranks": list(ranks), "generation": self.mesh_generation.get(name, self.generation),
+                         "ok": WHOLE not in self.broken and name not in self.broken}
+                  for name, ranks in self.meshes.items()}
+        for rank, name in sorted(self.left_out.items()):
+            meshes[name].setdefault("left_out", []).append(rank)
+        return meshes
 
     def mark_broken(self, ranks=None) -> None:
         """A fault may have broken the group of ``ranks`` (pool ranks; default: every group): the next cell

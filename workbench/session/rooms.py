@@ -126,7 +126,7 @@ class Rooms:
         """Take in what another notebook changed (:class:`PoolGone` if it stopped the pool)."""
         ranks = self.shared.catch_up()
         if ranks is not None:
-            self.health.watch(ranks, local=self.local)
+            self.health.watch(ranks, local=self.local, announced=self.group.left_out)
             self.metrics.set_ranks(ranks)
             self.metrics.set_meshes(self.group.meshes)
 
