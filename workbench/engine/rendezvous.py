@@ -285,6 +285,8 @@ def regroup(plan: dict, superseded: Callable[[], bool] = agent.plan_pending,
     group in rank order: those that stay, then those that join) and ``store``/``host`` (the spec of a
     member's standby store (:mod:`.stores`), and that member). The engine keeps its Python state; its agent
     follows the new rank and generation without restarting, so that no command is missed meanwhile.
+    Within a sub-mesh (``agents``: the members' pool ranks) the agent keeps speaking for its pool rank
+    (:func:`agent_rank`) while ``rank``, ``world_size`` and torchrun's environment become the new group's.
     The members wait for each other at most ``wait_s`` (default: :data:`REGROUP_WAIT_S` after a loss, the
     pool's timeout for a planned change, whose new ranks may be slow to come) and stop waiting as soon as
     ``superseded()``
@@ -320,12 +322,13 @@ def regroup(plan: dict, superseded: Callable[[], bool] = agent.plan_pending,
         raise RegroupAbandoned(f"group {plan['generation']} did not form: {exc}") from None
     forming.superseded = _never  # the group formed: its later store waits (new_group) are not the plan's
     agent.regroup_status.clear()
-    _state.update(rank=rank, world_size=world_size, generation=plan["generation"], pool_rank=rank)
+    speaks_for = agent_rank(plan, rank)
+    _state.update(rank=rank, world_size=world_size, generation=plan["generation"], pool_rank=speaks_for)
     now = agent.current()
     if now is not None:
-        now.retarget(rank, plan["generation"])
+        now.retarget(speaks_for, plan["generation"])
     elif _state.get("channel"):  # an engine that joins: from now on it speaks for its rank
-        agent.start(_state["channel"], rank, plan["generation"])
+        agent.start(_state["channel"], speaks_for, plan["generation"])
     user_namespace().update(rank=rank, world_size=world_size)
     torchrun.retarget(rank=rank, world_size=world_size)
     return {"rank": rank, "endpoints": guard.gloo_endpoints()}
@@ -336,7 +339,21 @@ def hear_plans(plan: dict) -> None:
     gives it, so that a newer plan (a member lost while it joins: one re-plan, the joiner included) reaches it
     while it waits for the others, and the kernel hears it wait. Nothing where an agent runs already."""
     if agent.current() is None and _state.get("channel"):
-        agent.start(_state["channel"], plan["members"].index(me()), plan["generation"])
+        agent.start(_state["channel"], agent_rank(plan, plan["members"].index(me())), plan["generation"])
+
+
+def agent_rank(plan: dict, rank: int) -> int:
+    """The pool rank the agent of the member ``rank`` (its rank in the plan's new group) speaks for: that rank
+    itself where the plan renumbers the pool, its pool rank where the plan regroups one sub-mesh
+    (``agents``: the members' pool ranks, which a sub-mesh's regroup keeps; ``docs/submeshes.md``).
+
+    >>> agent_rank({"members": [["h", 1], ["h", 2]]}, 1)
+    1
+    >>> agent_rank({"members": [["h", 1], ["h", 2]], "agents": [2, 3]}, 1)
+    3
+    """
+    agents = plan.get("agents")
+    return agents[rank] if agents else rank
 
 
 def join_alone(*, device: str, backend: str, timeout_s: float, channel: dict | None = None,

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from workbench import remote
 from workbench.pool.rankmap import RankInfo, format_ranks, ranks_text
 from workbench.session.losses import loss_text
+from workbench.session.meshes import WHOLE, keys_for
 from workbench.session.target_size import RunEnded, SizeKeeper
 from workbench.wire import Command
 
@@ -96,6 +97,7 @@ class ElasticWatch:
         self.recovering: dict | None = None  # the regroup in progress: since, generation, step
         self._progress: dict[int, tuple] = {}  # engine id -> ((steps begun, collectives), since when)
         self._loss_seen: dict[frozenset, tuple[float, float]] = {}  # lost engine ids -> (monotonic, wall)
+        self._mesh: str | None = None  # the sub-mesh the run is on (see :attr:`mesh`)
 
     # -- what runs --------------------------------------------------------------------------------
     def beat(self, info: RankInfo) -> dict | None:
@@ -134,11 +136,34 @@ class ElasticWatch:
         return any(r.engine_id not in self.dropped and r.engine_id not in self.leaving
                    and (c.done() or r.rank in dead) for r, c in self.children)
 
+    @property
+    def mesh(self) -> str | None:
+        """The sub-mesh this run is on, in a split pool (None: the pool is not split). A run regroups within
+        its sub-mesh (:meth:`~workbench.session.group.ProcessGroup.regroup_mesh`), the pool's rank numbers
+        kept; found at the first look and kept (a regroup changes the sub-mesh's ranks)."""
+        if self._mesh is None and self.rooms.group.meshes:
+            keys = keys_for(self.rooms.group.meshes, [r.rank for r in self._running()])
+            self._mesh = next(iter(keys)) if len(keys) == 1 else WHOLE
+        return self._mesh
+
+    def _whole_mesh(self) -> bool:
+        """Whether the run can be routed around a loss: the pool is not split, or the cell runs on every rank
+        of one sub-mesh (not on several, nor on some of one: their group is the sub-mesh's)."""
+        mesh = self.mesh
+        if mesh is None:
+            return True
+        if mesh == WHOLE:
+            return False
+        group = self.rooms.group
+        return {r.rank for r in self._running()} == set(group.meshes.get(mesh, ())) \
+            or self.recovering is not None or bool(self.dropped)
+
     def active(self) -> dict | None:
         """The elastic Trainer's settings while one runs on every member (kept through a regroup, when
-        some beacons are not yet those of the new group). None in a split pool: routing around a loss within
-        a sub-mesh is not built yet (docs/submeshes.md), so a loss there fails the cell as a plain one."""
-        if self.rooms.group.meshes:
+        some beacons are not yet those of the new group). In a split pool, only for a cell on every rank of
+        one sub-mesh: it regroups within it (``docs/submeshes.md``); a cell across sub-meshes fails on a loss
+        as a plain one."""
+        if not self._whole_mesh():
             return None
         trainers = [(self.beat(r) or {}).get("trainer") for r in self.members()]
         if trainers and all(t and t.get("running") and t.get("elastic") for t in trainers):
@@ -204,8 +229,8 @@ class ElasticWatch:
         """The cell ended: what is still asked for cannot happen any more (its Futures say so), new engines on
         their way stop. A regroup that did not complete leaves the group to be re-formed on the survivors by
         the next cell."""
-        if self.recovering is not None:
-            self.rooms.group.mark_broken()
+        if self.recovering is not None:  # a sub-mesh's run: that sub-mesh's group only
+            self.rooms.group.mark_broken([r.rank for r, _ in self.children] if self.mesh else None)
         with self._lock:
             self._closed = True
             while self.requests:
@@ -216,8 +241,8 @@ class ElasticWatch:
     def keeper(self) -> SizeKeeper:
         """The run's keeper (made at the first look: its target is the run's size where the Trainer asked for
         replacements, else none until a scale or restart asks for one)."""
-        if self._keeper is None:
-            auto = bool((self.settings or {}).get("replace"))
+        if self._keeper is None:  # a sub-mesh's run: not grown back during it (not built: docs/submeshes.md)
+            auto = bool((self.settings or {}).get("replace")) and not self.mesh
             target = len(self.members()) + len(self.dropped) - len(self.leaving) if auto else None
             self._keeper = SizeKeeper(self.rooms, self, target, auto, self.report)
         return self._keeper
@@ -258,7 +283,7 @@ class ElasticWatch:
         event = health.record(kind, named[0], text.replace(" after step {step}", ""), detect_s, 0.0)
         lost_ranks = sorted({*(before["lost"] if before else []), *(r.rank for r in named)})
         plan = group.regroup(stay, lost=infos, abort=True, text=text, lost_ranks=lost_ranks,
-                             beats=beacons.latest)
+                             beats=beacons.latest, mesh=self.mesh)
         for r in infos:
             self.dropped[r.engine_id] = how
             self._lost_in[r.engine_id] = event

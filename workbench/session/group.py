@@ -63,6 +63,8 @@ class ProcessGroup:
         self.generation = 0  # counts the groups formed: the engines' agents take commands for the current one
         self.standby: dict[int, dict] = {}  # engine id -> the spec of its standby store (regroups)
         self.lost: list[RankInfo] = []  # ranks an elastic run went on without (`%dist restart` replaces them)
+        self.left_out: dict[int, str] = {}  # pool rank -> the sub-mesh whose elastic run went on without it
+        # (it keeps its number, dead, in no sub-mesh, until `%dist restart` puts a new engine there)
         self.fenced: list[RankInfo] = []  # engines declared lost: refused, told to stop (kept for status)
         self.destroyed: list[int] = []  # ranks where a cell ended the default group itself (torch's own
         # destroy_process_group, which a library may hold: not the pool's deferred one)
@@ -124,19 +126,25 @@ class ProcessGroup:
         meshes = meshes or {}
         self.meshes = {name: list(m["ranks"]) for name, m in meshes.items()}
         self.mesh_generation = {name: int(m["generation"]) for name, m in meshes.items()}
+        self.left_out = {int(r): name for name, m in meshes.items() for r in m.get("left_out", ())}
         self.broken = {name for name, m in meshes.items() if not m.get("ok", True)} if ok else {WHOLE}
         self.destroyed = [] if ok else self.destroyed
         self.endpoints = {int(rank): eps for rank, eps in endpoints.items()}
 
     def heard(self, endpoints: dict[int, list]) -> None:
-        """Every rank's gloo listeners as their beacons say (after an elastic regroup)."""
-        self.endpoints = dict(endpoints)
+        """Every rank's gloo listeners as their beacons say (after an elastic regroup; within a sub-mesh:
+        its ranks', the others' kept)."""
+        self.endpoints = {**self.endpoints, **endpoints} if self.meshes else dict(endpoints)
 
     def published(self) -> dict[str, dict]:
-        """The sub-meshes as the pool's state file keeps them (:meth:`follow` reads them back)."""
-        return {name: {"ranks": list(ranks), "generation": self.mesh_generation.get(name, self.generation),
-                       "ok": WHOLE not in self.broken and name not in self.broken}
-                for name, ranks in self.meshes.items()}
+        """The sub-meshes as the pool's state file keeps them (:meth:`follow` reads them back); ``left_out``:
+        where a sub-mesh's elastic run went on without ranks (:attr:`left_out`), those ranks."""
+        meshes = {name: {"ranks": list(ranks), "generation": self.mesh_generation.get(name, self.generation),
+                         "ok": WHOLE not in self.broken and name not in self.broken}
+                  for name, ranks in self.meshes.items()}
+        for rank, name in sorted(self.left_out.items()):
+            meshes[name].setdefault("left_out", []).append(rank)
+        return meshes
 
     def mark_broken(self, ranks=None) -> None:
         """A fault may have broken the group of ``ranks`` (pool ranks; default: every group): the next cell
@@ -273,6 +281,10 @@ class ProcessGroup:
         for info in remap_moved(old, engines, stay) if hosts else remap_engines(old, engines):
             ranks_now[info.rank] = info
         self.seat(ranks_now)
+        for rank in ranks:  # a rank a sub-mesh's elastic run went on without is that sub-mesh's again
+            name = self.left_out.pop(rank, None)
+            if name is not None:
+                self.meshes[name] = sorted({*self.meshes[name], rank})
 
     def drop(self, ranks: list[int]) -> None:
         """Go on without these dead ranks: the others keep engine, host and device (their Python state is
@@ -331,7 +343,7 @@ class ProcessGroup:
 
     def regroup(self, stay: list[RankInfo], join: list[RankInfo] = (), leave: list[RankInfo] = (), *,
                 lost: list[RankInfo] = (), abort: bool, text: str, beats: dict | None = None,
-                lost_ranks: list[int] | None = None) -> dict:
+                lost_ranks: list[int] | None = None, mesh: str | None = None) -> dict:
         """Tell the engines of an elastic run to form a new group: ``stay`` (in their new rank order),
         then ``join``; ``leave`` end their run. ``abort``: a rank was lost, so the old group is aborted
         at once (``beats``: the ranks' latest beacons, for where their gloo listens); a planned change
@@ -339,7 +351,12 @@ class ProcessGroup:
         (:func:`workbench.engine.rendezvous.regroup`); this group holds the new rank map at once. Returns
         the plan (the joining engines get it through ipyparallel). ``lost_ranks``: the numbers the plan
         gives the lost ranks (default theirs; a re-plan names them as the last group formed numbered them).
+
+        ``mesh``: the run is on that sub-mesh of a split pool; the regroup is its own (:meth:`regroup_mesh`).
         """
+        if mesh is not None:
+            return self.regroup_mesh(mesh, stay, lost=lost, abort=abort, text=text, beats=beats,
+                                     lost_ranks=lost_ranks)
         members = [*stay, *join]
         # the first member whose standby store is known hosts the meeting (every rank that formed a group
         # or replayed the setup has one; a rank without one would leave the others nowhere to meet)
@@ -360,6 +377,38 @@ class ProcessGroup:
         self.endpoints = {i: self.endpoints.get(r.rank, []) for i, r in enumerate(stay)}  # until beacons say
         self.seat([replace(r, rank=i) for i, r in enumerate(members)])
         self.generation = plan["generation"]
+        return plan
+
+    def regroup_mesh(self, mesh: str, stay: list[RankInfo], *, lost: list[RankInfo], abort: bool, text: str,
+                     beats: dict | None = None, lost_ranks: list[int] | None = None) -> dict:
+        """:meth:`regroup` within sub-mesh ``mesh`` of a split pool, after a loss: ``stay`` (ranks of it, in
+        pool order) form its new group, numbered 0..k-1 there (``rank``, ``world_size`` and the default group
+        inside its cells), with a generation of its own (:attr:`mesh_generation`; the other sub-meshes' groups
+        and generations are left as they are: a cell may run there). The pool's rank numbers are kept: the
+        members' agents go on speaking for their pool ranks (the plan's ``agents``), and a lost rank keeps its
+        number in the rank map, dead and in no sub-mesh (:attr:`left_out`), until ``%dist restart`` starts a
+        new engine for it there and puts it back in ``mesh`` (:meth:`replace`). Ranks joining or leaving a
+        sub-mesh's run (a replacement during it, a scale) are not built: a split pool refuses a scale, and
+        a restart waits for the run's cell to end."""
+        members = sorted(stay, key=lambda r: r.rank)
+        host = next((r for r in members if r.engine_id in self.standby), None)
+        if host is None:
+            raise AssertionError(f"no rank of {format_ranks(r.rank for r in members)} has a standby store to "
+                                 "regroup at")
+        generation = self.generation + 1
+        plan = {"generation": generation, "members": [[r.host, r.pid] for r in members],
+                "agents": [r.rank for r in members], "stay": len(members), "leaving": [],
+                "host": [host.host, host.pid], "store": self.standby[host.engine_id],
+                "lost": [r.rank for r in lost] if lost_ranks is None else list(lost_ranks),
+                "joined": [], "text": text, "mesh": mesh}
+        self.command(Command.REGROUP, members, plan=plan, abort=abort, peers=self.peers(beats))
+        self.fenced += list(lost)
+        if lost and self.pool.launcher.fences:  # engines elsewhere: ended over ssh once their host answers
+            self.pool.fence([r.pid for r in lost])
+        gone = {r.rank for r in lost}
+        self.left_out.update({rank: mesh for rank in gone if rank in self.meshes[mesh]})
+        self.meshes[mesh] = [r.rank for r in members]
+        self.mesh_generation[mesh] = self.generation = generation
         return plan
 
     def fence(self, host: str, pid: int) -> None:

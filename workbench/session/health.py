@@ -89,8 +89,10 @@ class Health:
         self._thread.start()
 
     # -- what is watched ---------------------------------------------------------------
-    def watch(self, ranks: list[RankInfo], local: bool) -> None:
-        """Watch these ranks from now on (after the group formed); deaths seen before are forgotten."""
+    def watch(self, ranks: list[RankInfo], local: bool, announced=()) -> None:
+        """Watch these ranks from now on (after the group formed); deaths seen before are forgotten, but for
+        ``announced``: ranks whose death was reported already (a sub-mesh's elastic run went on without
+        them), never again as "died while idle"."""
         handles, dead = {}, {}
         if local:
             for r in ranks:
@@ -100,7 +102,7 @@ class Health:
                     dead[r.rank] = "exited"
         with self._lock:
             self._retired += self._local.values()
-            self._local, self._ranks, self.dead, self._announced = handles, list(ranks), dead, set()
+            self._local, self._ranks, self.dead, self._announced = handles, list(ranks), dead, set(announced)
             self._knocked, self._generation = {}, self._generation + 1
         self.beacons.expect(r.rank for r in ranks)
         os.write(self._wake_w, b"w")

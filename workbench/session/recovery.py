@@ -74,7 +74,10 @@ class Recovery:
                 dead += [r.rank for r in replace_lost(rooms, progress, hosts)]
             elif dead:
                 progress(f"starting {len(dead)} engine(s) for rank {', '.join(map(str, dead))}")
+                left_out = {r: group.ranks[r] for r in dead if r in group.left_out}  # by a sub-mesh's run
                 group.replace(dead, hosts)
+                for rank, old in left_out.items():
+                    set_up_in_mesh(rooms, group.ranks[rank], old, [*left_out], progress)
             progress("re-forming the process group")
             rooms.reform(t0)
             return dead
@@ -138,18 +141,36 @@ class Transcript:
 
     def __init__(self):
         self.items: list[tuple[str, object]] = []
+        self.only: dict[int, frozenset[int]] = {}  # item -> the engines it ran on, where not every rank
 
-    def cell(self, code: str) -> None:
+    def cell(self, code: str, engines=None) -> None:
+        """``code`` ran on every rank, or only on ``engines`` (engine ids: every rank of one sub-mesh):
+        a new engine replays it only where it replaces one of them (:meth:`replay`'s ``replacing``)."""
+        if engines is not None:
+            self.only[len(self.items)] = frozenset(engines)
         self.items.append(("cell", code))
+
+    def of(self, replacing=()) -> list[tuple[str, object]]:
+        """What a new engine replays: what ran on every rank, and what ran on the engines it replaces
+        (``replacing``: their ids), in order.
+
+        >>> t = Transcript()
+        >>> t.cell("x = 1"); t.cell("y = 2", engines=[5, 6]); t.cell("z = 3", engines=[7])
+        >>> [code for _, code in t.of()], [code for _, code in t.of([6])]
+        (['x = 1'], ['x = 1', 'y = 2'])
+        """
+        replacing = set(replacing)
+        return [item for i, item in enumerate(self.items) if i not in self.only or self.only[i] & replacing]
 
     def push(self, values: dict) -> None:
         self.items.append(("push", dict(values)))
 
     def replay(self, door, group, infos: list[RankInfo], trainers: int, timeout: float,
-               data: dict | None = None) -> None:
+               data: dict | None = None, replacing=()) -> None:
         """Run the setup on the engines of ``infos`` (through ``door``, the pool's) until each has built
         ``trainers`` elastic Trainers, whose data must match ``data`` (the running ranks' loader
-        signature)."""
+        signature); ``replacing``: the engines they replace (a sub-mesh's cells that ran there are replayed
+        too, :meth:`of`)."""
         for r in infos:
             # its standby store listens on its own address (off this machine: the one that reaches us)
             own = group.config.address if group.local else \
@@ -161,7 +182,7 @@ class Transcript:
         door.call(remote.set_replay, infos, True)
         built, cells = 0, 0
         try:
-            for kind, item in self.items:
+            for kind, item in self.of(replacing):
                 if built >= trainers:
                     break
                 if kind == "push":
@@ -229,22 +250,43 @@ def replace_lost(rooms: Rooms, progress, hosts: dict[str, int] | None = None) ->
     return infos
 
 
-def set_up(rooms: Rooms, infos: list[RankInfo], progress, running: bool = False) -> None:
+def set_up(rooms: Rooms, infos: list[RankInfo], progress, running: bool = False,
+           peers: list[RankInfo] | None = None, replacing=(), keep: bool = False) -> None:
     """Give new engines the notebook's setup when the ranks have an elastic Trainer (else nothing: a
     plain new engine starts empty, as always). A setup that fails stops the new engines. ``running``:
-    the ranks are running the Trainer (see :func:`newest_elastic_run`)."""
+    the ranks are running the Trainer (see :func:`newest_elastic_run`). ``peers``: the ranks whose
+    Trainer counts (default: every other rank; a sub-mesh's: its own), ``replacing``: the engines the new
+    ones replace (the cells that ran on them only are replayed too, :meth:`Transcript.of`); ``keep``: a
+    setup that fails leaves the new engines running (they hold their ranks already)."""
     group = rooms.group
-    newest = newest_elastic_run(rooms, [r for r in group.ranks if r.engine_id not in
-                                        {i.engine_id for i in infos}], running)
+    if peers is None:
+        peers = [r for r in group.ranks if r.engine_id not in {i.engine_id for i in infos}]
+    newest = newest_elastic_run(rooms, peers, running)
     if newest is None:
         return
     progress(f"replaying the notebook's setup on the new engine{'s' if len(infos) != 1 else ''}")
     try:
         rooms.transcript.replay(rooms.door, group, infos, newest["serial"], group.config.timeout,
-                                data=newest.get("data"))
+                                data=newest.get("data"), replacing=replacing)
     except WorkbenchError:
-        group.pool.stop_engines([r.engine_id for r in infos])
+        if not keep:
+            group.pool.stop_engines([r.engine_id for r in infos])
         raise
+
+
+def set_up_in_mesh(rooms: Rooms, info: RankInfo, old: RankInfo, new: list[int], progress) -> None:
+    """``info``, the new engine for ``old``, which a sub-mesh's elastic run went on without (``%dist restart``
+    has put it back in that sub-mesh: :meth:`~workbench.session.group.ProcessGroup.replace`), gets the
+    notebook's setup: the cells that ran on every rank and those that ran on ``old``'s sub-mesh with it, up to
+    its peers' newest elastic Trainer (``new``: the pool ranks restarted now, no peers). Where that cannot be
+    done the engine stays, empty (as a dead rank's new engine in a sub-mesh), and the notebook is told why."""
+    group = rooms.group
+    mesh = next(name for name, ranks in group.meshes.items() if info.rank in ranks)
+    peers = [group.ranks[r] for r in group.meshes[mesh] if r not in new]
+    try:
+        set_up(rooms, [info], progress, peers=peers, replacing=[old.engine_id], keep=True)
+    except WorkbenchError as exc:
+        rooms.notify(f"workbench: rank {info.rank} is back in sub-mesh {mesh}, empty: {exc}")
 
 
 def restart_running(rooms: Rooms, elastic: ElasticWatch, progress, timeout: float = 120.0) -> list[int]:

@@ -114,7 +114,7 @@ class Rooms:
     def follow_membership(self) -> None:
         """Watch the ranks of the group now formed and publish them (also after an elastic regroup)."""
         ranks = self.group.ranks
-        self.health.watch(ranks, local=self.local)
+        self.health.watch(ranks, local=self.local, announced=self.group.left_out)  # their loss was said
         self.beacons.fence([r.host, r.pid] for r in self.group.fenced)  # refused, told to stop when heard
         self.shared.publish(ranks=[r.__dict__ for r in ranks], backend=self.group.backend,
                             backend_requested=self.config.backend, generation=self.group.generation,
@@ -126,7 +126,7 @@ class Rooms:
         """Take in what another notebook changed (:class:`PoolGone` if it stopped the pool)."""
         ranks = self.shared.catch_up()
         if ranks is not None:
-            self.health.watch(ranks, local=self.local)
+            self.health.watch(ranks, local=self.local, announced=self.group.left_out)
             self.metrics.set_ranks(ranks)
             self.metrics.set_meshes(self.group.meshes)
 
@@ -237,8 +237,9 @@ class Rooms:
         dead = dict(self.health.dead)
         meshes = self.group.meshes
         if dead and targets is not None and meshes:
-            mine = keys_for(meshes, [r.rank for r in targets])
-            dead = {rank: how for rank, how in dead.items() if mesh_of(meshes, rank) in mine}
+            aimed = {r.rank for r in targets}  # a rank a sub-mesh's elastic run left out is in no sub-mesh
+            mine = keys_for(meshes, aimed)
+            dead = {rank: how for rank, how in dead.items() if mesh_of(meshes, rank) in mine or rank in aimed}
         if dead and targets is not None and not {r.rank for r in targets} & dead.keys():
             self.notify(f"workbench: rank {format_ranks(sorted(dead))} is dead: this cell runs on rank "
                         f"{format_ranks([r.rank for r in targets])} only, and a collective with the dead "
@@ -275,14 +276,23 @@ class Rooms:
         finally:  # a background cell ended, or its turn was refused (the pool stopped meanwhile)
             if cell in self.submitted:
                 self.submitted.remove(cell)
-        if len(cell.targets) == len(self.group.ranks) or cell.elastic.dropped:  # every rank ran it
-            self.transcript.cell(code)
+        if len(cell.targets) == len(self.group.ranks) or cell.elastic.dropped and not cell.elastic.mesh:
+            self.transcript.cell(code)  # every rank ran it
+        elif self._whole_mesh(cell.targets) or cell.elastic.dropped:  # every rank of one sub-mesh ran it
+            self.transcript.cell(code, engines=[r.engine_id for r in cell.targets])
         return result
+
+    def _whole_mesh(self, targets: list[RankInfo]) -> bool:
+        """Whether ``targets`` are every rank of one sub-mesh (a new engine there replays their cells)."""
+        ranks = sorted(r.rank for r in targets)
+        return any(ranks == sorted(members) for members in self.group.meshes.values())
 
     def elastic_run(self):
         """The :class:`~.cell_elastic.ElasticWatch` of the cell running an elastic Trainer now, if any (it
-        takes ranks in and out at a step boundary)."""
-        return next((cell.elastic for cell in list(self.cells) if cell.elastic.active() is not None), None)
+        takes ranks in and out at a step boundary). Not a sub-mesh's run: ranks do not join one during it
+        (a restart waits for its cell to end, in the whole pool's turn)."""
+        return next((cell.elastic for cell in list(self.cells)
+                     if not cell.elastic.mesh and cell.elastic.active() is not None), None)
 
     @property
     def running(self) -> CellRun | None:

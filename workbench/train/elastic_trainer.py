@@ -203,8 +203,10 @@ class ElasticTrainer(Trainer):
         if run.fsdp:
             self._reshard()
         else:  # always copy: a new rank's weights may be at the same step count and still differ
-            self._rewrap(fresh=any(e["new"] for e in everyone))
+            # copied first: wrapping anew, DDP copies rank 0's weights to every rank, and rank 0 may be the
+            # new one (a sub-mesh's rank back at its pool number: docs/submeshes.md)
             self._copy_state_from(source)
+            self._rewrap(fresh=any(e["new"] for e in everyone))
         self._fresh = False
         if plan is not None:  # mid-run: the run ends where it would have (between runs: ``steps`` more)
             self._left = policy.steps_left(first["end"], self.step, self.skipped)
