@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -295,8 +296,9 @@ def started(config) -> tuple:
 
 def scenario_ssh_cut(ip, spec: dict) -> dict:
     """Ranks on several hosts over ssh (``plain_cell``: an all_reduce cell first), an elastic run, and one
-    host's link cut mid-run (``kill_host``: its engines killed instead; ``second``: another host's link cut
-    once the regroup is planned); then ``%dist restart`` (unless ``restart`` is false) and the
+    host's link cut mid-run (``kill_host``: its engines killed instead; ``stall``: then the ranks of
+    ``stall["host"]`` stopped for ``stall["seconds"]``; ``second``: another host's link cut once the regroup
+    is planned); then ``%dist restart`` (unless ``restart`` is false) and the
     links restored: the cut-off engines fence themselves (``restart_after_up``: then ``%dist restart``
     again). ``allocation``: the ranks are steps of the Slurm job the driver runs in, not ssh engines."""
     from workbench import PoolConfig
@@ -323,6 +325,11 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
             os.kill(r.pid, signal.SIGKILL)
     else:
         link(spec["port"], "down")
+    if spec.get("stall"):  # then the ranks of that host held (SIGSTOP) that long: silent, alive, ports up
+        held = [r.pid for r in s.ranks if r.host == spec["stall"]["host"]]
+        for pid in held:
+            os.kill(pid, signal.SIGSTOP)
+        threading.Timer(spec["stall"]["seconds"], lambda: [os.kill(p, signal.SIGCONT) for p in held]).start()
     if spec.get("second"):
         out["t_second_cut"] = second_cut_when_planned(s, spec["second"]["port"])
     try:
@@ -390,8 +397,6 @@ def scenario_ssh_chaos(ip, spec: dict) -> dict:
     the run's state (ranks of a host whose link is down count as gone). Then every link up, the checks of
     :func:`tests.faults.chaos.finished_as_asked` (their failure under ``check_error``), and what the test
     checks on its own: the schedule, the fault texts, the ranks by host, what was left on the hosts."""
-    import threading
-
     from tests.faults import chaos
 
     hosts = spec["names"]  # hostname -> {"port", "netns", "keep"}
