@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -21,6 +22,7 @@ from collections.abc import Callable
 
 import psutil
 
+from tests.cluster import infra
 from tests.conftest import until
 
 
@@ -273,24 +275,40 @@ def restart_and_reduce(ip, s, out: dict, said: str, ranks: str, sums: str, error
         out[error] = f"{type(exc).__name__}: {exc}"
 
 
+def ssh_config(spec: dict):
+    """The PoolConfig of ``spec["n"]`` ranks over ssh on ``spec["hosts"]`` (the test's client options)."""
+    from workbench import PoolConfig
+
+    opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"], "remote_python": spec["python"]}
+    return PoolConfig(launcher="ssh", hosts=spec["hosts"], n=spec["n"], interface=spec["interface"],
+                      timeout=spec.get("timeout", 60), launcher_options=opts)
+
+
+def started(config) -> tuple:
+    """A Session started on ``config``, and the first entries of the scenario's result: its ranks
+    ``[rank, host, pid]`` and the seconds its start took."""
+    from workbench import Session
+
+    t0 = time.perf_counter()
+    s = Session(config).start(progress=lambda m: print(m, flush=True))
+    return s, {"ranks": [[r.rank, r.host, r.pid] for r in s.ranks], "start_s": time.perf_counter() - t0}
+
+
 def scenario_ssh_cut(ip, spec: dict) -> dict:
     """Ranks on several hosts over ssh (``plain_cell``: an all_reduce cell first), an elastic run, and one
-    host's link cut mid-run (``kill_host``: its engines killed instead; ``second``: another host's link cut
-    once the regroup is planned); then ``%dist restart`` (unless ``restart`` is false) and the
+    host's link cut mid-run (``kill_host``: its engines killed instead; ``stall``: then the ranks of
+    ``stall["host"]`` stopped for ``stall["seconds"]``; ``second``: another host's link cut once the regroup
+    is planned); then ``%dist restart`` (unless ``restart`` is false) and the
     links restored: the cut-off engines fence themselves (``restart_after_up``: then ``%dist restart``
     again). ``allocation``: the ranks are steps of the Slurm job the driver runs in, not ssh engines."""
-    from workbench import PoolConfig, Session
+    from workbench import PoolConfig
 
     if spec.get("allocation"):  # the Slurm job this driver runs in: every slot of its nodes, as its steps
         config = PoolConfig(launcher="allocation", interface=spec["interface"],
                             timeout=spec.get("timeout", 60))
     else:
-        opts = {"ssh_args": spec["ssh_args"], "scp_args": spec["ssh_args"], "remote_python": spec["python"]}
-        config = PoolConfig(launcher="ssh", hosts=spec["hosts"], n=spec["n"], interface=spec["interface"],
-                            timeout=spec.get("timeout", 60), launcher_options=opts)
-    t0 = time.perf_counter()
-    s = Session(config).start(progress=lambda m: print(m, flush=True))
-    out: dict = {"ranks": [[r.rank, r.host, r.pid] for r in s.ranks], "start_s": time.perf_counter() - t0}
+        config = ssh_config(spec)
+    s, out = started(config)
     if spec.get("plain_cell"):  # a plain cell across every host first
         run(ip, ALL_REDUCE)
         out["sums"] = sorted({w["sum"] for w in s.pull("where")})
@@ -307,6 +325,11 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
             os.kill(r.pid, signal.SIGKILL)
     else:
         link(spec["port"], "down")
+    if spec.get("stall"):  # then the ranks of that host held (SIGSTOP) that long: silent, alive, ports up
+        held = [r.pid for r in s.ranks if r.host == spec["stall"]["host"]]
+        for pid in held:
+            os.kill(pid, signal.SIGSTOP)
+        threading.Timer(spec["stall"]["seconds"], lambda: [os.kill(p, signal.SIGCONT) for p in held]).start()
     if spec.get("second"):
         out["t_second_cut"] = second_cut_when_planned(s, spec["second"]["port"])
     try:
@@ -355,6 +378,117 @@ def scenario_ssh_cut(ip, spec: dict) -> dict:
         s.stop()
         time.sleep(1.0)  # ipyparallel's launcher threads report an ssh exit after the stop returns
     out["stop_output"] = printed.getvalue()
+    return out
+
+
+ENGINE_MAIN = "workbench.pool.processes.engine_main"  # in every engine's command line (pool/launch/spawn)
+
+
+def engines_in(netns: str, keep: list[int]) -> list[int]:
+    """The pool's engine processes running in ``netns`` (a host), ranks or not (a replacement starting)."""
+    return [p for p in netns_left(netns, keep) if ENGINE_MAIN in " ".join(infra.describe([p]))]
+
+
+def scenario_ssh_chaos(ip, spec: dict) -> dict:
+    """Host-level chaos (issue 38): an elastic run (``replace=True``) of ``n`` ranks over ssh on the hosts,
+    and a seeded schedule (:func:`tests.faults.chaos.run_chaos`) of host faults while replacements join:
+    ``cut`` (a host's link down for ``cut_s`` seconds, then up again), ``kill_host`` (every engine process
+    of a host killed, joining ones too) and ``kill_rank`` (one rank killed). Never the last rank that holds
+    the run's state (ranks of a host whose link is down count as gone). Then every link up, the checks of
+    :func:`tests.faults.chaos.finished_as_asked` (their failure under ``check_error``), and what the test
+    checks on its own: the schedule, the fault texts, the ranks by host, what was left on the hosts."""
+    from tests.faults import chaos
+
+    hosts = spec["names"]  # hostname -> {"port", "netns", "keep"}
+    s, out = started(ssh_config(spec))
+    s.run(chaos.setup_code(spec["folder"], pause=spec["pause"], hang_timeout=spec["hang_timeout"]))
+    down: dict[str, threading.Timer] = {}  # host -> the timer that brings its link back
+    lock = threading.Lock()
+    cut_off: list[int] = []  # rank pids on a host while its link was cut
+
+    def up(host: str) -> None:
+        with lock:
+            if down.pop(host, None) is not None:
+                link(hosts[host]["port"], "up")
+
+    def holding(turn: chaos.Turn) -> set[int]:
+        """The ranks that hold the run's state and can go on: alive, on a host whose link is up."""
+        with lock:
+            off = {r.pid for r in s.ranks if r.host in down}
+        return {p for p in turn.keep if psutil.pid_exists(p)} - off
+
+    def victims(turn: chaos.Turn) -> dict[str, list[int]]:
+        """Hosts with ranks now, link up, whose loss leaves a rank that holds the run's state: their ranks."""
+        on: dict[str, list[int]] = {}
+        for r in s.ranks:
+            on.setdefault(r.host, []).append(r.pid)
+        keep = holding(turn)
+        with lock:
+            return {h: pids for h, pids in sorted(on.items()) if h not in down and keep - set(pids)}
+
+    def cut(turn: chaos.Turn) -> str:
+        choice = victims(turn)
+        if not choice:
+            return "none (no host can be cut)"
+        host = turn.rng.choice(sorted(choice))
+        seconds = turn.rng.uniform(*spec["cut_s"])
+        with lock:
+            link(hosts[host]["port"], "down")
+            cut_off.extend(choice[host])
+            down[host] = threading.Timer(seconds, up, (host,))
+            down[host].start()
+        return f"cut {host} (ranks {sorted(choice[host])}) for {seconds:.1f} s"
+
+    def kill_host(turn: chaos.Turn) -> str:
+        choice = victims(turn)
+        if not choice:
+            return "none (no host can lose its engines)"
+        host = turn.rng.choice(sorted(choice))
+        pids = sorted(set(choice[host]) | set(engines_in(hosts[host]["netns"], hosts[host]["keep"])))
+        for pid in pids:
+            turn.kill(pid)
+        return f"kill every engine of {host}: {pids}"
+
+    def kill_rank(turn: chaos.Turn) -> str:
+        keep = holding(turn)
+        with lock:
+            choice = [r.pid for r in s.ranks if r.host not in down and keep - {r.pid}]
+        if not choice:
+            return "none (no rank can be killed)"
+        victim = turn.rng.choice(choice)
+        turn.kill(victim)
+        return f"kill rank pid {victim} (holding the run: {sorted(keep)})"
+
+    more = {"cut": cut, "kill_host": kill_host, "kill_rank": kill_rank}
+    steps, size = spec["steps"], spec["n"]
+    try:
+        run = chaos.run_chaos(s, spec["folder"], spec["seed"], faults=spec["faults"], steps=steps,
+                              gap=tuple(spec["gap"]), size=size, kinds=tuple(more), more=more,
+                              deadline_s=spec["deadline_s"], until=spec["until"])
+    finally:
+        for host in list(down):
+            down[host].cancel()
+            up(host)
+    run.killed += cut_off  # routed around as the killed ones are
+    print(f"seed {run.seed}: {run.seconds:.1f} s, largest {run.largest}, {len(run.done)} faults\n"
+          f"{run.said()}", flush=True)
+    out.update(schedule=run.schedule, done=len(run.done), seconds=run.seconds, largest=run.largest,
+               run_error=None if run.error is None else f"{type(run.error).__name__}: {run.error}",
+               faults=[f.first_failure for f in s.faults],
+               ranks_after=[[r.rank, r.host, r.pid, psutil.pid_exists(r.pid)] for r in s.ranks])
+    try:
+        chaos.finished_as_asked(s, run, steps, size)
+    except AssertionError as exc:
+        out["check_error"] = str(exc) or traceback.format_exc()
+    # the links are up: the cut-off engines end (fenced); only the ranks' engines are left on the hosts
+    ranks = {r.pid for r in s.ranks}
+
+    def strays() -> dict[str, list[int]]:
+        return {h: [p for p in engines_in(v["netns"], v["keep"]) if p not in ranks] for h, v in hosts.items()}
+
+    until(lambda: not any(strays().values()), spec["fence_wait"], every=0.2)
+    out["strays"] = {h: infra.describe(p) for h, p in strays().items() if p}
+    s.stop()
     return out
 
 
@@ -718,7 +852,7 @@ def scenario_walltime(ip, spec: dict) -> dict:
 
 SCENARIOS = {"slurm": scenario_slurm, "slurm_restart": scenario_slurm_restart,
              "slurm_replace": scenario_slurm_replace, "mpi": scenario_mpi, "ssh": scenario_ssh,
-             "ssh_cut": scenario_ssh_cut, "ssh_plain": scenario_ssh_plain,
+             "ssh_cut": scenario_ssh_cut, "ssh_plain": scenario_ssh_plain, "ssh_chaos": scenario_ssh_chaos,
              "allocation_env": scenario_allocation_env,
              "allocation_slurm_start": scenario_allocation_slurm_start,
              "allocation_pool": scenario_allocation_pool,

@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +25,7 @@ import psutil
 
 N, G, LR = 960, 48, 0.05  # as tests/faults/test_elastic.py: 20 steps an epoch at any world size
 
-KINDS = ("kill", "stop", "two_kills", "kill_joining", "scale")
+KINDS = ("kill", "stop", "two_kills", "kill_joining", "scale")  # built in; run_chaos(more=...) adds others
 
 SETUP = """
 import json, os, time
@@ -48,13 +50,13 @@ class FileLog(wb.Callback):
         time.sleep({pause})
 
 trainer = wb.Trainer(model, data, lr={lr}, optim="sgd", clip=None, callbacks=[FileLog({folder!r})],
-                     elastic=wb.ElasticConfig(hang_timeout=3, replace=True,
+                     elastic=wb.ElasticConfig(hang_timeout={hang}, replace=True,
                                               rebuild=lambda: wb.MLP(cfg).double()))
 """
 
 
-def setup_code(folder: str, pause: float = 0.02) -> str:
-    return SETUP.format(n=N, g=G, lr=LR, folder=folder, pause=pause)
+def setup_code(folder: str, pause: float = 0.02, hang_timeout: float = 3) -> str:
+    return SETUP.format(n=N, g=G, lr=LR, folder=folder, pause=pause, hang=hang_timeout)
 
 
 @dataclass
@@ -80,6 +82,21 @@ class Chaos:
 
     def said(self) -> str:
         return "\n".join(f"  {t:7.2f} s {kind:12s} {did}" for t, kind, did in self.schedule)
+
+
+@dataclass
+class Turn:
+    """What a fault kind of :func:`run_chaos`'s ``more`` is given, at its turn; it does its fault and returns
+    what it did (a text starting with "none" when there was nothing to do it to: not counted)."""
+    s: object  # the Session
+    rng: random.Random
+    members: list[int]  # pids of the ranks now
+    keep: list[int]  # pids of the ranks that hold the run's state: one of them must stay
+    kill: Callable[[int], None]  # kill -9 one process, counted among the run's kills
+
+    def spare(self, victims) -> bool:
+        """Whether a rank that holds the run's state is left when ``victims`` (pids) are gone."""
+        return bool(set(self.keep) - set(victims))
 
 
 def engines_outside(s) -> list[int]:
@@ -128,12 +145,15 @@ def trainer_step(s) -> int:
 
 def run_chaos(s, folder: str, seed: int, faults: int, steps: int, gap=(1.0, 3.0), size: int = 4,
               kinds=KINDS, wait_s: float = 600.0, until: float = 0.9,
-              deadline_s: float | None = None) -> Chaos:
+              deadline_s: float | None = None, more: dict[str, Callable[[Turn], str]] | None = None) -> Chaos:
     """``faults`` faults of ``kinds`` at seeded random gaps (seconds) over a run of ``steps`` steps on ``s``
     (a pool of ``size`` ranks, the setup of :func:`setup_code` already run), none after ``until`` of the
     steps (the run's end is not a fault's). Never the last rank that holds the run's state; any other,
     joining ones too. ``deadline_s``: the whole run, faults and wait, is given up after that many seconds
-    (its error then says so; the caller stops the pool), so that a run that stands still ends."""
+    (its error then says so; the caller stops the pool), so that a run that stands still ends. ``more``:
+    fault kinds of the caller's by name (a host's link cut, a host's engines killed: see
+    ``scenario_ssh_chaos`` in tests/cluster/driver.py), each a function of a :class:`Turn`; ``kinds`` may
+    name them beside the built-in ones."""
     rng = random.Random(seed)
     out = Chaos(seed, faults_before=len(s.faults))
     stopped: list[int] = []
@@ -175,7 +195,9 @@ def run_chaos(s, folder: str, seed: int, faults: int, steps: int, gap=(1.0, 3.0)
             def spare(victims: list[int], keep=keep) -> bool:
                 return bool(set(keep) - set(victims))
 
-            if kind == "scale":
+            if kind in (more or {}):
+                did = more[kind](Turn(s, rng, members, keep, kill))
+            elif kind == "scale":
                 target = size - 1 if len(members) >= size else size
                 try:
                     s.scale(target)
@@ -292,3 +314,74 @@ def check_once(records: list[list], steps: int) -> None:
             assert sorted(mine) == sorted(window), f"step {step} skipped samples"
     for epoch, offsets in covered.items():
         assert sorted(offsets) == list(range(0, G * len(offsets), G)), f"epoch {epoch}: {offsets}"
+
+
+# -- the checks, shared by the local chaos test and the host chaos scenario (tests/cluster/driver.py) -------
+def rank_lists(text: str) -> list[list[int]]:
+    """The rank numbers a fault text names, per list ("ranks 1-2, 4 died" -> [[1, 2, 4]])."""
+    lists = []
+    for found in re.finditer(r"\branks? ((?:\d+(?:-\d+)?)(?:,\s?\d+(?:-\d+)?)*)", text):
+        numbers = []
+        for part in re.split(r",\s?", found.group(1)):
+            a, _, b = part.partition("-")
+            numbers += list(range(int(a), int(b or a) + 1))
+        lists.append(numbers)
+    return lists
+
+
+def faults_true(s, run: Chaos) -> None:
+    """Every engine the run lost is in exactly one fault record, and no record names a rank twice."""
+    records = s.faults[run.faults_before:]
+    for event in records:
+        for numbers in rank_lists(event.first_failure):
+            assert len(numbers) == len(set(numbers)), f"a rank named twice: {event.first_failure!r}"
+    watch = run.watch
+    killed = set(run.killed)
+    lost = {r.pid: r.engine_id for r, _ in watch.children if r.engine_id in watch.dropped}
+    for pid, engine in lost.items():
+        assert watch.how_lost(engine) is not None, f"engine {pid} was lost without a fault record"
+    events = {id(watch._lost_in[e]) for e in lost.values()}
+    assert events <= {id(e) for e in records}, "a lost engine's fault record is not in the session's faults"
+    members = {r.pid for r, _ in watch.children}
+    missing = (killed & members) - set(lost) - {r.pid for r in s.ranks}
+    # what the watch last knew of each (for the next reader)
+    where = {pid: [(r.rank, "leaving" if r.engine_id in watch.leaving else
+                    "joining" if r.engine_id in watch.joining else "member") for r, _ in watch.children
+                   if r.pid == pid] for pid in missing}
+    assert not missing or run.error is not None, \
+        f"seed {run.seed}: killed ranks the run never routed around: {where}\n{run.said()}"
+
+
+def finished_as_asked(s, run: Chaos, steps: int, size: int) -> None:
+    """The run did every step, each sample once, on ``size`` ranks at the end (never more meanwhile), with
+    the fault-free run's parameters; the fault records are true."""
+    import torch  # imported only by the checks (the bench's kernel side needs no torch)
+
+    from tests.conftest import alive
+    from tests.faults.test_elastic import reference
+
+    said = run.said()
+    assert run.error is None, f"seed {run.seed}: the run failed: {run.error!r}\n{said}"
+    assert run.largest <= size, \
+        f"seed {run.seed}: the pool grew to {run.largest} ranks (asked {size})\n{said}"
+    assert not run.doubled, f"seed {run.seed}: the rank map named an engine twice: {run.doubled[:3]}"
+    now = {r.engine_id: r.rank for r in s.ranks}
+    # the ranks that ran the run to its end (a scale that ended after the run adds ranks that did not)
+    finished = sorted(now[r.rank.engine_id] for r in run.result.ranks
+                      if r.outcome == "ok" and r.rank.engine_id in now)
+    assert len(finished) == size, \
+        f"seed {run.seed}: the run ended on {len(finished)} ranks, not {size}\n{said}\n{run.result}"
+    assert s.world_size == size, f"seed {run.seed}: the pool is at {s.world_size} ranks, not {size}\n{said}"
+    assert [s.pull("trainer.step", rank=r) for r in finished] == [steps] * size, said
+    check_once(run.records, steps)
+    s.run("from workbench.train import full_state_dict\nfull = full_state_dict(trainer.model)",
+          ranks=finished)
+    want = reference(steps)
+    for r in finished:
+        torch.testing.assert_close(s.pull("full", rank=r), want)
+    rows = s.status()
+    assert sorted(row["rank"] for row in rows if row["rank"] != "-") == list(range(size)), rows
+    assert all(row["state"] in ("idle", "busy") for row in rows if row["rank"] != "-"), rows
+    pids = [row["pid"] for row in rows if row["rank"] != "-"]
+    assert sorted(alive(pids)) == sorted(pids), rows
+    faults_true(s, run)

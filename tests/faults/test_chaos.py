@@ -9,7 +9,6 @@ naming each of its ranks once.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import threading
 import time
@@ -19,7 +18,8 @@ import torch
 
 from tests.conftest import PidsLimit, alive, until
 from tests.faults import chaos
-from tests.faults.test_elastic import permutation, reference, step_reached
+from tests.faults.chaos import finished_as_asked
+from tests.faults.test_elastic import permutation, step_reached
 from workbench import Session
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -83,71 +83,6 @@ def joined_pid(s: Session, first: list[int], timeout: float = 120) -> int:
 
     assert until(there, timeout, every=0.002), "no new rank joined"
     return found[0]
-
-
-def rank_lists(text: str) -> list[list[int]]:
-    """The rank numbers a fault text names, per list ("ranks 1-2, 4 died" -> [[1, 2, 4]])."""
-    lists = []
-    for found in re.finditer(r"\branks? ((?:\d+(?:-\d+)?)(?:,\s?\d+(?:-\d+)?)*)", text):
-        numbers = []
-        for part in re.split(r",\s?", found.group(1)):
-            a, _, b = part.partition("-")
-            numbers += list(range(int(a), int(b or a) + 1))
-        lists.append(numbers)
-    return lists
-
-
-def faults_true(s: Session, run: chaos.Chaos) -> None:
-    """Every engine the run lost is in exactly one fault record, and no record names a rank twice."""
-    records = s.faults[run.faults_before:]
-    for event in records:
-        for numbers in rank_lists(event.first_failure):
-            assert len(numbers) == len(set(numbers)), f"a rank named twice: {event.first_failure!r}"
-    watch = run.watch
-    killed = set(run.killed)
-    lost = {r.pid: r.engine_id for r, _ in watch.children if r.engine_id in watch.dropped}
-    for pid, engine in lost.items():
-        assert watch.how_lost(engine) is not None, f"engine {pid} was lost without a fault record"
-    events = {id(watch._lost_in[e]) for e in lost.values()}
-    assert events <= {id(e) for e in records}, "a lost engine's fault record is not in the session's faults"
-    members = {r.pid for r, _ in watch.children}
-    missing = (killed & members) - set(lost) - {r.pid for r in s.ranks}
-    # what the watch last knew of each (for the next reader)
-    where = {pid: [(r.rank, "leaving" if r.engine_id in watch.leaving else
-                    "joining" if r.engine_id in watch.joining else "member") for r, _ in watch.children
-                   if r.pid == pid] for pid in missing}
-    assert not missing or run.error is not None, \
-        f"seed {run.seed}: killed ranks the run never routed around: {where}\n{run.said()}"
-
-
-def finished_as_asked(s: Session, run: chaos.Chaos, steps: int, size: int) -> None:
-    """The run did every step, each sample once, on ``size`` ranks at the end (never more meanwhile), with
-    the fault-free run's parameters; the fault records are true."""
-    said = run.said()
-    assert run.error is None, f"seed {run.seed}: the run failed: {run.error!r}\n{said}"
-    assert run.largest <= size, \
-        f"seed {run.seed}: the pool grew to {run.largest} ranks (asked {size})\n{said}"
-    assert not run.doubled, f"seed {run.seed}: the rank map named an engine twice: {run.doubled[:3]}"
-    now = {r.engine_id: r.rank for r in s.ranks}
-    # the ranks that ran the run to its end (a scale that ended after the run adds ranks that did not)
-    finished = sorted(now[r.rank.engine_id] for r in run.result.ranks
-                      if r.outcome == "ok" and r.rank.engine_id in now)
-    assert len(finished) == size, \
-        f"seed {run.seed}: the run ended on {len(finished)} ranks, not {size}\n{said}\n{run.result}"
-    assert s.world_size == size, f"seed {run.seed}: the pool is at {s.world_size} ranks, not {size}\n{said}"
-    assert [s.pull("trainer.step", rank=r) for r in finished] == [steps] * size, said
-    chaos.check_once(run.records, steps)
-    s.run("from workbench.train import full_state_dict\nfull = full_state_dict(trainer.model)",
-          ranks=finished)
-    want = reference(steps)
-    for r in finished:
-        torch.testing.assert_close(s.pull("full", rank=r), want)
-    rows = s.status()
-    assert sorted(row["rank"] for row in rows if row["rank"] != "-") == list(range(size)), rows
-    assert all(row["state"] in ("idle", "busy") for row in rows if row["rank"] != "-"), rows
-    pids = [row["pid"] for row in rows if row["rank"] != "-"]
-    assert sorted(alive(pids)) == sorted(pids), rows
-    faults_true(s, run)
 
 
 # -- the findings, one by one -----------------------------------------------------------------------------
