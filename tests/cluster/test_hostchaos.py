@@ -46,8 +46,11 @@ FINDING = ("issue 38 host chaos: after a regroup renumbers a remote survivor, a 
 STILL = ("issue 38 host chaos: a join after a link cut stands still for minutes and ends in "
          "RegroupAbandoned (Gloo connectFullMesh connect timeout)")
 XFAIL = {1: FINDING, 2: STILL}
+# the seeded runs take 150-450 s each and both seeds tried fail on the findings above: `make test` runs the
+# first finding's 30 s reproducer (the last test) and no seed unless WORKBENCH_HOSTCHAOS_SEEDS names some
 SEEDS = [pytest.param(seed, marks=pytest.mark.xfail(strict=True, reason=XFAIL[seed]) if seed in XFAIL else ())
-         for seed in (int(x) for x in os.environ.get("WORKBENCH_HOSTCHAOS_SEEDS", "1").split(","))]
+         for seed in (int(x) for x in os.environ.get("WORKBENCH_HOSTCHAOS_SEEDS", "").split(",") if x)] or [
+    pytest.param(None, marks=pytest.mark.skip(reason="no seed asked for (WORKBENCH_HOSTCHAOS_SEEDS=1,2)"))]
 
 
 def chaos_spec(hosts: dict, workdir, seed: int, **more) -> dict:

@@ -249,10 +249,19 @@ class DiesAtStart(wb.Callback):
 """
 
 
-def test_a_rank_lost_as_the_run_starts_before_any_beacon_says_it_runs_is_routed_around(four):
+# Found by the test below: where the last rank (no survivor renumbered) is lost at the run's start, the run
+# goes on with every sample once but ends with parameters off the reference (1.4e-4 absolute on fc1's bias,
+# 4 of 4 runs; ranks 0-2 lost: equal). Not yet explained.
+LAST_RANK_AT_START = ("issue 38: the last rank lost as a run starts: every sample once, but the parameters "
+                      "differ from the reference")
+
+
+@pytest.mark.parametrize("victim", [1, pytest.param(3, marks=pytest.mark.xfail(strict=True,
+                                                                              reason=LAST_RANK_AT_START))])
+def test_a_rank_lost_as_the_run_starts_before_any_beacon_says_it_runs_is_routed_around(four, victim):
     """CI stop 46: a rank killed early in a run failed the cell as a plain fault, the kernel's beacons still
     showing the survivors' elastic Trainer between runs. The kernel now waits for their next beacons."""
-    victim, steps = random.Random().randrange(4), 20
+    steps = 20
     print(f"rank {victim} dies as the run starts")
     four.run(setup_code())
     four.run("trainer.run(steps=1)")  # a run before: the beacons say an elastic Trainer is here, not running
