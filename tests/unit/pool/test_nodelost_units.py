@@ -107,10 +107,12 @@ rendezvous._state.update(backend="gloo", timeout_s=30.0, collective_timeout_s=30
 # a join plan: no loss, so its members wait the pool's timeout (30 s) for each other, and so did its connect
 plan = {"generation": 2, "members": [rendezvous.me(), ["n3", 4242]], "host": rendezvous.me()}
 dist.PrefixStore("workbench-elastic/2/", master).set("ready/1", "1")  # it said ready, then it was lost
+entered = []  # when this rank went into the group's connect (under load that may be seconds after t0)
+connect = rendezvous._init_group
+rendezvous._init_group = lambda *args, **kwargs: entered.append(time.monotonic()) or connect(*args, **kwargs)
 t0 = time.monotonic()
-came = t0 + 1.0  # the kernel's re-plan without it, while this rank is in init_process_group
-try:
-    rendezvous.regroup(plan, superseded=lambda: time.monotonic() > came)
+try:  # the kernel's re-plan without it comes 1 s after this rank went into init_process_group
+    rendezvous.regroup(plan, superseded=lambda: bool(entered) and time.monotonic() > entered[0] + 1.0)
 except rendezvous.RegroupAbandoned as exc:
     outcome = {"abandoned": str(exc), "s": time.monotonic() - t0, "formed": dist.is_initialized()}
 plan = {"generation": 3, "members": [rendezvous.me()], "host": rendezvous.me(), "lost": [[1]]}  # that plan
