@@ -186,7 +186,7 @@ class ElasticTrainer(Trainer):
         self.abandon_step()
         world, rank = _world(), _rank()
         mine = {"step": self.step, "end": self.step + self.skipped + self._left,
-                "new": policy.is_new(self._fresh, rank, plan), **run.numbers()}
+                "new": policy.is_new(self._fresh, rank, plan), "cut": self._cut_mid_step, **run.numbers()}
         everyone = [None] * world
         dist.all_gather_object(everyone, mine)
         if policy.state_lost(everyone, plan):  # every rank alike: nothing trained is left to copy
@@ -204,9 +204,12 @@ class ElasticTrainer(Trainer):
             self._reshard()
         else:  # always copy: a new rank's weights may be at the same step count and still differ
             # copied first: wrapping anew, DDP copies rank 0's weights to every rank, and rank 0 may be the
-            # new one (a sub-mesh's rank back at its pool number: docs/submeshes.md)
+            # new one (a sub-mesh's rank back at its pool number: docs/submeshes.md). Wrapped anew also where
+            # a step was cut on some rank: DDP rebuilds its gradient buckets in the step after its first, and
+            # a peer lost mid-step leaves some ranks with the rebuilt order and others without, which a
+            # regrouped reducer keeps (its first all-reduce would sum mismatched gradients: issue 38)
             self._copy_state_from(source)
-            self._rewrap(fresh=any(e["new"] for e in everyone))
+            self._rewrap(fresh=any(e["new"] or e["cut"] for e in everyone))
         self._fresh = False
         if plan is not None:  # mid-run: the run ends where it would have (between runs: ``steps`` more)
             self._left = policy.steps_left(first["end"], self.step, self.skipped)
