@@ -188,16 +188,18 @@ class Health:
                     continue  # judged with its host once the knock is answered (KNOCK_TIMEOUT_S at most)
                 for how, ranks in self._silent_verdict(host).items():
                     self._found_together(ranks, how, local)
-        fresh = sorted(self.dead.keys() - self._announced)
+        # one snapshot: watch() may swap the dead and the ranks meanwhile (a sub-mesh regroup, from the cell)
+        dead, known = self.dead, {r.rank: r for r in self._ranks}
+        fresh = sorted((dead.keys() & known.keys()) - self._announced)
         done = self._quiet(fresh) if fresh and self._pool_running() else None
         if done is not None:
             try:  # no cell runs there: nobody else will say it
-                new = [self._ranks[rank] for rank in fresh]
+                new = [known[rank] for rank in fresh]
                 hosts = lost_hosts(new, self._ranks) if len(new) > 1 and not self._local else []
                 for host in hosts:  # a whole host: one fault, one line
                     infos = [r for r in new if r.host == host]
                     ranks = format_ranks(r.rank for r in infos)
-                    how = self.dead[infos[0].rank]
+                    how = dead[infos[0].rank]
                     self.record("died", infos[0], f"host {host} lost while idle: ranks {ranks} {how}",
                                 abort_s=0.0)
                     self._announced |= {r.rank for r in infos}
@@ -205,7 +207,7 @@ class Health:
                                  "`%dist restart` brings them back.")
                 for info in [r for r in new if r.host not in hosts]:
                     rank = info.rank
-                    self.record("died", info, f"rank {rank} {self.dead[rank]} while idle", abort_s=0.0)
+                    self.record("died", info, f"rank {rank} {dead[rank]} while idle", abort_s=0.0)
                     self._report(f"workbench: rank {rank} ({info.host}, {info.device}) died while the pool "
                                  "was idle; `%dist restart` brings it back.")
             finally:

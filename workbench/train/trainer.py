@@ -238,7 +238,8 @@ class Trainer:
         if layout.mesh is not None:
             layout.mesh = build_mesh({"dp": world}, self.device.type)
             layout.config = replace(layout.config, dp=world, data_parallel="ddp")
-        if isinstance(self.model, DDP) and not fresh:
+        # alone, no other rank's bucket order to match: the wrapper is moved, never left on the old group
+        if isinstance(self.model, DDP) and (not fresh or world == 1):
             self.model._update_process_group(dist.group.WORLD)
             timer = getattr(self.model, "wb_comm", None)
             if timer is not None:
