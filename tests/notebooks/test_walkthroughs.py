@@ -8,6 +8,7 @@ outputs.
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 import time
 from pathlib import Path
@@ -74,6 +75,15 @@ def _check_12(s):
     assert s["overlapped"] and s["alone_equal"] and s["sum_after_join"] == [4.0] * 4, s
     assert s["sweep"] == ["done"] * 4 and s["joined_after_sweep"], s
     assert s["kept"] and s["best_eval_equal"], s  # the best trial's checkpoint only, loaded and evaluated
+    optuna = s["optuna"]  # section 7: an Optuna study's six suggestions, its pruner stopping the bad ones
+    if importlib.util.find_spec("optuna") is None:  # the extra missing: the section says how, and is skipped
+        assert optuna is None, s
+        return
+    assert len(optuna["trials"]) == 6 and set(optuna["trials"]) <= {"done", "pruned"}, s
+    assert optuna["trials"][:2] == ["done", "done"] and "pruned" in optuna["trials"], s  # seed 270
+    assert optuna["study"] == [{"done": "COMPLETE", "pruned": "PRUNED"}[t] for t in optuna["trials"]], s
+    assert optuna["pruned_lrs"] == [lr for lr in optuna["lrs"] if lr < 1e-3], s  # too small to learn, only
+    assert optuna["joined_after"], s
 
 
 CHECKS = {"02": _check_02, "03": _check_03, "04": _check_04, "05": _check_05, "06": _check_06,
