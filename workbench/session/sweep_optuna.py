@@ -83,9 +83,15 @@ class Search:
         trial = self.asked.pop(index)
         state = self.optuna.trial.TrialState
         value = metrics.get(self.metric)
-        if status == "done" and isinstance(value, (int, float)) and not isinstance(value, bool):
-            self.study.tell(trial, float(value))
-        elif status == "pruned":
-            self.study.tell(trial, state=state.PRUNED)
-        else:
-            self.study.tell(trial, state=state.FAIL)
+        try:
+            if status == "done" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.study.tell(trial, float(value))
+            elif status == "pruned":
+                self.study.tell(trial, state=state.PRUNED)
+            else:
+                self.study.tell(trial, state=state.FAIL)
+        except RuntimeError as exc:
+            # a sampler whose grid ran out (GridSampler, BruteForceSampler) stops the study in ``tell``, which
+            # Optuna allows only inside ``optimize``; the trial is recorded before that: n_trials bounds the rest
+            if "Study.stop" not in str(exc):
+                raise

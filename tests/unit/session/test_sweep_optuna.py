@@ -53,3 +53,17 @@ def test_the_studys_direction_is_which_trial_is_best():
     for direction, mode in [("minimize", "min"), ("maximize", "max")]:
         study = optuna.create_study(direction=direction)
         assert Search(study, {}, n_trials=1, metric="accuracy").mode == mode
+
+
+def test_a_grid_that_runs_out_is_told_without_an_error():
+    """Found with notebook 12: GridSampler stops the study once its grid is used up, from ``tell``, which
+    Optuna refuses outside ``optimize`` (RuntimeError): the sweep's cell failed at its last trial."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.GridSampler({"lr": [0.1, 0.01]}, seed=0))
+    search = Search(study, {"lr": optuna.distributions.CategoricalDistribution([0.1, 0.01])}, n_trials=2,
+                    metric="loss")
+    asked = [search.ask(i)["lr"] for i in range(2)]
+    search.tell(0, "done", {"loss": 0.5})
+    search.tell(1, "done", {"loss": 0.25})  # the grid is used up here
+    assert sorted(asked) == [0.01, 0.1] and study.best_value == 0.25
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
