@@ -91,7 +91,7 @@ class Search:
             else:
                 self.study.tell(trial, state=state.FAIL)
         except RuntimeError as exc:
-            # a sampler whose grid ran out (GridSampler, BruteForceSampler) stops the study in ``tell``, which
-            # Optuna allows only inside ``optimize``; the trial is recorded before that: n_trials bounds the rest
+            # a sampler whose grid ran out (GridSampler, BruteForceSampler) stops the study in ``tell``,
+            # which Optuna allows only inside ``optimize``; the trial is recorded first; n_trials bounds the rest
             if "Study.stop" not in str(exc):
                 raise
