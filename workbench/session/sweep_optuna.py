@@ -92,6 +92,7 @@ class Search:
                 self.study.tell(trial, state=state.FAIL)
         except RuntimeError as exc:
             # a sampler whose grid ran out (GridSampler, BruteForceSampler) stops the study in ``tell``,
-            # which Optuna allows only inside ``optimize``; the trial is recorded first; n_trials bounds the rest
+            # which Optuna allows only inside ``optimize``; the trial is recorded first
+            # (n_trials bounds the rest)
             if "Study.stop" not in str(exc):
                 raise
