@@ -75,6 +75,7 @@ class Health:
         self._pending: faults.FaultEvent | None = None  # written to the log once recovered (or at close)
         self._ranks: list[RankInfo] = []
         self._holders: dict[int, tuple[str, int]] = {}  # rank -> (host, pid) of the engine holding it now
+        self._was: dict[tuple[str, int], int] = {}  # (host, pid) -> its rank before the last watch()
         self._watched = time.monotonic()  # the last watch(): where a renumbered engine's silence starts
         # rank -> pidfd (or a Process where there are no pidfds); only the watcher thread closes them
         self._local: dict[int, int | psutil.Process] = {}
@@ -104,6 +105,7 @@ class Health:
                     dead[r.rank] = "exited"
         with self._lock:
             self._retired += self._local.values()
+            self._was = {(r.host, r.pid): r.rank for r in self._ranks}
             self._local, self._ranks, self.dead, self._announced = handles, list(ranks), dead, set(announced)
             self._holders = {r.rank: (r.host, r.pid) for r in ranks}
             self._knocked, self._generation, self._watched = {}, self._generation + 1, time.monotonic()
@@ -231,7 +233,7 @@ class Health:
                and now - self._knocked.get(r.rank, (float("-inf"), None))[0] >= KNOCK_EVERY_S]
         if due:
             joined = self._endpoints()
-            ports = {r: (self._own_beat(r) or {}).get("endpoints") or joined.get(r) for r in due}
+            ports = {r: (self._own_beat(r) or (r, {}))[1].get("endpoints") or joined.get(r) for r in due}
             pending = Knock(ports, KNOCK_TIMEOUT_S)
             # a rank with no port to knock at is knocked all the same: nothing will answer for it
             self._knocked.update((r, (now, None)) for r in due if r not in pending.keys)
@@ -243,20 +245,28 @@ class Health:
         fresh = when is not None and when >= time.monotonic() - self._silent_for(rank)
         return answer if fresh else None
 
-    def _own_beat(self, rank: int) -> dict | None:
-        """``rank``'s latest beacon if the engine holding that number now sent it (after a regroup renumbered
-        the ranks, the number may still show its previous holder's last beacon: its ports, its silence)."""
-        beat = self.beacons.latest.get(rank)
-        return beat if beat is not None and (beat.get("host"), beat.get("pid")) == self._holders.get(rank) \
-            else None
+    def _own_beat(self, rank: int) -> tuple[int, dict] | None:
+        """The latest beacon of the engine holding ``rank`` now, and the number it came under: ``rank``'s, or,
+        where that is another engine's (a regroup renumbered this one; the number still shows its previous
+        holder's last beacon: its ports, its silence), the engine's number before the regroup."""
+        holder = self._holders.get(rank)
+        for number in (rank, self._was.get(holder)):
+            beat = self.beacons.latest.get(number) if number is not None else None
+            if beat is not None and (beat.get("host"), beat.get("pid")) == holder:
+                return number, beat
+        return None
 
     def _silent_for(self, rank: int) -> float:
         """Seconds since the engine holding ``rank`` now was heard: the rank's silence clock, unless the
         number's latest beacon is another engine's (a regroup renumbered this one, not heard under the number
-        yet): then since :meth:`watch` began (the regroup)."""
-        if self.beacons.latest.get(rank) is None or self._own_beat(rank) is not None:
+        yet): then since its last beacon under its number before, or the regroup (:meth:`watch`) if later."""
+        if self.beacons.latest.get(rank) is None:
             return self.beacons.silent_for(rank)
-        return time.monotonic() - self._watched
+        own = self._own_beat(rank)
+        if own is not None and own[0] == rank:
+            return self.beacons.silent_for(rank)
+        since = time.monotonic() - self._watched
+        return since if own is None else min(since, self.beacons.silent_for(own[0]))
 
     def _awaits_knock(self, rank: int) -> bool:
         """A knock at ``rank`` is in flight and no answer of this silence is in yet."""
