@@ -9,8 +9,12 @@ sample taken once, the parameters of the fault-free run, the asked size restored
 fault record per lost engine; and, once the links are back, nothing of the pool left on any host but its
 ranks (the cut-off engines fenced), nothing at all after the stop.
 
-Not yet: both seeds tried fail (strict xfails naming each finding, below); the first finding is also
-reproduced alone, in about 30 s, by the last test.
+Not yet: both seeds tried fail (strict xfails naming each finding, below). The first finding is reproduced
+alone, in about 40 s, by the last test, which passes since the health watch judges a renumbered rank by its
+own engine's beacons (renumber38). Seed 1 still fails after that fix (2 of 2 runs; its schedule varies with
+timing): once the same way (rank 0 killed, the survivor "exited": before the fix's second part, the knock
+at the group's endpoints for the survivor, a group old), once with the survivor, renumbered rank 0 after a
+join on a cut host, silent 60 s while its port answered ("hung"): seed 2's standstill, it seems.
 """
 
 from __future__ import annotations
@@ -85,7 +89,6 @@ def test_host_faults_that_keep_coming_every_step_every_sample_once(four_hosts, w
     check_nothing_left(four_hosts)
 
 
-@pytest.mark.xfail(strict=True, reason=FINDING)
 def test_a_survivor_renumbered_by_a_regroup_is_not_taken_for_the_rank_it_replaces(three_hosts, workdir):
     """The host chaos finding, alone: 2 ranks, one on n1 and one on n2; rank 0's engine killed, and rank 1
     held (SIGSTOP) for 7 s meanwhile, as a loaded host holds a process. Rank 0 is found exited (its port
@@ -101,7 +104,8 @@ def test_a_survivor_renumbered_by_a_regroup_is_not_taken_for_the_rank_it_replace
     print("\n".join(texts))
     assert "cell_error" not in result, f"{result['cell_error']}\n{texts}"
     assert [r[1] for r in result["ranks_after"]] == ["n2"], result["ranks_after"]
-    assert len(texts) == 1 and texts[0].startswith("rank 0 exited"), texts
+    # the killed engine was its host's only one: found exited (its port refused), the survivor never
+    assert len(texts) == 1 and texts[0].startswith("host n1 lost: rank 0, exited (its host answered"), texts
     assert result["steps"] == [steps]
     check_params(result, steps)
     check_nothing_left(three_hosts)

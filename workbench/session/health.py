@@ -74,6 +74,9 @@ class Health:
         self._lost_hosts = lost_hosts  # host -> how its engines were lost, as the launcher's system says
         self._pending: faults.FaultEvent | None = None  # written to the log once recovered (or at close)
         self._ranks: list[RankInfo] = []
+        self._holders: dict[int, tuple[str, int]] = {}  # rank -> (host, pid) of the engine holding it now
+        self._was: dict[tuple[str, int], int] = {}  # (host, pid) -> its rank before the last watch()
+        self._watched = time.monotonic()  # the last watch(): where a renumbered engine's silence starts
         # rank -> pidfd (or a Process where there are no pidfds); only the watcher thread closes them
         self._local: dict[int, int | psutil.Process] = {}
         self._retired: list = []  # handles of an earlier watch, closed by the watcher once it let go
@@ -102,8 +105,10 @@ class Health:
                     dead[r.rank] = "exited"
         with self._lock:
             self._retired += self._local.values()
+            self._was = {(r.host, r.pid): r.rank for r in self._ranks}
             self._local, self._ranks, self.dead, self._announced = handles, list(ranks), dead, set(announced)
-            self._knocked, self._generation = {}, self._generation + 1
+            self._holders = {r.rank: (r.host, r.pid) for r in ranks}
+            self._knocked, self._generation, self._watched = {}, self._generation + 1, time.monotonic()
         self.beacons.expect(r.rank for r in ranks)
         os.write(self._wake_w, b"w")
 
@@ -181,9 +186,9 @@ class Health:
             handle = local.get(r.rank)
             if isinstance(handle, psutil.Process) and handle_exited(handle):
                 self._found(r.rank, "exited", local)
-            elif handle is None and self.beacons.silent_for(r.rank) > REMOTE_SILENCE_S:
+            elif handle is None and self._silent_for(r.rank) > REMOTE_SILENCE_S:
                 # its host's other ranks that fell silent with it are lost with it: one fault, one regroup
-                host = silent_with(r, self._ranks, self.beacons.silent_for, set(self.dead))
+                host = silent_with(r, self._ranks, self._silent_for, set(self.dead))
                 if any(self._awaits_knock(rank) for rank in host):
                     continue  # judged with its host once the knock is answered (KNOCK_TIMEOUT_S at most)
                 for how, ranks in self._silent_verdict(host).items():
@@ -226,11 +231,11 @@ class Health:
                 self._knocked.update((r, (started, found.get(r))) for r in pending.keys)
         in_flight = {r for _, _, pending in self._knocks for r in pending.keys}
         due = [r.rank for r in unwatched if r.rank not in self.dead and local.get(r.rank) is None
-               and r.rank not in in_flight and self.beacons.silent_for(r.rank) > KNOCK_AFTER_S
+               and r.rank not in in_flight and self._silent_for(r.rank) > KNOCK_AFTER_S
                and now - self._knocked.get(r.rank, (float("-inf"), None))[0] >= KNOCK_EVERY_S]
         if due:
-            latest, joined = self.beacons.latest, self._endpoints()
-            ports = {r: (latest.get(r) or {}).get("endpoints") or joined.get(r) for r in due}
+            joined = self._endpoints()
+            ports = {r: (self._own_beat(r) or (r, {}))[1].get("endpoints") or joined.get(r) for r in due}
             pending = Knock(ports, KNOCK_TIMEOUT_S)
             # a rank with no port to knock at is knocked all the same: nothing will answer for it
             self._knocked.update((r, (now, None)) for r in due if r not in pending.keys)
@@ -239,8 +244,31 @@ class Health:
     def _answer(self, rank: int) -> str | None:
         """How ``rank``'s port answered a knock made since its last beacon (None: no such answer yet)."""
         when, answer = self._knocked.get(rank, (None, None))
-        fresh = when is not None and when >= time.monotonic() - self.beacons.silent_for(rank)
+        fresh = when is not None and when >= time.monotonic() - self._silent_for(rank)
         return answer if fresh else None
+
+    def _own_beat(self, rank: int) -> tuple[int, dict] | None:
+        """The latest beacon of the engine holding ``rank`` now, and the number it came under: ``rank``'s, or,
+        where that is another engine's (a regroup renumbered this one; the number still shows its previous
+        holder's last beacon: its ports, its silence), the engine's number before the regroup."""
+        holder = self._holders.get(rank)
+        for number in (rank, self._was.get(holder)):
+            beat = self.beacons.latest.get(number) if number is not None else None
+            if beat is not None and (beat.get("host"), beat.get("pid")) == holder:
+                return number, beat
+        return None
+
+    def _silent_for(self, rank: int) -> float:
+        """Seconds since the engine holding ``rank`` now was heard: the rank's silence clock, unless the
+        number's latest beacon is another engine's (a regroup renumbered this one, not heard under the number
+        yet): then since its last beacon under its number before, or the regroup (:meth:`watch`) if later."""
+        if self.beacons.latest.get(rank) is None:
+            return self.beacons.silent_for(rank)
+        own = self._own_beat(rank)
+        if own is not None and own[0] == rank:
+            return self.beacons.silent_for(rank)
+        since = time.monotonic() - self._watched
+        return since if own is None else min(since, self.beacons.silent_for(own[0]))
 
     def _awaits_knock(self, rank: int) -> bool:
         """A knock at ``rank`` is in flight and no answer of this silence is in yet."""
@@ -254,7 +282,7 @@ class Health:
         verdict: dict[str, list[int]] = {}
         for r in ranks:
             answer = self._answer(r)
-            if self.beacons.silent_for(r) > HUNG_SILENCE_S:
+            if self._silent_for(r) > HUNG_SILENCE_S:
                 how = f"sent no heartbeat for {HUNG_SILENCE_S:g} s, its process up (hung)"
             elif answer == ANSWERS:
                 continue

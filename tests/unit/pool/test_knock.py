@@ -139,3 +139,39 @@ def test_health_never_waits_for_a_knock_and_leaves_no_socket(channel, listener_p
         h.close()
         rx.close()
     assert _tcp_to(unanswered_port) == before
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_renumbered_by_a_regroup_is_knocked_at_its_own_port(channel, listener_process, monkeypatch,
+                                                                   tmp_path):
+    """After a regroup renumbers a silent survivor (rank 1 on n2 becomes rank 0), the number's latest beacon
+    is still its previous holder's (killed: its port refuses), and the group's endpoints for it may be a
+    group old (a regroup's ports are known once its ranks beacon). The survivor's silence and the port
+    knocked at are its own, as its last beacon under its old number said: it answers, so it is up, not
+    "exited"; once it is gone, its own port refuses (issue 38's host chaos finding)."""
+    monkeypatch.setenv("WORKBENCH_STATE_DIR", str(tmp_path))  # the fault log
+    child, port = listener_process
+    joined = {0: [["127.0.0.1", _closed_port()]], 1: [["127.0.0.1", port]]}
+    rx = BeaconReceiver(channel)
+    h = Health(pool_id=None, beacons=rx, report=lambda text: None, endpoints=lambda: joined)
+    try:
+        h.watch([RankInfo(0, 0, 0, "n1", 101, "cpu", 0), RankInfo(1, 0, 1, "n2", 102, "cpu", 1)], local=False)
+        signer = wire.Signer(channel["key"])
+        beat = {"rank": 0, "pub": "p101", "seq": 1, "generation": 0, "pid": 101, "host": "n1",
+                "endpoints": joined[0]}  # the engine holding rank 0 before, killed since
+        assert rx.take(signer.pack(wire.BEACON, json.dumps(beat).encode()))
+        beat = {"rank": 1, "pub": "p102", "seq": 1, "generation": 0, "pid": 102, "host": "n2",
+                "endpoints": [["127.0.0.1", port]]}  # the survivor, as rank 1
+        assert rx.take(signer.pack(wire.BEACON, json.dumps(beat).encode()))
+        joined = {0: [["127.0.0.1", _closed_port()]]}  # the regroup: rank 1's engine is rank 0, its ports old
+        h.watch([RankInfo(0, 0, 0, "n2", 102, "cpu", 1)], local=False)
+        assert until(lambda: h._answer(0) == ANSWERS and h._silent_for(0) > health.REMOTE_SILENCE_S,
+                     timeout=20), f"the survivor's own port never answered a knock: {h.dead}"
+        assert h.dead == {}, "the survivor was judged by the number's previous holder"
+        child.kill()
+        child.wait()
+        assert until(lambda: h.dead, timeout=20)
+        assert h.dead == {0: "exited (its host answered, its process was gone)"}
+    finally:
+        h.close()
+        rx.close()
