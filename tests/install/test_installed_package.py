@@ -155,9 +155,19 @@ def test_lab_and_server_extensions_are_enabled(venv, user):
     assert list(here.iterdir()) == []
 
 
+def _catches_import_error(node) -> bool:
+    import ast
+
+    names = [h.type for h in node.handlers if h.type is not None]
+    names = [e for n in names for e in (n.elts if isinstance(n, ast.Tuple) else [n])]
+    return any(isinstance(n, ast.Name) and n.id in ("ImportError", "ModuleNotFoundError") for n in names)
+
+
 def _walkthrough_imports(folder: Path) -> dict[str, set[str]]:
     """The top-level modules each walkthrough's code cells import (magic lines left out), by the extra the
-    notebook names in its metadata ("" for none); the modules it writes itself (`%%writefile`) left out."""
+    notebook names in its metadata ("" for none); the modules it writes itself (`%%writefile`) and those it
+    imports only under ``try:`` / ``except ImportError:`` (an optional section: 12's Optuna sweep) left out.
+    """
     import ast
     import json
 
@@ -177,7 +187,12 @@ def _walkthrough_imports(folder: Path) -> dict[str, set[str]]:
                 written.add(Path(lines[0].split()[-1]).stem)
             if lines and lines[0].startswith("%%"):
                 continue  # a cell magic's body runs elsewhere (the ranks: the same environment)
-            for node in ast.walk(ast.parse(python.transform_cell("\n".join(lines)))):
+            tree = ast.parse(python.transform_cell("\n".join(lines)))
+            optional = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) and _catches_import_error(t)
+                        for statement in t.body for n in ast.walk(statement)}
+            for node in ast.walk(tree):
+                if id(node) in optional:
+                    continue  # `try: import optuna` / `except ImportError:` saying what to install
                 if isinstance(node, ast.Import):
                     imports |= {a.name.split(".")[0] for a in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.level == 0:
